@@ -1,0 +1,143 @@
+"""The `gpu-node-installer` command line: parse, build Config and Host, call a stage, render.
+
+Commands hold no logic. Every node-facing command takes the same settings (see
+`installer.config.SETTINGS`); failures are `InstallerError`s, turned into one line on stderr,
+the termination log and the class's exit code here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from installer import __version__, logs
+from installer.config import SETTINGS, Config, load_config
+from installer.errors import InstallerError, error_table
+from installer.host import Host, RealHost, Roots
+from installer.pipeline import Context, run_stage
+
+F = TypeVar("F", bound=Callable[..., Any])
+HostFactory = Callable[[Roots], Host]
+
+
+def _epilog() -> str:
+    rows = "\n".join(f"  {cls.code:>3}  {cls.summary}" for cls in error_table())
+    return f"Exit codes:\n\b\n  0  success\n{rows}"
+
+
+class InstallerGroup(click.Group):
+    """Turns InstallerError (and unexpected exceptions) into one line and an exit code."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.Exit, click.ClickException, click.Abort):
+            raise
+        except InstallerError as exc:
+            _report(ctx, exc.one_line())
+            raise click.exceptions.Exit(exc.code) from exc
+        except Exception as exc:
+            line = (f"error(internal): {type(exc).__name__}: {exc}; "
+                    "fix: rerun with --debug and report the traceback")
+            if _debug_enabled(ctx):
+                traceback.print_exc()
+            _report(ctx, line)
+            raise click.exceptions.Exit(1) from exc
+
+
+def _debug_enabled(ctx: click.Context) -> bool:
+    config = _config_of(ctx)
+    if config is not None:
+        return config.debug
+    return os.environ.get("DEBUG", "").lower() in ("1", "true", "yes", "on")
+
+
+def _config_of(ctx: click.Context) -> Config | None:
+    obj = ctx.find_object(dict)
+    return None if obj is None else obj.get("config")
+
+
+def _report(ctx: click.Context, line: str) -> None:
+    """Print the failure line and copy it to the termination log when that is writable."""
+    click.echo(line, err=True)
+    config = _config_of(ctx)
+    target = (config.termination_log if config is not None
+              else Path(os.environ.get("TERMINATION_LOG", "/dev/termination-log")))
+    try:
+        with target.open("w", encoding="utf-8") as handle:
+            handle.write(line + "\n")
+    except OSError:
+        pass
+
+
+def node_options(fn: F) -> F:
+    """Add every setting as an option; hand the command a ready `Context` instead."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        flags = {setting.name: kwargs.pop(setting.name) for setting in SETTINGS}
+        return fn(make_context(flags), *args, **kwargs)
+
+    decorated: Any = wrapper
+    for setting in reversed(SETTINGS):
+        env = f" [env: {setting.envvar}]" if setting.envvar else ""
+        default = f" [default: {setting.default}]" if setting.default else ""
+        decorated = click.option(
+            setting.flag, setting.name, is_flag=setting.is_flag,
+            default=None, multiple=setting.multiple, help=f"{setting.help}{env}{default}",
+        )(decorated)
+    return decorated  # type: ignore[no-any-return]
+
+
+def make_context(flags: dict[str, Any]) -> Context:
+    """Validate settings, configure logs, build the host seam (tests may inject a factory)."""
+    click_ctx = click.get_current_context()
+    obj = click_ctx.ensure_object(dict)
+    config = load_config(flags, os.environ)
+    obj["config"] = config
+    logs.configure(config.log_format, config.log_level)
+    factory: HostFactory = obj.get("host_factory", RealHost)
+    return Context(config=config, host=factory(Roots.from_config(config)),
+                   log=logs.get_logger())
+
+
+def output_option(fn: F) -> F:
+    """`--output text|json` for commands that report something."""
+    return click.option("--output", "output", type=click.Choice(["text", "json"]),
+                        default="text", show_default=True,
+                        help="human-readable text or JSON")(fn)
+
+
+def emit(result: Any, output: str) -> None:
+    """Print a result as JSON or as its human text (results offer to_json/to_text)."""
+    click.echo(result.to_json() if output == "json" else result.to_text())
+
+
+@click.group(cls=InstallerGroup, epilog=_epilog(),
+             context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="gpu-node-installer")
+def cli() -> None:
+    """Install a matching NVIDIA kernel module and user-mode driver on this node."""
+
+
+@cli.command()
+@node_options
+@output_option
+def detect(ctx: Context, output: str) -> None:
+    """Report the node: OS, kernel, NVIDIA PCI devices, loaded driver, security."""
+    emit(run_stage(ctx, "detect"), output)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    cli.main(prog_name="gpu-node-installer")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,156 @@
+"""The failure classes: each carries its exit code, a stable slug and a one-line remedy.
+
+This is the one table of exit codes; README.md repeats it and a test keeps the two equal.
+Only `installer.cli` turns these into process exits.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+
+class InstallerError(Exception):
+    """Base of every failure the installer reports to an operator."""
+
+    code: ClassVar[int] = 1
+    slug: ClassVar[str] = "internal"
+    summary: ClassVar[str] = "unexpected internal error (a bug: please report it)"
+    default_remedy: ClassVar[str] = "rerun with --debug and report the traceback"
+
+    def __init__(self, message: str, *, remedy: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.remedy = remedy or self.default_remedy
+        self.stage: str | None = None
+
+    def one_line(self) -> str:
+        """The single line an operator sees: what went wrong and how to fix it."""
+        where = f"[{self.stage}] " if self.stage else ""
+        return f"error({self.slug}): {where}{self.message}; fix: {self.remedy}"
+
+
+class ConfigError(InstallerError):
+    """A flag, environment variable or config file value is invalid."""
+
+    code = 2
+    slug = "config"
+    summary = "bad flag, environment variable or setting"
+    default_remedy = "correct the named setting (see --help)"
+
+
+class NoGpuError(InstallerError):
+    """The node has no NVIDIA GPU, so there is nothing to install."""
+
+    code = 3
+    slug = "no-gpu"
+    summary = "no NVIDIA GPU on this node"
+    default_remedy = "schedule the installer only on GPU nodes (node affinity on the GPU label)"
+
+
+class UnsupportedNodeError(InstallerError):
+    """The node's OS, kernel or host files are not something we can install onto."""
+
+    code = 4
+    slug = "unsupported-node"
+    summary = "unsupported or unreadable node (OS, kernel, arch, host files)"
+    default_remedy = "check the host mounts (--host-root/--proc-root/--sys-root) and the node OS"
+
+
+class PackageNotFoundError(InstallerError):
+    """No source holds a driver package for this kernel, version and flavour."""
+
+    code = 5
+    slug = "package-not-found"
+    summary = "no driver package for this kernel/version/flavour in any source"
+    default_remedy = "publish a package for this kernel or pick a version the sources offer"
+
+
+class DownloadError(InstallerError):
+    """Every mirror failed to deliver a file."""
+
+    code = 6
+    slug = "download-failed"
+    summary = "download failed from every mirror"
+    default_remedy = "check mirror URLs, proxy and CA settings, or preload the package"
+
+
+class IntegrityError(InstallerError):
+    """A file's size or sha256 does not match its manifest, or a manifest is malformed."""
+
+    code = 7
+    slug = "integrity"
+    summary = "checksum, size or manifest validation failed"
+    default_remedy = "republish the package; never bypass the checksum"
+
+
+class SignatureRejectedError(InstallerError):
+    """The kernel enforces module signatures and the package's modules are not signed for it."""
+
+    code = 8
+    slug = "signature-rejected"
+    summary = "kernel rejected the module signature (secure boot / sig_enforce)"
+    default_remedy = "use a package signed with a key the node trusts, or disable enforcement"
+
+
+class ModuleLoadError(InstallerError):
+    """The kernel refused to load a module for a reason other than its signature."""
+
+    code = 9
+    slug = "module-load-failed"
+    summary = "kernel module failed to load"
+    default_remedy = "read the kernel log (dmesg) on the node for the NVRM message"
+
+
+class ModuleInUseError(InstallerError):
+    """Another driver version is loaded and something still holds it."""
+
+    code = 10
+    slug = "module-in-use"
+    summary = "loaded module of another version is in use"
+    default_remedy = "drain GPU pods from the node (or reboot it), then rerun"
+
+
+class StagingError(InstallerError):
+    """The user-mode files could not be placed in the install directory."""
+
+    code = 11
+    slug = "staging-failed"
+    summary = "user-mode driver staging failed (disk, permissions)"
+    default_remedy = "check free space and permissions of the install directory"
+
+
+class VerificationError(InstallerError):
+    """NVML or the CUDA driver API disagrees with what was installed."""
+
+    code = 12
+    slug = "verification-failed"
+    summary = "NVML/CUDA verification failed"
+    default_remedy = "check that the kernel module and user-mode driver versions match"
+
+
+class LockHeldError(InstallerError):
+    """Another installer run holds the node lock."""
+
+    code = 13
+    slug = "lock-held"
+    summary = "another installer run holds the lock"
+    default_remedy = "wait for the other run to finish (its PID is given) or raise --lock-timeout"
+
+
+class IncompatibleError(InstallerError):
+    """The requested driver cannot serve the node's GPUs or the requested CUDA toolkit."""
+
+    code = 14
+    slug = "incompatible"
+    summary = "driver does not support this GPU or CUDA toolkit"
+    default_remedy = "pick a driver version that supports the GPU (see `compat`)"
+
+
+def error_table() -> list[type[InstallerError]]:
+    """One class per exit code, ordered by code, for help text and the README table.
+
+    Finer-grained errors subclass one of these and inherit its code, so only the
+    direct subclasses of `InstallerError` define codes.
+    """
+    classes: list[type[InstallerError]] = [InstallerError, *InstallerError.__subclasses__()]
+    return sorted(classes, key=lambda cls: cls.code)

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Install the Debian packages the test tiers need. Idempotent: does nothing when all are present.
+# Each tier adds its packages to PACKAGES below.
+set -euo pipefail
+
+PACKAGES=(
+  gcc make binutils
+)
+
+missing=()
+for pkg in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+if [ "$(id -u)" -ne 0 ]; then
+  echo "install-deps: missing ${missing[*]}; run as root: sudo bash $0" >&2
+  exit 1
+fi
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "install-deps: installed ${missing[*]}"

@@ -1,0 +1,374 @@
+"""Fetch, build and cache the real-kernel tier's assets outside the repo, keyed by version."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+NVIDIA_REAL_VERSION = "535.261.03"
+TEST_MODULE_VERSIONS = ("535.261.03", "550.54.14")
+MODULES_SRC = Path(__file__).resolve().parent / "modules"
+NONFREE_COMPONENTS = "main contrib non-free non-free-firmware"
+# Kernel modules the guest's initramfs needs to mount the host over 9p (+ overlay).
+INDEX_MAX_AGE_S = 7 * 24 * 3600  # a new Debian kernel is picked up within a week
+GUEST_BOOT_MODULES = ("virtio_pci", "9pnet_virtio", "9p", "overlay")
+
+
+class AssetError(RuntimeError):
+    """An asset could not be fetched or built; the message says which and why."""
+
+
+def cache_root() -> Path:
+    """Where assets live: outside the repo so clones and CI runs share them."""
+    env = os.environ.get("GNI_TEST_CACHE")
+    base = Path(env) if env else Path.home() / ".cache" / "gpu-node-installer-test"
+    return base
+
+
+def log(msg: str) -> None:
+    """Progress goes to stderr: cold runs take minutes and silence looks like a hang."""
+    print(f"[kernel-assets] {msg}", file=sys.stderr, flush=True)
+
+
+def run(cmd: list[str], *, cwd: Path | None = None, env: dict[str, str] | None = None) -> str:
+    """Run a tool, raising AssetError with its output tail when it fails."""
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        tail = (proc.stdout + proc.stderr)[-3000:]
+        raise AssetError(f"{' '.join(cmd[:4])}... exited {proc.returncode}:\n{tail}")
+    return proc.stdout
+
+
+@contextlib.contextmanager
+def locked(name: str) -> Iterator[None]:
+    """Serialise builders of one asset (parallel test runs, two CI jobs on one box)."""
+    lock_dir = cache_root() / "locks"
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    with open(lock_dir / f"{name}.lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        yield
+
+
+@contextlib.contextmanager
+def staging(final: Path) -> Iterator[Path]:
+    """Build into a sibling temp dir and rename it into place only when complete."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+    try:
+        yield tmp
+        tmp.rename(final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# --- private apt: never touches the system's sources or package state -------------------
+
+
+def _system_stanzas() -> list[dict[str, str]]:
+    """The machine's configured Debian archives (deb822 and one-line formats)."""
+    stanzas: list[dict[str, str]] = []
+    parts = Path("/etc/apt/sources.list.d")
+    for path in sorted(parts.glob("*.sources")) if parts.is_dir() else []:
+        for block in re.split(r"\n\s*\n", path.read_text()):
+            fields: dict[str, str] = {}
+            for line in block.splitlines():
+                if ":" in line and not line.startswith(("#", " ")):
+                    key, _, value = line.partition(":")
+                    fields[key.strip()] = value.strip()
+            if "deb" in fields.get("Types", "").split() and fields.get("URIs"):
+                stanzas.append(fields)
+    one_line = [Path("/etc/apt/sources.list"), *sorted(parts.glob("*.list"))]
+    for path in one_line:
+        if not path.is_file():
+            continue
+        for line in path.read_text().splitlines():
+            m = re.match(r"^deb\s+(?:\[(?P<opts>[^\]]*)\]\s+)?(?P<uri>\S+)\s+(?P<suite>\S+)", line)
+            if m:
+                signed = re.search(r"signed-by=(\S+)", m["opts"] or "")
+                stanza = {"Types": "deb", "URIs": m["uri"], "Suites": m["suite"]}
+                if signed:
+                    stanza["Signed-By"] = signed[1]
+                stanzas.append(stanza)
+    return stanzas
+
+
+def _debian_stanzas() -> list[dict[str, str]]:
+    """Bookworm archives only, widened to the non-free components NVIDIA's sources need."""
+    codename = os.environ.get("GNI_TEST_DEBIAN_SUITE", "bookworm")
+    out = []
+    for fields in _system_stanzas():
+        suites = [s for s in fields.get("Suites", "").split() if s.startswith(codename)]
+        if suites:
+            stanza = dict(fields, Suites=" ".join(suites), Components=NONFREE_COMPONENTS)
+            out.append(stanza)
+    if not out:
+        raise AssetError(f"no apt source for Debian {codename} is configured on this machine")
+    return out
+
+
+class Apt:
+    """apt-get/apt-cache over a private sources list and state dir under the cache."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def options(self) -> list[str]:
+        r = self.root
+        opts = [
+            f"-oDir::Etc::SourceList={r / 'sources.list'}",
+            f"-oDir::Etc::SourceParts={r / 'sources.list.d'}",
+            f"-oDir::State::Lists={r / 'lists'}",
+            f"-oDir::Cache={r / 'cache'}",
+        ]
+        if os.geteuid() == 0:
+            opts.append("-oAPT::Sandbox::User=root")
+        return opts
+
+    def update(self, *, force: bool = False) -> None:
+        """Refresh the private index (once; again only when a download misses)."""
+        stamp = self.root / "updated"
+        if stamp.exists() and not force and time.time() - stamp.stat().st_mtime < INDEX_MAX_AGE_S:
+            return
+        for sub in ("lists/partial", "cache/archives/partial", "sources.list.d"):
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+        (self.root / "sources.list").write_text("")
+        text = "\n".join(
+            "".join(f"{k}: {v}\n" for k, v in stanza.items()) for stanza in _debian_stanzas()
+        )
+        (self.root / "sources.list.d" / "gni-test.sources").write_text(text)
+        log("apt-get update (private index, incl. non-free)")
+        run(["apt-get", *self.options(), "update"])
+        stamp.write_text("")
+
+    def query(self, *args: str) -> str:
+        self.update()
+        return run(["apt-cache", *self.options(), *args])
+
+    def version(self, package: str) -> str:
+        """Candidate version of a package in the private index."""
+        out = self.query("show", "--no-all-versions", package)
+        m = re.search(r"^Version: (\S+)", out, re.M)
+        if not m:
+            raise AssetError(f"apt knows no version of {package}")
+        return m[1]
+
+    def download_extract(self, spec: str, dest: Path) -> None:
+        """apt-get download one package and dpkg-deb -x it into dest (never installed)."""
+        with tempfile.TemporaryDirectory(dir=self.root) as tmp:
+            try:
+                self.update()
+                run(["apt-get", *self.options(), "download", spec], cwd=Path(tmp))
+            except AssetError:
+                self.update(force=True)  # the index may name a version the archive dropped
+                run(["apt-get", *self.options(), "download", spec], cwd=Path(tmp))
+            for deb in Path(tmp).glob("*.deb"):
+                run(["dpkg-deb", "-x", str(deb), str(dest)])
+
+
+def apt() -> Apt:
+    root = cache_root() / "apt"
+    root.mkdir(parents=True, exist_ok=True)
+    return Apt(root)
+
+
+# --- the kernel ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """An extracted Debian kernel: vmlinuz plus its modules tree with modules.dep."""
+
+    release: str
+    root: Path
+
+    @property
+    def vmlinuz(self) -> Path:
+        return self.root / "image" / "boot" / f"vmlinuz-{self.release}"
+
+    @property
+    def modules_dir(self) -> Path:
+        return self.root / "image" / "lib" / "modules" / self.release
+
+    @property
+    def headers(self) -> Path:
+        """SYSOUT: the arch-specific headers dir (Makefile patched to the extracted common)."""
+        return self.root / "headers" / "usr" / "src" / f"linux-headers-{self.release}"
+
+    @property
+    def headers_common(self) -> Path:
+        common = self.release.rsplit("-", 1)[0] + "-common"
+        return self.root / "headers" / "usr" / "src" / f"linux-headers-{common}"
+
+
+def kernel_release() -> str:
+    """The release bookworm's linux-image-amd64 points at now (or GNI_TEST_KERNEL_RELEASE)."""
+    pinned = os.environ.get("GNI_TEST_KERNEL_RELEASE")
+    if pinned:
+        return pinned
+    out = apt().query("depends", "linux-image-amd64")
+    m = re.search(r"Depends: linux-image-(\d\S*-amd64)$", out, re.M)
+    if not m:
+        raise AssetError(f"cannot tell which kernel linux-image-amd64 depends on:\n{out}")
+    return m[1]
+
+
+def ensure_kernel(release: str) -> Kernel:
+    """Download and extract linux-image-<release>, then depmod its tree (Debian's postinst does)."""
+    kernel = Kernel(release, cache_root() / "kernel" / release)
+    image = kernel.root / "image"
+    with locked(f"image-{release}"):
+        if not image.is_dir():
+            log(f"fetching linux-image-{release}")
+            with staging(image) as tmp:
+                apt().download_extract(f"linux-image-{release}", tmp)
+                run(["depmod", "-b", str(tmp), release])
+        if not kernel.vmlinuz.is_file() or not (kernel.modules_dir / "modules.dep").is_file():
+            raise AssetError(f"{image} is incomplete; delete it to refetch")
+    return kernel
+
+
+def ensure_headers(kernel: Kernel) -> Kernel:
+    """Extract linux-headers-<release>, -common and the matching linux-kbuild package."""
+    dest = kernel.root / "headers"
+    with locked(f"headers-{kernel.release}"):
+        if not dest.is_dir():
+            pkg = f"linux-headers-{kernel.release}"
+            a = apt()
+            version = a.version(pkg)
+            common = kernel.release.rsplit("-", 1)[0] + "-common"
+            kbuild = "linux-kbuild-" + ".".join(kernel.release.split(".")[:2])
+            log(f"fetching {pkg} {version}")
+            with staging(dest) as tmp:
+                for spec in (pkg, f"linux-headers-{common}={version}", f"{kbuild}={version}"):
+                    a.download_extract(spec, tmp)
+                _patch_headers_makefile(tmp / "usr" / "src" / pkg / "Makefile", tmp / "usr" / "src")
+    return kernel
+
+
+def _patch_headers_makefile(makefile: Path, src: Path) -> None:
+    """Debian's arch Makefile includes /usr/src/...-common by absolute path; point it here."""
+    text = makefile.read_text()
+    makefile.write_text(text.replace("include /usr/src/", f"include {src}/"))
+
+
+# --- modules ---------------------------------------------------------------------------
+
+
+def _tree_digest(root: Path) -> str:
+    h = hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()[:12]
+
+
+def build_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("MAKEFLAGS", None)
+    return env
+
+
+def check_toolchain(kernel: Kernel) -> None:
+    """Fail with the package to install rather than a cryptic make error."""
+    makefile = (kernel.headers / ".kernelvariables").read_text() if kernel.headers.is_dir() else ""
+    m = re.search(r"\)gcc-(\d+)", makefile)
+    gcc = f"gcc-{m[1]}" if m else "gcc"
+    for tool, package in (("make", "make"), (gcc, gcc), ("depmod", "kmod")):
+        if shutil.which(tool) is None:
+            raise AssetError(f"{tool} not found: apt-get install {package}")
+
+
+def build_test_modules(kernel: Kernel, version: str) -> Path:
+    """Build the stand-in nvidia*.ko from tests/kernel/modules for one driver version."""
+    ensure_headers(kernel)
+    out = kernel.root / "test-modules" / f"{version}-{_tree_digest(MODULES_SRC)}"
+    with locked(f"test-modules-{kernel.release}-{version}"):
+        if out.is_dir():
+            return out
+        check_toolchain(kernel)
+        log(f"building test modules {version}")
+        with staging(out) as tmp:
+            build = tmp / "build"
+            shutil.copytree(MODULES_SRC, build)
+            cmd = ["make", "-C", str(kernel.headers), f"M={build}", f"NV_VERSION={version}"]
+            run([*cmd, "-j2", "modules"], env=build_env())
+            for ko in build.glob("*.ko"):
+                shutil.copy2(ko, tmp / ko.name)
+            shutil.rmtree(build)
+    return out
+
+
+def build_nvidia_real(kernel: Kernel) -> Path:
+    """Build NVIDIA's real proprietary modules from Debian's nvidia-kernel-source (~4.5 min)."""
+    ensure_headers(kernel)
+    a = apt()
+    pkg_version = a.version("nvidia-kernel-source")
+    if not pkg_version.startswith(NVIDIA_REAL_VERSION):
+        raise AssetError(f"nvidia-kernel-source is {pkg_version}, expected {NVIDIA_REAL_VERSION}")
+    out = kernel.root / f"nvidia-{pkg_version}-proprietary"
+    with locked(f"nvidia-real-{kernel.release}"):
+        if out.is_dir():
+            return out
+        check_toolchain(kernel)
+        log(f"building NVIDIA {pkg_version} proprietary modules (about 4.5 min on 2 cores)")
+        with staging(out) as tmp:
+            a.download_extract(f"nvidia-kernel-source={pkg_version}", tmp / "pkg")
+            tarball = tmp / "pkg" / "usr" / "src" / "nvidia-kernel.tar.xz"
+            run(["tar", "-xJf", str(tarball), "-C", str(tmp)])
+            src = tmp / "modules" / "nvidia-kernel"
+            run(
+                [
+                    "make",
+                    f"-j{os.cpu_count() or 2}",
+                    f"SYSSRC={kernel.headers_common}",
+                    f"SYSOUT={kernel.headers}",
+                    f"KERNEL_UNAME={kernel.release}",
+                    "modules",
+                ],
+                cwd=src,
+                env=build_env(),
+            )
+            for ko in src.glob("*.ko"):
+                shutil.copy2(ko, tmp / ko.name)
+            shutil.rmtree(tmp / "pkg")
+            shutil.rmtree(tmp / "modules")
+    return out
+
+
+def ensure_busybox() -> Path:
+    """A static busybox for the guest's initramfs, from Debian's busybox-static (extracted)."""
+    a = apt()
+    version = a.version("busybox-static")
+    dest = cache_root() / "busybox" / version
+    with locked("busybox"):
+        if not dest.is_dir():
+            log(f"fetching busybox-static {version}")
+            with staging(dest) as tmp:
+                a.download_extract(f"busybox-static={version}", tmp)
+    return dest / "bin" / "busybox"
+
+
+def ensure_all(*, real_nvidia: bool = True) -> Kernel:
+    """Everything the tier needs, for `python -m tests.kernel.assets` and the fixtures."""
+    kernel = ensure_headers(ensure_kernel(kernel_release()))
+    ensure_busybox()
+    for version in TEST_MODULE_VERSIONS:
+        build_test_modules(kernel, version)
+    if real_nvidia:
+        build_nvidia_real(kernel)
+    return kernel
+
+
+if __name__ == "__main__":
+    k = ensure_all(real_nvidia="--no-real-nvidia" not in sys.argv)
+    print(k.root)
