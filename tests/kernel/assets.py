@@ -138,7 +138,8 @@ class Apt:
     def update(self, *, force: bool = False) -> None:
         """Refresh the private index (once; again only when a download misses)."""
         stamp = self.root / "updated"
-        if stamp.exists() and not force and time.time() - stamp.stat().st_mtime < INDEX_MAX_AGE_S:
+        fresh = stamp.exists() and time.time() - stamp.stat().st_mtime < INDEX_MAX_AGE_S
+        if fresh and not force:
             return
         for sub in ("lists/partial", "cache/archives/partial", "sources.list.d"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,246 @@
+"""Boot a real Debian kernel under qemu (TCG) and run a script inside it, host files visible."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import assets
+from .assets import Kernel
+
+QEMU = "qemu-system-x86_64"
+GNI_DIR = ".gni"  # harness bookkeeping inside the shared out dir
+ROOT_SHARE_OPTS = "security_model=none,readonly=on,multidevs=remap"
+
+# The guest's PID 1 (busybox sh, in an initramfs we build): load the 9p/overlay modules,
+# mount the host's / read-only under a tmpfs overlay (guest writes vanish with it), give
+# it the extracted kernel's modules tree at /lib/modules/<release>, mount the shared out
+# dir read-write at its host path, run the script in a chroot, record its exit code.
+INIT_SCRIPT = r"""#!/bin/busybox sh
+/bin/busybox --install -s /bin
+export PATH=/bin
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev
+for arg in $(cat /proc/cmdline); do
+  case "$arg" in gni.out=*) OUT="${arg#gni.out=}";; gni.mods=*) MODS="${arg#gni.mods=}";; esac
+done
+for m in /mods/*.ko; do insmod "$m" || echo "gni-init: insmod $m failed"; done
+mkdir -p /lower /upper /newroot
+mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=512000,cache=loose hostroot /lower
+mount -t tmpfs -o size=75% upper /upper
+mkdir -p /upper/u /upper/w
+mount -t overlay -o lowerdir=/lower,upperdir=/upper/u,workdir=/upper/w overlay /newroot
+for d in proc sys dev run; do mkdir -p "/newroot/$d"; done
+mount -t proc proc /newroot/proc
+mount -t sysfs sys /newroot/sys
+mount -t devtmpfs dev /newroot/dev
+mount -t tmpfs run /newroot/run
+mkdir -p "/newroot$OUT"
+mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000 out "/newroot$OUT"
+mount -t securityfs securityfs /newroot/sys/kernel/security 2>/dev/null
+if [ -n "$MODS" ]; then
+  mkdir -p "/newroot/lib/modules/$(uname -r)"
+  mount -o bind "/newroot$MODS" "/newroot/lib/modules/$(uname -r)"
+fi
+if [ -d "/newroot$OUT" ] && [ -f "/newroot$OUT/.gni/run.sh" ]; then
+  chroot /newroot /bin/sh "$OUT/.gni/run.sh"
+else
+  echo "gni-init: the shared out dir $OUT is not visible in the guest"
+fi
+sync
+poweroff -f
+"""
+
+# Runs inside the chroot: the caller's env and cwd, then the script, then its exit code.
+RUN_SH = """set +e
+. "{out}/.gni/env.sh"
+cd "{cwd}" || cd /
+/bin/bash "{out}/.gni/script.sh" > "{out}/.gni/stdout" 2>&1 < /dev/null
+echo $? > "{out}/.gni/rc"
+"""
+
+
+@dataclass(frozen=True)
+class GuestResult:
+    """What came back: the script's exit code (None: it never finished), output and files."""
+
+    rc: int | None
+    stdout: str
+    console: str
+    files: Path
+    wall_s: float
+
+    @property
+    def timed_out(self) -> bool:
+        return self.rc is None
+
+    def json(self, name: str) -> Any:
+        """Load a JSON file the script wrote into $GNI_OUT."""
+        return json.loads((self.files / name).read_text())
+
+    def describe(self) -> str:
+        """Everything a failing assertion should show."""
+        return (
+            f"guest rc={self.rc} after {self.wall_s:.1f}s\n--- script output ---\n"
+            f"{self.stdout[-6000:]}\n--- console tail ---\n{self.console[-4000:]}"
+        )
+
+
+def qemu_unavailable_reason() -> str | None:
+    """Why no guest can boot here at all (the only reason the tier may skip), or None."""
+    path = shutil.which(QEMU)
+    if path is None:
+        return f"{QEMU} not found (apt-get install qemu-system-x86)"
+    try:
+        proc = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"{QEMU} cannot run: {exc}"
+    if proc.returncode != 0:
+        return f"{QEMU} --version exited {proc.returncode}: {proc.stderr.strip()[:200]}"
+    return None
+
+
+def _newc_entry(name: str, mode: int, data: bytes = b"", rdev: tuple[int, int] = (0, 0)) -> bytes:
+    """One cpio 'newc' record, the format the kernel unpacks an initramfs from."""
+    fields = [0, mode, 0, 0, 1, 0, len(data), 0, 0, rdev[0], rdev[1], len(name) + 1, 0]
+    header = b"070701" + b"".join(b"%08X" % f for f in fields)
+    pad = lambda n: b"\0" * (-n % 4)  # noqa: E731
+    head = header + name.encode() + b"\0"
+    return head + pad(len(head)) + data + pad(len(data))
+
+
+def _boot_module_files(kernel: Kernel) -> list[Path]:
+    """The 9p/virtio/overlay modules and their dependencies, in load order (from modules.dep)."""
+    deps: dict[str, list[str]] = {}
+    for line in (kernel.modules_dir / "modules.dep").read_text().splitlines():
+        target, _, rest = line.partition(":")
+        deps[target] = rest.split()
+    by_name = {Path(t).name.split(".ko")[0].replace("-", "_"): t for t in deps}
+    ordered: list[str] = []
+
+    def visit(rel: str) -> None:
+        for dep in reversed(deps[rel]):  # modules.dep lists the deepest dependency last
+            visit(dep)
+        if rel not in ordered:
+            ordered.append(rel)
+
+    for name in assets.GUEST_BOOT_MODULES:
+        visit(by_name[name])
+    return [kernel.modules_dir / rel for rel in ordered]
+
+
+def ensure_initramfs(kernel: Kernel) -> Path:
+    """Build (once per kernel and init script) the initramfs: busybox, init, boot modules."""
+    busybox = assets.ensure_busybox()
+    modules = _boot_module_files(kernel)
+    key = assets.hashlib.sha256(INIT_SCRIPT.encode() + str(busybox).encode())
+    for mod in modules:
+        key.update(mod.name.encode())
+    path = kernel.root / f"initramfs-{key.hexdigest()[:12]}.cpio"
+    if path.exists():
+        return path
+    parts = [_newc_entry(d, 0o40755) for d in ("bin", "dev", "mods", "proc", "sys")]
+    parts.append(_newc_entry("dev/console", 0o20600, rdev=(5, 1)))
+    parts.append(_newc_entry("bin/busybox", 0o100755, busybox.read_bytes()))
+    parts.append(_newc_entry("init", 0o100755, INIT_SCRIPT.encode()))
+    for i, mod in enumerate(modules):
+        parts.append(_newc_entry(f"mods/{i:02d}-{mod.name}", 0o100644, mod.read_bytes()))
+    parts.append(_newc_entry("TRAILER!!!", 0))
+    tmp = path.with_suffix(".tmp")
+    tmp.write_bytes(b"".join(parts))
+    tmp.rename(path)
+    return path
+
+
+def _qemu_command(
+    kernel: Kernel, initrd: Path, out: Path, cmdline: str, memory_mb: int
+) -> list[str]:
+    append = (
+        f"console=ttyS0 quiet panic=-1 rdinit=/init gni.out={out} "
+        f"gni.mods={kernel.modules_dir} {cmdline}"
+    )
+    return [
+        QEMU,
+        "-accel", "tcg",
+        "-smp", str(min(2, os.cpu_count() or 1)),
+        "-m", str(memory_mb),
+        "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
+        "-serial", "stdio", "-monitor", "none",
+        "-kernel", str(kernel.vmlinuz),
+        "-initrd", str(initrd),
+        "-append", append.strip(),
+        "-virtfs", f"local,path=/,mount_tag=hostroot,{ROOT_SHARE_OPTS}",
+        "-virtfs", f"local,path={out},mount_tag=out,security_model=none",
+    ]  # fmt: skip
+
+
+def _write_bookkeeping(out: Path, script: str, env: Mapping[str, str], cwd: Path) -> None:
+    gni = out / GNI_DIR
+    gni.mkdir()
+    (gni / "script.sh").write_text(script)
+    lines = [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
+    (gni / "env.sh").write_text("\n".join(lines) + "\n")
+    (gni / "run.sh").write_text(RUN_SH.format(out=out, cwd=cwd))
+
+
+def guest_env(kernel: Kernel, out: Path, extra: Mapping[str, str] | None) -> dict[str, str]:
+    """The caller's PATH/PYTHONPATH plus where results and the kernel's modules are."""
+    env = {k: v for k in ("PATH", "PYTHONPATH", "HOME", "LANG") if (v := os.environ.get(k))}
+    env.update(
+        GNI_OUT=str(out),
+        GNI_KERNEL_RELEASE=kernel.release,
+        GNI_KERNEL_MODULES=str(kernel.modules_dir),
+        PYTHONDONTWRITEBYTECODE="1",
+    )
+    env.update(extra or {})
+    return env
+
+
+def run_in_guest(
+    script: str,
+    *,
+    kernel: Kernel,
+    cmdline: str = "",
+    timeout: float = 300.0,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+    memory_mb: int = 2048,
+    out_dir: Path | None = None,
+) -> GuestResult:
+    """Boot `kernel`, run `script` with bash as root inside it, and return what it reported.
+
+    qemu's own exit status says nothing about the script, so the guest writes the
+    script's exit code and output into the shared out dir ($GNI_OUT), which is also
+    where the script leaves result files for the test to read.
+    """
+    out = Path(out_dir or tempfile.mkdtemp(prefix="gni-guest-")).resolve()
+    work = Path(cwd or Path.cwd()).resolve()
+    _write_bookkeeping(out, script, guest_env(kernel, out, env), work)
+    cmd = _qemu_command(kernel, ensure_initramfs(kernel), out, cmdline, memory_mb)
+    start = time.monotonic()
+    console_path = out / GNI_DIR / "console.log"
+    with open(console_path, "wb") as console:
+        proc = subprocess.Popen(
+            cmd, stdout=console, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+        )
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    wall = time.monotonic() - start
+    rc_file = out / GNI_DIR / "rc"
+    rc = int(rc_file.read_text()) if rc_file.is_file() and rc_file.read_text().strip() else None
+    stdout_file = out / GNI_DIR / "stdout"
+    stdout = stdout_file.read_text(errors="replace") if stdout_file.is_file() else ""
+    return GuestResult(rc, stdout, console_path.read_text(errors="replace"), out, wall)
