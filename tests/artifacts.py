@@ -1,0 +1,108 @@
+"""Real NVIDIA 535 test artifacts from Debian's non-free archive, downloaded once and cached.
+
+apt runs with a private configuration (its own sources list, lists and archive directories
+under the cache), so the machine's apt setup is never changed. Packages are only
+downloaded and extracted with `dpkg-deb -x`, never installed.
+
+    nvidia_debs()              -> {"libcuda1": Path(.deb), ...} for 535.261.03
+    nvidia_tree()              -> the extracted tree (libraries in LIB_DIR)
+    nvidia_debs("535.309.01")  -> the security update, a second real version for upgrade tests
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+DEFAULT_VERSION = "535.261.03"
+DEBIAN_VERSIONS = {"535.261.03": "535.261.03-1", "535.309.01": "535.309.01-0+deb12u1"}
+USER_PACKAGES = ("libcuda1", "libnvidia-ml1", "nvidia-smi", "libnvidia-ptxjitcompiler1",
+                 "libnvidia-nvvm4")
+SOURCE_PACKAGES = ("nvidia-kernel-source",)
+LIB_DIR = "usr/lib/x86_64-linux-gnu/nvidia/current"
+_SOURCES = """\
+deb http://deb.debian.org/debian bookworm main contrib non-free non-free-firmware
+deb http://deb.debian.org/debian bookworm-updates main contrib non-free non-free-firmware
+deb http://deb.debian.org/debian-security bookworm-security main contrib non-free non-free-firmware
+"""
+
+
+def cache_root() -> Path:
+    """Where big test artifacts live (outside the repo): $GNI_TEST_CACHE or ~/.cache/..."""
+    root = Path(os.environ.get("GNI_TEST_CACHE",
+                               Path.home() / ".cache" / "gpu-node-installer-test"))
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+@contextmanager
+def _locked(name: str) -> Iterator[None]:
+    """Serialise downloads between concurrent test processes."""
+    with (cache_root() / f".{name}.lock").open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
+def _apt_options() -> list[str]:
+    apt = cache_root() / "apt"
+    for sub in ("lists/partial", "cache/archives/partial", "etc"):
+        (apt / sub).mkdir(parents=True, exist_ok=True)
+    (apt / "etc" / "sources.list").write_text(_SOURCES)
+    return ["-o", f"Dir::Etc::SourceList={apt}/etc/sources.list",
+            "-o", "Dir::Etc::SourceParts=/nonexistent",
+            "-o", f"Dir::State::Lists={apt}/lists", "-o", f"Dir::Cache={apt}/cache",
+            "-o", "APT::Sandbox::User=root", "-qq"]
+
+
+def _download(packages: tuple[str, ...], debian_version: str, dest: Path) -> None:
+    options = _apt_options()
+    lists = cache_root() / "apt" / "lists"
+    if not any(lists.glob("*Packages*")):
+        subprocess.run(["apt-get", *options, "update"], check=True)
+    tmp = dest.with_name(dest.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    wanted = [f"{name}={debian_version}" for name in packages]
+    subprocess.run(["apt-get", *options, "download", *wanted], cwd=tmp, check=True)
+    tmp.rename(dest)
+
+
+def nvidia_debs(version: str = DEFAULT_VERSION, *, with_source: bool = False
+                ) -> dict[str, Path]:
+    """The Debian .deb files of one NVIDIA version, downloaded on first use."""
+    debian_version = DEBIAN_VERSIONS[version]
+    packages = USER_PACKAGES + (SOURCE_PACKAGES if with_source else ())
+    groups = [("user", USER_PACKAGES)] + ([("source", SOURCE_PACKAGES)] if with_source else [])
+    found: dict[str, Path] = {}
+    for kind, group in groups:
+        dest = cache_root() / "debs" / version / kind
+        with _locked(f"debs-{version}"):
+            if not dest.is_dir():
+                _download(group, debian_version, dest)
+        for deb in dest.glob("*.deb"):
+            found[deb.name.split("_", 1)[0]] = deb
+    missing = set(packages) - set(found)
+    if missing:
+        raise RuntimeError(f"missing NVIDIA debs {sorted(missing)} in cache; delete "
+                           f"{cache_root() / 'debs' / version} and retry")
+    return found
+
+
+def nvidia_tree(version: str = DEFAULT_VERSION) -> Path:
+    """The user-mode .debs of `version` extracted with `dpkg-deb -x` (cached)."""
+    tree = cache_root() / "trees" / version
+    with _locked(f"tree-{version}"):
+        if not (tree / LIB_DIR).is_dir():
+            tmp = tree.with_name(tree.name + ".partial")
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+            for deb in nvidia_debs(version).values():
+                subprocess.run(["dpkg-deb", "-x", str(deb), str(tmp)], check=True)
+            shutil.rmtree(tree, ignore_errors=True)
+            tmp.rename(tree)
+    return tree
