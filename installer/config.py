@@ -97,6 +97,22 @@ def _positive_float(value: str) -> float:
     return number
 
 
+_NODE_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+
+
+def _node_name(value: str) -> str:
+    if not _NODE_NAME_RE.match(value):
+        raise _Invalid(value)
+    return value
+
+
+def _url(value: str) -> str:
+    text = value.strip().rstrip("/")
+    if not re.match(r"^https?://[^/\s]+", text):
+        raise _Invalid(value)
+    return text
+
+
 SETTINGS: tuple[Setting, ...] = (
     Setting("host_root", "--host-root", "HOST_ROOT", "/host",
             "where the node's / is mounted", "an absolute path to an existing directory",
@@ -130,6 +146,19 @@ SETTINGS: tuple[Setting, ...] = (
             _positive_float),
     Setting("debug", "--debug", "DEBUG", "false",
             "show tracebacks of unexpected errors", "true or false", _bool, is_flag=True),
+    Setting("node_name", "--node-name", "NODE_NAME", None,
+            "this node's Kubernetes name (labels and an Event are posted only when set)",
+            "a Kubernetes node name (lower-case letters, digits, '-' and '.')", _node_name),
+    Setting("kube_api", "--kube-api", "KUBE_API_URL", None,
+            "Kubernetes API server URL (default: https://$KUBERNETES_SERVICE_HOST:"
+            "$KUBERNETES_SERVICE_PORT)", "an http:// or https:// URL", _url),
+    Setting("service_account_dir", "--service-account-dir", "SERVICE_ACCOUNT_DIR",
+            "/var/run/secrets/kubernetes.io/serviceaccount",
+            "where this pod's service-account token, ca.crt and namespace are",
+            "an absolute path", _abs_path),
+    Setting("driver_root_layout", "--driver-root-layout", "DRIVER_ROOT_LAYOUT", "false",
+            "also expose usr/lib/<arch>-linux-gnu and usr/bin in the install dir "
+            "(gpu-operator driver-root layout)", "true or false", _bool, is_flag=True),
 )
 
 SETTINGS_BY_NAME = {setting.name: setting for setting in SETTINGS}
@@ -151,6 +180,10 @@ class Config:
     termination_log: Path = Path("/dev/termination-log")
     lock_timeout: float = 300.0
     debug: bool = False
+    node_name: str | None = None
+    kube_api: str | None = None
+    service_account_dir: Path = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+    driver_root_layout: bool = False
 
 
 def _raw_value(setting: Setting, flags: Mapping[str, Any], environ: Mapping[str, str]

@@ -169,3 +169,37 @@ class RealHost:
         except FileNotFoundError:
             return CommandResult(tuple(argv), 127, "", f"{argv[0]}: not found")
         return CommandResult(tuple(argv), done.returncode, done.stdout, done.stderr)
+
+
+def write_atomic(path: Path, data: bytes, *, mode: int = 0o644) -> None:
+    """Write a file so that readers see the old content or the new, never a part.
+
+    The bytes go to an adjacent temp file, are fsynced, then renamed over `path`; the
+    directory is fsynced so the rename survives a power cut.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with tmp.open("wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    fsync_dir(path.parent)
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename or link in `path` durable (best effort on filesystems that refuse)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
