@@ -154,3 +154,34 @@ def error_table() -> list[type[InstallerError]]:
     """
     classes: list[type[InstallerError]] = [InstallerError, *InstallerError.__subclasses__()]
     return sorted(classes, key=lambda cls: cls.code)
+
+
+# --- finer-grained kernel-module failures (issue 4); codes come from their base class ------
+
+
+class KernelWithoutModulesError(UnsupportedNodeError):
+    """The running kernel was built without loadable-module support (ENOSYS)."""
+
+
+class ModuleAlreadyLoadedError(ModuleLoadError):
+    """finit_module said EEXIST: a module of that name is already in the kernel."""
+
+
+class NoGpuRespondedError(ModuleLoadError):
+    """The driver initialised but found no NVIDIA GPU it can drive (ENODEV)."""
+
+
+class ModuleDependencyError(ModuleLoadError):
+    """The module needs symbols from a module that is not loaded (ENOENT)."""
+
+
+class ModulePermissionError(ModuleLoadError):
+    """The kernel refused the load for lack of privilege or under lockdown (EPERM)."""
+
+
+class GpuClaimedError(ModuleLoadError):
+    """Another kernel driver (nouveau, vfio-pci) owns the GPUs the module would drive."""
+
+
+class CompressedModuleError(ModuleLoadError):
+    """A compressed host module cannot be loaded: the kernel does not decompress modules."""

@@ -7,7 +7,9 @@ and call its methods. `RealHost` is production (and the real-kernel guest); test
 
 from __future__ import annotations
 
+import contextlib
 import os
+import stat
 import subprocess
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -124,6 +126,32 @@ class Host(Protocol):
         """Run a program (in this container) and capture its output."""
         ...
 
+    # Kernel side (the load stage): raw calls raise OSError with the kernel's errno, and
+    # installer.kmod maps it to an error with a remedy.
+    def finit_module(self, path: Path, params: str, *, flags: int = 0) -> None:
+        """Load a module from a file with a parameter string (finit_module(2))."""
+        ...
+
+    def delete_module(self, name: str) -> None:
+        """Unload a module without blocking (delete_module(2) with O_NONBLOCK)."""
+        ...
+
+    def char_device(self, path: Path) -> tuple[int, int, int] | None:
+        """(major, minor, permission bits) when `path` is a character device, else None."""
+        ...
+
+    def mknod_char(self, path: Path, major: int, minor: int, mode: int) -> None:
+        """Create a character device node with exactly `mode`, replacing what is there."""
+        ...
+
+    def symlink(self, target: str, link: Path) -> None:
+        """Make `link` point at `target`, atomically replacing an existing entry."""
+        ...
+
+    def write_sysfs(self, path: Path, text: str) -> None:
+        """Write a kernel parameter file in place (sysfs files cannot be renamed over)."""
+        ...
+
 
 class RealHost:
     """The production host: real files under the roots, real subprocesses."""
@@ -169,6 +197,50 @@ class RealHost:
         except FileNotFoundError:
             return CommandResult(tuple(argv), 127, "", f"{argv[0]}: not found")
         return CommandResult(tuple(argv), done.returncode, done.stdout, done.stderr)
+
+    def finit_module(self, path: Path, params: str, *, flags: int = 0) -> None:
+        from installer import kmod
+
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            kmod.sys_finit_module(fd, params, flags)
+        finally:
+            os.close(fd)
+
+    def delete_module(self, name: str) -> None:
+        from installer import kmod
+
+        kmod.sys_delete_module(name)
+
+    def char_device(self, path: Path) -> tuple[int, int, int] | None:
+        try:
+            info = os.lstat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        if not stat.S_ISCHR(info.st_mode):
+            return None
+        return os.major(info.st_rdev), os.minor(info.st_rdev), stat.S_IMODE(info.st_mode)
+
+    def mknod_char(self, path: Path, major: int, minor: int, mode: int) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.gni-tmp")
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        os.mknod(tmp, stat.S_IFCHR | mode, os.makedev(major, minor))
+        os.chmod(tmp, mode)  # mknod's mode is filtered by the umask
+        os.replace(tmp, path)
+
+    def symlink(self, target: str, link: Path) -> None:
+        link.parent.mkdir(parents=True, exist_ok=True)
+        tmp = link.with_name(f".{link.name}.gni-tmp")
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        os.symlink(target, tmp)
+        os.replace(tmp, link)
+
+    def write_sysfs(self, path: Path, text: str) -> None:
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(text)
 
 
 def write_atomic(path: Path, data: bytes, *, mode: int = 0o644) -> None:

@@ -164,6 +164,10 @@ class Apt:
             raise AssetError(f"apt knows no version of {package}")
         return m[1]
 
+    def versions(self, package: str) -> list[str]:
+        """Every version of a package the private index offers (all suites)."""
+        return re.findall(r"^Version: (\S+)", self.query("show", package), re.M)
+
     def download_extract(self, spec: str, dest: Path) -> None:
         """apt-get download one package and dpkg-deb -x it into dest (never installed)."""
         with tempfile.TemporaryDirectory(dir=self.root) as tmp:
@@ -253,7 +257,9 @@ def ensure_headers(kernel: Kernel) -> Kernel:
             with staging(dest) as tmp:
                 for spec in (pkg, f"linux-headers-{common}={version}", f"{kbuild}={version}"):
                     a.download_extract(spec, tmp)
-                _patch_headers_makefile(tmp / "usr" / "src" / pkg / "Makefile", tmp / "usr" / "src")
+                # the include must name where the tree ends up, not the staging dir
+                makefile = tmp / "usr" / "src" / pkg / "Makefile"
+                _patch_headers_makefile(makefile, dest / "usr" / "src")
     return kernel
 
 
@@ -313,9 +319,11 @@ def build_nvidia_real(kernel: Kernel) -> Path:
     """Build NVIDIA's real proprietary modules from Debian's nvidia-kernel-source (~4.5 min)."""
     ensure_headers(kernel)
     a = apt()
-    pkg_version = a.version("nvidia-kernel-source")
-    if not pkg_version.startswith(NVIDIA_REAL_VERSION):
-        raise AssetError(f"nvidia-kernel-source is {pkg_version}, expected {NVIDIA_REAL_VERSION}")
+    # bookworm-security may carry a newer 535; the tier pins the one the libraries match
+    matching = [v for v in a.versions("nvidia-kernel-source") if v.startswith(NVIDIA_REAL_VERSION)]
+    if not matching:
+        raise AssetError(f"no nvidia-kernel-source {NVIDIA_REAL_VERSION} in Debian's non-free")
+    pkg_version = matching[0]
     out = kernel.root / f"nvidia-{pkg_version}-proprietary"
     with locked(f"nvidia-real-{kernel.release}"):
         if out.is_dir():
