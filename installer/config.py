@@ -113,6 +113,27 @@ def _url(value: str) -> str:
     return text
 
 
+def _int_range(low: int, high: int) -> Callable[[str], int]:
+    def parse(value: str) -> int:
+        text = value.strip()
+        if not text.isdigit() or not low <= int(text) <= high:
+            raise _Invalid(value)
+        return int(text)
+
+    return parse
+
+
+def _mirror_url(value: str) -> str:
+    """A repository base URL; the trailing slash is dropped so paths join predictably."""
+    text = value.strip().rstrip("/")
+    scheme, sep, rest = text.partition("://")
+    if not sep or scheme.lower() not in ("https", "http", "file") or not rest:
+        raise _Invalid(value)
+    if scheme.lower() == "file" and not rest.startswith("/"):
+        raise _Invalid(value)
+    return f"{scheme.lower()}://{rest}"
+
+
 SETTINGS: tuple[Setting, ...] = (
     Setting("host_root", "--host-root", "HOST_ROOT", "/host",
             "where the node's / is mounted", "an absolute path to an existing directory",
@@ -146,6 +167,40 @@ SETTINGS: tuple[Setting, ...] = (
             _positive_float),
     Setting("debug", "--debug", "DEBUG", "false",
             "show tracebacks of unexpected errors", "true or false", _bool, is_flag=True),
+    # driver sources and downloads (fetch stage)
+    Setting("mirrors", "--mirror", "DRIVER_MIRRORS", None,
+            "driver repository base URL, tried in order (flag repeatable; env: "
+            "comma-separated)", "https://, http:// (with --allow-http) or file:// URLs",
+            _mirror_url, multiple=True),
+    Setting("preloaded_dir", "--preloaded-dir", "DRIVER_PRELOADED_DIR", None,
+            "directory of packages baked into the image, tried first (never the network)",
+            "an absolute path", _abs_path),
+    Setting("cache_dir", "--cache-dir", "DRIVER_CACHE_DIR", None,
+            "package cache, as a path on the node (default: <install dir>/.cache)",
+            "an absolute path on the node without '..'", _host_abs_path),
+    Setting("cache_keep", "--cache-keep", "DRIVER_CACHE_KEEP", "2",
+            "packages kept in the cache (older ones not in use are pruned)",
+            "an integer from 1 to 100", _int_range(1, 100)),
+    Setting("ca_bundle", "--ca-bundle", "DRIVER_CA_BUNDLE", None,
+            "CA certificates (PEM) to verify https:// mirrors with",
+            "an absolute path to a file", _abs_path),
+    Setting("allow_http", "--allow-http", "DRIVER_ALLOW_HTTP", "false",
+            "allow plain http:// mirrors (file hashes still checked; index and manifest are "
+            "not protected in transit)", "true or false", _bool, is_flag=True),
+    Setting("connect_timeout", "--connect-timeout", "DOWNLOAD_CONNECT_TIMEOUT", "10",
+            "seconds to wait for a mirror connection", "a positive number of seconds",
+            _positive_float),
+    Setting("read_timeout", "--read-timeout", "DOWNLOAD_READ_TIMEOUT", "30",
+            "seconds without a byte before a download is retried",
+            "a positive number of seconds", _positive_float),
+    Setting("download_deadline", "--download-deadline", "DOWNLOAD_DEADLINE", "1800",
+            "total seconds allowed for all downloads of one run, retries included",
+            "a positive number of seconds", _positive_float),
+    Setting("download_retries", "--download-retries", "DOWNLOAD_RETRIES", "6",
+            "attempts per file and mirror (connection errors, timeouts, 429, 5xx)",
+            "an integer from 1 to 100", _int_range(1, 100)),
+    Setting("download_parallel", "--download-parallel", "DOWNLOAD_PARALLEL", "4",
+            "files downloaded at once", "an integer from 1 to 32", _int_range(1, 32)),
     Setting("node_name", "--node-name", "NODE_NAME", None,
             "this node's Kubernetes name (labels and an Event are posted only when set)",
             "a Kubernetes node name (lower-case letters, digits, '-' and '.')", _node_name),
@@ -180,6 +235,17 @@ class Config:
     termination_log: Path = Path("/dev/termination-log")
     lock_timeout: float = 300.0
     debug: bool = False
+    mirrors: tuple[str, ...] = ()
+    preloaded_dir: Path | None = None
+    cache_dir: PurePosixPath | None = None
+    cache_keep: int = 2
+    ca_bundle: Path | None = None
+    allow_http: bool = False
+    connect_timeout: float = 10.0
+    read_timeout: float = 30.0
+    download_deadline: float = 1800.0
+    download_retries: int = 6
+    download_parallel: int = 4
     node_name: str | None = None
     kube_api: str | None = None
     service_account_dir: Path = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -201,6 +267,9 @@ def load_config(flags: Mapping[str, Any], environ: Mapping[str, str]) -> Config:
     """Validate every setting and return the frozen Config, or raise ConfigError."""
     values: dict[str, Any] = {}
     for setting in SETTINGS:
+        if setting.multiple:
+            values[setting.name] = _parse_many(setting, flags, environ)
+            continue
         raw, source = _raw_value(setting, flags, environ)
         if raw is None:
             continue
@@ -214,7 +283,39 @@ def load_config(flags: Mapping[str, Any], environ: Mapping[str, str]) -> Config:
     values.setdefault("dev_root", values["host_root"] / "dev")
     config = Config(**values)
     _check_roots(config)
+    _check_mirrors(config)
     return config
+
+
+def _parse_many(setting: Setting, flags: Mapping[str, Any], environ: Mapping[str, str]
+                ) -> tuple[Any, ...]:
+    """A repeatable setting: every flag value, else the env var split on commas/whitespace."""
+    flag_values = flags.get(setting.name) or ()
+    if isinstance(flag_values, str):
+        flag_values = (flag_values,)
+    if flag_values:
+        items, source = [str(v) for v in flag_values], setting.flag
+    elif setting.envvar and environ.get(setting.envvar, "").strip():
+        items, source = re.split(r"[,\s]+", environ[setting.envvar].strip()), setting.envvar
+    else:
+        return ()
+    parsed = []
+    for item in (i for i in items if i):
+        try:
+            parsed.append(setting.parse(item))
+        except _Invalid:
+            raise ConfigError(f"{source}={item!r} is invalid",
+                              remedy=f"{setting.flag.lstrip('-')} must be {setting.accepted}"
+                              ) from None
+    return tuple(parsed)
+
+
+def _check_mirrors(config: Config) -> None:
+    """Plain http:// lets an index or manifest be altered in transit: opt in explicitly."""
+    for url in config.mirrors:
+        if url.startswith("http://") and not config.allow_http:
+            raise ConfigError(f"mirror {url} uses plain http://",
+                              remedy="use https:// or pass --allow-http (DRIVER_ALLOW_HTTP=1)")
 
 
 def _check_roots(config: Config) -> None:
