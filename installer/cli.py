@@ -98,7 +98,7 @@ def node_options(fn: F) -> F:
 def make_context(flags: dict[str, Any]) -> Context:
     """Validate settings, configure logs, build the host seam (tests may inject a factory)."""
     click_ctx = click.get_current_context()
-    obj = click_ctx.ensure_object(dict)
+    obj = click_ctx.find_root().ensure_object(dict)
     config = load_config(flags, os.environ)
     obj["config"] = config
     logs.configure(config.log_format, config.log_level)
