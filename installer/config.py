@@ -134,6 +134,29 @@ def _mirror_url(value: str) -> str:
     return f"{scheme.lower()}://{rest}"
 
 
+@dataclass(frozen=True)
+class ModuleParam:
+    """`nvidia.NVreg_EnableMSI=0`: one kernel module parameter set by the operator."""
+
+    module: str
+    key: str
+    value: str
+
+
+_MODULE_PARAM_RE = re.compile(r"^([A-Za-z0-9_-]{1,55})\.([A-Za-z0-9_]{1,64})=([!#-&(-~]{0,256})$")
+
+
+def parse_module_param(value: str) -> ModuleParam:
+    """`module.key=value`; the module name is normalised ('-' -> '_') as the kernel does.
+
+    Values cannot hold spaces or quotes: the kernel splits its parameter string on them.
+    """
+    match = _MODULE_PARAM_RE.match(value.strip())
+    if not match:
+        raise _Invalid(value)
+    return ModuleParam(match.group(1).replace("-", "_"), match.group(2), match.group(3))
+
+
 SETTINGS: tuple[Setting, ...] = (
     Setting("host_root", "--host-root", "HOST_ROOT", "/host",
             "where the node's / is mounted", "an absolute path to an existing directory",
@@ -214,6 +237,19 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("driver_root_layout", "--driver-root-layout", "DRIVER_ROOT_LAYOUT", "false",
             "also expose usr/lib/<arch>-linux-gnu and usr/bin in the install dir "
             "(gpu-operator driver-root layout)", "true or false", _bool, is_flag=True),
+    # kernel modules (load stage)
+    Setting("module_params", "--module-param", "NVIDIA_MODULE_PARAMS", None,
+            "kernel module parameter, overriding the package default (flag repeatable; "
+            "env: separated by spaces or commas)",
+            "module.key=value naming a module of the package, e.g. nvidia.NVreg_EnableMSI=0",
+            parse_module_param, multiple=True),
+    Setting("module_params_file", "--module-params-file", "NVIDIA_MODULE_PARAMS_FILE", None,
+            "file of module.key=value lines ('#' starts a comment), applied before "
+            "--module-param", "an absolute path", _abs_path),
+    Setting("force_load", "--force-load", "FORCE_MODULE_LOAD", "false",
+            "load even when preflight predicts a refusal (signature enforcement, GPU bound "
+            "to nouveau/vfio-pci, package built for another kernel)", "true or false", _bool,
+            is_flag=True),
 )
 
 SETTINGS_BY_NAME = {setting.name: setting for setting in SETTINGS}
@@ -250,6 +286,9 @@ class Config:
     kube_api: str | None = None
     service_account_dir: Path = Path("/var/run/secrets/kubernetes.io/serviceaccount")
     driver_root_layout: bool = False
+    module_params: tuple[ModuleParam, ...] = ()
+    module_params_file: Path | None = None
+    force_load: bool = False
 
 
 def _raw_value(setting: Setting, flags: Mapping[str, Any], environ: Mapping[str, str]
