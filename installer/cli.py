@@ -134,6 +134,41 @@ def detect(ctx: Context, output: str) -> None:
     emit(run_stage(ctx, "detect"), output)
 
 
+def lazy_node_options(fn: F) -> F:
+    """Like `node_options`, but hands the command a zero-argument factory of the `Context`:
+    commands that may not need the node (`compat --driver V`) then run where no host
+    mounts exist, and the settings are validated only when the node is read."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        flags = {setting.name: kwargs.pop(setting.name) for setting in SETTINGS}
+        return fn(functools.partial(make_context, flags), *args, **kwargs)
+
+    decorated: Any = wrapper
+    for setting in reversed(SETTINGS):
+        env = f" [env: {setting.envvar}]" if setting.envvar else ""
+        decorated = click.option(
+            setting.flag, setting.name, is_flag=setting.is_flag, default=None,
+            multiple=setting.multiple, help=f"{setting.help}{env}")(decorated)
+    return decorated  # type: ignore[no-any-return]
+
+
+@cli.command()
+@click.option("--cuda", "cuda", required=True, metavar="X.Y[.Z]",
+              help="CUDA toolkit version the application was built with, e.g. 12.4")
+@click.option("--driver", "driver", default=None, metavar="VERSION",
+              help="driver version to check, e.g. 535.261.03 [default: the loaded driver]")
+@lazy_node_options
+@output_option
+def compat(node: Callable[[], Context], cuda: str, driver: str | None, output: str) -> None:
+    """Does a driver run a CUDA toolkit? Exit 0 yes, 14 no, 2 for a malformed version."""
+    from installer import compat as rules
+
+    verdict = rules.run_check(cuda, driver, node)
+    emit(verdict, output)
+    rules.raise_if_incompatible(verdict)
+
+
 def main() -> None:
     """Console-script entry point."""
     cli.main(prog_name="gpu-node-installer")
