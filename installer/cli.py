@@ -169,6 +169,35 @@ def compat(node: Callable[[], Context], cuda: str, driver: str | None, output: s
     rules.raise_if_incompatible(verdict)
 
 
+@cli.command()
+@node_options
+@output_option
+def load(ctx: Context, output: str) -> None:
+    """Fetch the driver package, load its kernel modules, create the device nodes."""
+    with _node_lock(ctx):
+        run_stage(ctx, "fetch")
+        emit(run_stage(ctx, "load"), output)
+
+
+@cli.command()
+@node_options
+@output_option
+def unload(ctx: Context, output: str) -> None:
+    """Unload the NVIDIA kernel modules, refusing (exit 10) while anything uses them."""
+    from installer import load as load_stage
+
+    with _node_lock(ctx):
+        emit(run_stage(ctx, "unload", lambda c: load_stage.unload(c.host)), output)
+
+
+def _node_lock(ctx: Context) -> Any:
+    """The install dir's lock: a load must not interleave with another run's."""
+    from installer.lock import node_lock
+
+    lock_path = ctx.host.roots.node(ctx.config.install_dir) / ".lock"
+    return node_lock(lock_path, timeout=ctx.config.lock_timeout)
+
+
 def main() -> None:
     """Console-script entry point."""
     cli.main(prog_name="gpu-node-installer")
