@@ -1,0 +1,408 @@
+"""The stage stage: place the user-mode driver in the install dir and switch to it atomically.
+
+Layout (all links relative, so they resolve inside a container that mounts the install dir
+elsewhere, e.g. GKE's `/usr/local/nvidia`):
+
+    <install>/.versions/<driver>-<kernel>-<flavour>/{lib64,bin,drivers,firmware}/...
+    <install>/.current  -> .versions/<driver>-<kernel>-<flavour>
+    <install>/.previous -> .versions/<older>            (kept for rollback)
+    <install>/lib64 -> .current/lib64    (likewise bin, drivers, firmware)
+
+A version directory is built under a temp name and renamed into place only when complete;
+the one `rename` of `.current` then switches lib64, bin, drivers and firmware together, so a
+crash at any instant leaves the complete old set or the complete new set, never a mix.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Any, Protocol
+
+from installer.elf import ElfError, is_elf, read_soname
+from installer.errors import IntegrityError, StagingError
+from installer.host import Host, fsync_dir, write_atomic
+
+if TYPE_CHECKING:
+    from installer.pipeline import Context
+
+TOP_LINKS = ("lib64", "bin", "drivers", "firmware")
+KIND_DIRS = {"library": "lib64", "binary": "bin", "module": "drivers", "firmware": "firmware",
+             "config": "etc"}
+VERSIONS = ".versions"
+CURRENT = ".current"
+PREVIOUS = ".previous"
+STAGED_META = ".staged.json"
+LDCONF_NODE_PATH = PurePosixPath("/etc/ld.so.conf.d/gpu-node-installer.conf")
+LDCONFIG_NODE_PATHS = ("/sbin/ldconfig", "/usr/sbin/ldconfig")
+MULTIARCH = {"x86_64": "x86_64-linux-gnu", "aarch64": "aarch64-linux-gnu",
+             "arm64": "aarch64-linux-gnu", "amd64": "x86_64-linux-gnu"}
+
+
+class FileLike(Protocol):
+    """A manifest file entry (installer.package.FileEntry)."""
+
+    @property
+    def path(self) -> str: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def mode(self) -> int: ...
+    @property
+    def kind(self) -> str: ...
+
+
+class ManifestLike(Protocol):
+    """The parts of installer.package.Manifest that staging reads."""
+
+    @property
+    def driver_version(self) -> str: ...
+    @property
+    def kernel_release(self) -> str: ...
+    @property
+    def arch(self) -> str: ...
+    @property
+    def flavour(self) -> str: ...
+    @property
+    def files(self) -> tuple[FileLike, ...]: ...
+
+
+class PackageLike(Protocol):
+    """installer.package.Package: a verified manifest and where its files are."""
+
+    @property
+    def manifest(self) -> ManifestLike: ...
+    @property
+    def digest(self) -> str: ...
+    def path_of(self, relpath: str) -> Path: ...
+
+
+@dataclass(frozen=True)
+class StageResult:
+    """What was staged and what the install dir points at now."""
+
+    version: str
+    install_dir: str
+    driver_version: str
+    kernel_release: str
+    flavour: str
+    digest: str
+    files: int
+    reused: bool
+    previous: str | None
+    soname_links: dict[str, str] = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()
+
+    def log_fields(self) -> dict[str, Any]:
+        return {"version": self.version, "files": self.files, "reused": self.reused,
+                "previous": self.previous}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"version": self.version, "install_dir": self.install_dir,
+                "driver_version": self.driver_version, "kernel_release": self.kernel_release,
+                "flavour": self.flavour, "digest": self.digest, "files": self.files,
+                "reused": self.reused, "previous": self.previous,
+                "soname_links": self.soname_links, "warnings": list(self.warnings)}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    def to_text(self) -> str:
+        lines = [f"Staged:          {self.version} ({self.files} files"
+                 f"{', already present' if self.reused else ''})",
+                 f"Install dir:     {self.install_dir}",
+                 f"Previous:        {self.previous or 'none'}"]
+        lines += [f"  {link} -> {target}" for link, target in sorted(self.soname_links.items())]
+        lines += [f"Warning: {warning}" for warning in self.warnings]
+        return "\n".join(lines)
+
+
+def version_name(manifest: ManifestLike) -> str:
+    """`<driver>-<kernel>-<flavour>`: one directory per package identity."""
+    return f"{manifest.driver_version}-{manifest.kernel_release}-{manifest.flavour}"
+
+
+def install_root(ctx: Context) -> Path:
+    """The install dir as a path in this container."""
+    return ctx.host.roots.node(ctx.config.install_dir)
+
+
+def run(ctx: Context) -> StageResult:
+    """Stage entry point: consumes the fetch stage's Package."""
+    package = ctx.results.get("fetch")
+    if package is None:
+        raise StagingError("no driver package to stage (the fetch stage did not run)",
+                           remedy="run `install`, or `fetch` before `stage`")
+    from installer.signal import clear_readiness
+
+    clear_readiness(ctx)
+    return stage_package(ctx, package)
+
+
+def stage_package(ctx: Context, package: PackageLike, *,
+                  allow_hardlinks: bool = True) -> StageResult:
+    """Build (or reuse) the version directory, switch to it, then tidy up around it."""
+    root = install_root(ctx)
+    manifest = package.manifest
+    name = version_name(manifest)
+    try:
+        (root / VERSIONS).mkdir(parents=True, exist_ok=True)
+        reused = _staged_digest(root / VERSIONS / name) == package.digest
+        if not reused:
+            _build_version(root, name, package, allow_hardlinks=allow_hardlinks)
+        previous = switch_to(root, name)
+        links = _soname_links(root / VERSIONS / name / "lib64")
+        if ctx.config.driver_root_layout:
+            _driver_root_layout(root, manifest.arch)
+        prune(root)
+    except OSError as exc:
+        raise StagingError(f"cannot stage into {ctx.config.install_dir}: {exc}") from exc
+    warnings = refresh_linker(ctx)
+    return StageResult(name, str(ctx.config.install_dir), manifest.driver_version,
+                       manifest.kernel_release, manifest.flavour, package.digest,
+                       len(manifest.files), reused, previous, links, tuple(warnings))
+
+
+def _staged_digest(version_dir: Path) -> str | None:
+    try:
+        meta = json.loads((version_dir / STAGED_META).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    digest = meta.get("digest") if isinstance(meta, dict) else None
+    return digest if isinstance(digest, str) else None
+
+
+def read_staged(root: Path, name: str) -> dict[str, Any] | None:
+    """The metadata a complete version directory carries, or None."""
+    try:
+        meta = json.loads((root / VERSIONS / name / STAGED_META).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return meta if isinstance(meta, dict) else None
+
+
+def _build_version(root: Path, name: str, package: PackageLike, *,
+                   allow_hardlinks: bool) -> None:
+    """Fill a temp directory, then rename it into `.versions/<name>` in one step."""
+    versions = root / VERSIONS
+    tmp = versions / f".tmp-{name}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    for sub in TOP_LINKS:
+        (tmp / sub).mkdir(parents=True)
+    for entry in package.manifest.files:
+        _place(tmp, entry, package.path_of(entry.path), allow_hardlinks=allow_hardlinks)
+    _make_soname_links(tmp / "lib64")
+    _write_meta(tmp, package)
+    _rename_into_place(root, tmp, name)
+
+
+def destination(entry: FileLike) -> PurePosixPath:
+    """Where a manifest file lands inside a version directory, by its kind."""
+    if entry.kind not in KIND_DIRS:
+        raise IntegrityError(f"manifest file {entry.path} has unknown kind {entry.kind!r}")
+    path = PurePosixPath(entry.path)
+    if path.is_absolute() or ".." in path.parts:
+        raise IntegrityError(f"manifest path {entry.path} escapes the package")
+    if entry.kind == "firmware" and "firmware" in path.parts[:-1]:
+        index = len(path.parts) - 1 - path.parts[::-1].index("firmware")
+        return PurePosixPath("firmware", *path.parts[index + 1:])
+    return PurePosixPath(KIND_DIRS[entry.kind], path.name)
+
+
+def _place(tmp: Path, entry: FileLike, source: Path, *, allow_hardlinks: bool) -> None:
+    """Hard-link the verified cache file when it can be shared as is, else copy it."""
+    target = tmp / destination(entry)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    stat = source.stat()
+    if stat.st_size != entry.size:
+        raise IntegrityError(f"{entry.path}: {stat.st_size} bytes in the cache, manifest says "
+                             f"{entry.size}", remedy="clear the cache and fetch again")
+    mode = entry.mode & 0o7777
+    if allow_hardlinks and (stat.st_mode & 0o7777) == mode:
+        try:
+            os.link(source, target)
+            return
+        except OSError:
+            pass  # another filesystem, or links not allowed: copy instead
+    shutil.copyfile(source, target)
+    os.chmod(target, mode)
+
+
+def _make_soname_links(lib_dir: Path) -> None:
+    """`libX.so.1 -> libX.so.<version>` from each ELF's SONAME, plus `libX.so` dev links."""
+    for path in sorted(lib_dir.iterdir()):
+        if path.is_symlink() or not path.is_file() or not is_elf(path):
+            continue
+        try:
+            soname = read_soname(path)
+        except ElfError as exc:
+            raise IntegrityError(f"{path.name} is not a valid ELF library: {exc}") from exc
+        if soname and soname != path.name and "/" not in soname:
+            _symlink(path.name, lib_dir / soname)
+        stem = path.name.split(".so", 1)[0] + ".so"
+        if ".so" in path.name and stem != path.name and not (lib_dir / stem).exists():
+            _symlink(soname or path.name, lib_dir / stem)
+
+
+def _symlink(target: str, link: Path) -> None:
+    if link.is_symlink() or link.exists():
+        link.unlink()
+    link.symlink_to(target)
+
+
+def _soname_links(lib_dir: Path) -> dict[str, str]:
+    return {p.name: os.readlink(p) for p in sorted(lib_dir.iterdir()) if p.is_symlink()}
+
+
+def _write_meta(tmp: Path, package: PackageLike) -> None:
+    manifest = package.manifest
+    meta = {"digest": package.digest, "driver_version": manifest.driver_version,
+            "kernel_release": manifest.kernel_release, "flavour": manifest.flavour,
+            "arch": manifest.arch, "files": len(manifest.files),
+            "staged_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    write_atomic(tmp / STAGED_META, json.dumps(meta, indent=2).encode())
+
+
+def _rename_into_place(root: Path, tmp: Path, name: str) -> None:
+    """Rename the finished temp dir to its name; an older build of that name steps aside.
+
+    When the old build is the current one, `.current` first moves to the new build, and the
+    new build reaches its final name as a hard-linked clone, so `.current` never points at a
+    missing directory.
+    """
+    versions = root / VERSIONS
+    final = versions / name
+    if not final.exists():
+        os.rename(tmp, final)
+        fsync_dir(versions)
+        return
+    was_current = current_name(root) == name
+    if was_current:
+        _point(root / CURRENT, f"{VERSIONS}/{tmp.name}")
+    aside = versions / f".old-{name}-{os.getpid()}"
+    os.rename(final, aside)
+    clone = versions / f".clone-{name}-{os.getpid()}"
+    shutil.copytree(tmp, clone, symlinks=True, copy_function=os.link)
+    os.rename(clone, final)
+    if was_current:
+        _point(root / CURRENT, f"{VERSIONS}/{name}")
+    fsync_dir(versions)
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def _point(link: Path, target: str) -> None:
+    """Make `link` point at `target` with one atomic rename."""
+    tmp = link.with_name(f"{link.name}.new-{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(target)
+    os.replace(tmp, link)
+
+
+def current_name(root: Path) -> str | None:
+    """The version directory `.current` points at, or None."""
+    return _link_name(root / CURRENT)
+
+
+def previous_name(root: Path) -> str | None:
+    return _link_name(root / PREVIOUS)
+
+
+def _link_name(link: Path) -> str | None:
+    try:
+        return PurePosixPath(os.readlink(link)).name
+    except OSError:
+        return None
+
+
+def switch_to(root: Path, name: str) -> str | None:
+    """Point `.current` at a complete version; remember the one it replaces as `.previous`."""
+    old = current_name(root)
+    if old and old != name and (root / VERSIONS / old).is_dir():
+        _point(root / PREVIOUS, f"{VERSIONS}/{old}")
+    _point(root / CURRENT, f"{VERSIONS}/{name}")
+    _ensure_top_links(root)
+    fsync_dir(root)
+    return old if old != name else previous_name(root)
+
+
+def _ensure_top_links(root: Path) -> None:
+    """lib64, bin, drivers, firmware -> .current/<same>; a real directory steps aside."""
+    for sub in TOP_LINKS:
+        link = root / sub
+        want = f"{CURRENT}/{sub}"
+        if link.is_symlink() and os.readlink(link) == want:
+            continue
+        if link.exists() and not link.is_symlink():
+            aside = root / VERSIONS / f".legacy-{sub}-{int(time.time())}"
+            os.rename(link, aside)
+        _point(link, want)
+
+
+def rollback(root: Path) -> tuple[str, str]:
+    """Switch back to `.previous` (the current version becomes the previous one)."""
+    old, new = current_name(root), previous_name(root)
+    if not new or not (root / VERSIONS / new / STAGED_META).is_file():
+        raise StagingError(f"no previous version to roll back to in {root}",
+                           remedy="install the wanted version instead")
+    switch_to(root, new)
+    return old or "", new
+
+
+def prune(root: Path) -> list[str]:
+    """Remove versions that are neither current nor previous, and leftovers of crashes."""
+    keep = {current_name(root), previous_name(root)}
+    removed = []
+    for entry in sorted((root / VERSIONS).iterdir()):
+        if entry.name in keep or not entry.is_dir():
+            continue
+        shutil.rmtree(entry, ignore_errors=True)
+        removed.append(entry.name)
+    for stray in root.glob(".*.new-*"):
+        stray.unlink(missing_ok=True)
+    return removed
+
+
+def _driver_root_layout(root: Path, arch: str) -> None:
+    """usr/lib/<multiarch> and usr/lib64 -> lib64, usr/bin -> bin (gpu-operator consumers)."""
+    multiarch = MULTIARCH.get(arch, f"{arch}-linux-gnu")
+    (root / "usr" / "lib").mkdir(parents=True, exist_ok=True)
+    for link, target in ((f"usr/lib/{multiarch}", "../../lib64"), ("usr/lib64", "../lib64"),
+                         ("usr/bin", "../bin")):
+        path = root / link
+        if not (path.is_symlink() and os.readlink(path) == target):
+            _point(path, target)
+
+
+def refresh_linker(ctx: Context) -> list[str]:
+    """Write the ld.so.conf.d entry (only when it changes) and rerun the host's ldconfig."""
+    host = ctx.host
+    conf = host.roots.node(LDCONF_NODE_PATH)
+    text = (f"# gpu-node-installer: the NVIDIA user-mode driver; rewritten on each install\n"
+            f"{ctx.config.install_dir}/lib64\n")
+    warnings = []
+    try:
+        if host.read_text(conf) != text:
+            write_atomic(conf, text.encode())
+    except OSError as exc:
+        warnings.append(f"cannot write {LDCONF_NODE_PATH}: {exc}")
+    ldconfig = _host_ldconfig(host)
+    if ldconfig:
+        done = host.run(["chroot", str(host.roots.host), ldconfig])
+        if done.returncode != 0:
+            warnings.append(f"ldconfig on the host failed ({done.returncode}): "
+                            f"{done.stderr.strip()[:200]}")
+    for warning in warnings:
+        ctx.log.warning("linker cache not refreshed", detail=warning)
+    return warnings
+
+
+def _host_ldconfig(host: Host) -> str | None:
+    for node_path in LDCONFIG_NODE_PATHS:
+        if host.roots.confine(host.roots.node(node_path)).is_file():
+            return node_path
+    return None

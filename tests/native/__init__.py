@@ -1,0 +1,30 @@
+"""C stand-ins for NVIDIA's user-mode libraries, compiled by the tests that use them."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+NVML_SONAME = "libnvidia-ml.so.1"
+CUDA_SONAME = "libcuda.so.1"
+
+
+def compile_library(source: str, dest: Path, soname: str, *defines: str) -> Path:
+    """gcc a stand-in into `dest` with the real library's SONAME (well under a second)."""
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        raise RuntimeError("gcc is missing: run `make deps` (scripts/install-deps.sh)")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run([gcc, "-shared", "-fPIC", "-O1", "-Wall", "-Werror", *defines,
+                    f"-Wl,-soname,{soname}", "-o", str(dest), str(HERE / source)], check=True)
+    return dest
+
+
+def build_standins(lib_dir: Path, *, omit_driver_version: bool = False) -> Path:
+    """Both stand-ins in one directory, named by their SONAMEs (as a staged lib64 is)."""
+    defines = ("-DOMIT_DRIVER_VERSION",) if omit_driver_version else ()
+    compile_library("nvml_standin.c", lib_dir / NVML_SONAME, NVML_SONAME, *defines)
+    compile_library("cuda_standin.c", lib_dir / CUDA_SONAME, CUDA_SONAME)
+    return lib_dir

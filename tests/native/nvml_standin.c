@@ -1,0 +1,188 @@
+/* A stand-in for NVIDIA's libnvidia-ml.so.1, so the real pynvml runs with no GPU.
+ *
+ * Behaviour comes from environment variables, read on every call:
+ *   FAKE_NVML_INIT_ERROR    NVML return code for nvmlInitWithFlags (e.g. 9, 18)
+ *   FAKE_NVML_GPUS          number of GPUs (default 1)
+ *   FAKE_NVML_DRIVER        driver version string (default 535.261.03)
+ *   FAKE_NVML_CUDA          CUDA driver version as an int (default 12020)
+ *   FAKE_NVML_NAME          GPU name (default "NVIDIA A100-SXM4-40GB")
+ *   FAKE_NVML_BUS_IDS       comma-separated PCI bus ids (default 00000000:1<i>:00.0)
+ *   FAKE_NVML_DEVICE_ERROR  "<index>:<code>": nvmlDeviceGetHandleByIndex fails there
+ *   FAKE_NVML_ECC           "unsupported" makes nvmlDeviceGetEccMode return NOT_SUPPORTED
+ *   FAKE_NVML_PENDING_PAGES "1": retired pages pending on every GPU
+ * Built with -DOMIT_DRIVER_VERSION it lacks nvmlSystemGetDriverVersion (NVML error 13).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef int nvmlReturn_t;
+typedef struct { int index; } gpu_t;
+typedef gpu_t *nvmlDevice_t;
+
+typedef struct {
+    char busIdLegacy[16];
+    unsigned int domain, bus, device, pciDeviceId, pciSubSystemId;
+    char busId[32];
+} nvmlPciInfo_t;
+
+typedef struct { unsigned long long total, free, used; } nvmlMemory_t;
+
+static gpu_t gpus[64];
+static int initialized;
+
+static int env_int(const char *name, int fallback) {
+    const char *value = getenv(name);
+    return value && *value ? atoi(value) : fallback;
+}
+
+static const char *env_str(const char *name, const char *fallback) {
+    const char *value = getenv(name);
+    return value && *value ? value : fallback;
+}
+
+static int gpu_count(void) {
+    int count = env_int("FAKE_NVML_GPUS", 1);
+    return count < 0 ? 0 : (count > 64 ? 64 : count);
+}
+
+static nvmlReturn_t copy_out(char *out, unsigned int length, const char *text) {
+    if (strlen(text) + 1 > length) return 7; /* INSUFFICIENT_SIZE */
+    strcpy(out, text);
+    return 0;
+}
+
+nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
+    (void)flags;
+    int error = env_int("FAKE_NVML_INIT_ERROR", 0);
+    if (error) return error;
+    initialized = 1;
+    return 0;
+}
+
+nvmlReturn_t nvmlInit_v2(void) { return nvmlInitWithFlags(0); }
+nvmlReturn_t nvmlInit(void) { return nvmlInitWithFlags(0); }
+
+nvmlReturn_t nvmlShutdown(void) {
+    if (!initialized) return 1; /* UNINITIALIZED */
+    initialized = 0;
+    return 0;
+}
+
+const char *nvmlErrorString(nvmlReturn_t result) {
+    switch (result) {
+    case 0: return "Success";
+    case 9: return "Driver Not Loaded";
+    case 12: return "NVML Shared Library Not Found";
+    case 13: return "Function Not Found";
+    case 15: return "GPU is lost";
+    case 18: return "RM has detected an NVML/RM version mismatch.";
+    default: return "Unknown Error";
+    }
+}
+
+#ifndef OMIT_DRIVER_VERSION
+nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length) {
+    if (!initialized) return 1;
+    return copy_out(version, length, env_str("FAKE_NVML_DRIVER", "535.261.03"));
+}
+#endif
+
+nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *version) {
+    if (!initialized) return 1;
+    *version = env_int("FAKE_NVML_CUDA", 12020);
+    return 0;
+}
+
+nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *version) {
+    return nvmlSystemGetCudaDriverVersion(version);
+}
+
+nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count) {
+    if (!initialized) return 1;
+    *count = (unsigned int)gpu_count();
+    return 0;
+}
+
+nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device) {
+    if (!initialized) return 1;
+    if ((int)index >= gpu_count()) return 2; /* INVALID_ARGUMENT */
+    const char *fail = getenv("FAKE_NVML_DEVICE_ERROR");
+    if (fail && *fail) {
+        unsigned int bad = 0; int code = 0;
+        if (sscanf(fail, "%u:%d", &bad, &code) == 2 && bad == index) return code;
+    }
+    gpus[index].index = (int)index;
+    *device = &gpus[index];
+    return 0;
+}
+
+nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length) {
+    (void)device;
+    return copy_out(name, length, env_str("FAKE_NVML_NAME", "NVIDIA A100-SXM4-40GB"));
+}
+
+nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length) {
+    char text[96];
+    snprintf(text, sizeof text, "GPU-5fa0c2d4-0000-4000-8000-%012d", device->index);
+    return copy_out(uuid, length, text);
+}
+
+static void bus_id(int index, char *out, size_t size) {
+    const char *list = getenv("FAKE_NVML_BUS_IDS");
+    if (list && *list) {
+        const char *p = list;
+        for (int i = 0; i < index && p; i++) { p = strchr(p, ','); if (p) p++; }
+        if (p) {
+            size_t n = strcspn(p, ",");
+            if (n >= size) n = size - 1;
+            memcpy(out, p, n); out[n] = 0;
+            return;
+        }
+    }
+    snprintf(out, size, "00000000:%02X:00.0", 0x10 + index);
+}
+
+nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *pci) {
+    memset(pci, 0, sizeof *pci);
+    bus_id(device->index, pci->busId, sizeof pci->busId);
+    snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "%.15s", pci->busId);
+    pci->bus = 0x10 + (unsigned int)device->index;
+    pci->pciDeviceId = 0x20b010de;
+    return 0;
+}
+
+nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) {
+    (void)device;
+    memory->total = 40ULL * 1024 * 1024 * 1024;
+    memory->used = 512ULL * 1024 * 1024;
+    memory->free = memory->total - memory->used;
+    return 0;
+}
+
+nvmlReturn_t nvmlDeviceGetPersistenceMode(nvmlDevice_t device, int *mode) {
+    (void)device;
+    *mode = 1;
+    return 0;
+}
+
+nvmlReturn_t nvmlDeviceGetEccMode(nvmlDevice_t device, int *current, int *pending) {
+    (void)device;
+    if (strcmp(env_str("FAKE_NVML_ECC", "on"), "unsupported") == 0) return 3;
+    *current = 1; *pending = 1;
+    return 0;
+}
+
+nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(nvmlDevice_t device, int *pending) {
+    (void)device;
+    *pending = env_int("FAKE_NVML_PENDING_PAGES", 0);
+    return 0;
+}
+
+nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t device, unsigned int *corr,
+                                       unsigned int *unc, unsigned int *pending,
+                                       unsigned int *failure) {
+    (void)device;
+    *corr = 0; *unc = 0; *pending = 0; *failure = 0;
+    return 0;
+}
