@@ -1,0 +1,228 @@
+"""A real threaded HTTP/1.1 file server on 127.0.0.1 with Range, ETag and injected faults.
+
+    with MirrorServer(root) as server:
+        server.fault("/pkg/f.so", Fault("drop", after=4096, times=2))
+        url = server.url + "/pkg/f.so"
+
+Faults are consumed one request at a time per path (or path prefix when the key ends
+with '/'): `drop` closes after N body bytes; `status` answers a code (503, 404, 403...);
+`retry_after` answers 429 with a Retry-After header; `stall` sends N bytes then sleeps;
+`corrupt` flips one byte (same length); `truncate` announces and sends only N bytes;
+`change` serves other bytes under another ETag, then drops after N bytes (a file replaced
+upstream between requests). Every request is recorded for assertions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+_RANGE_RE = re.compile(r"^bytes=(\d+)-(\d*)$")
+
+
+@dataclass
+class Fault:
+    """One injected misbehaviour; `times` requests are affected (0: every request)."""
+
+    kind: str
+    after: int = 0
+    times: int = 1
+    status: int = 503
+    retry_after: int = 1
+    seconds: float = 5.0
+    other: bytes = b""
+
+
+@dataclass(frozen=True)
+class Request:
+    """What the server saw and answered."""
+
+    path: str
+    range: str | None
+    if_range: str | None
+    status: int
+
+
+def etag_of(path: Path) -> str:
+    info = path.stat()
+    return f'"{info.st_size:x}-{info.st_mtime_ns:x}"'
+
+
+class MirrorServer:
+    """Serves `root` over HTTP on an ephemeral 127.0.0.1 port, in a background thread."""
+
+    def __init__(self, root: Path, *, etags: bool = True) -> None:
+        self.root = root
+        self.etags = etags
+        self.faults: dict[str, list[Fault]] = {}
+        self.requests: list[Request] = []
+        self.lock = threading.Lock()
+        handler = type("Handler", (_Handler,), {"server_state": self})
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.httpd.daemon_threads = True
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def __enter__(self) -> MirrorServer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def fault(self, path: str, *faults: Fault) -> None:
+        with self.lock:
+            self.faults.setdefault(path, []).extend(faults)
+
+    def take_fault(self, path: str) -> Fault | None:
+        with self.lock:
+            keys = [path] + [k for k in self.faults if k.endswith("/") and path.startswith(k)]
+            for key in keys:
+                queue = self.faults.get(key)
+                if queue:
+                    fault = queue[0]
+                    if fault.times > 0:
+                        fault.times -= 1
+                        if fault.times == 0:
+                            queue.pop(0)
+                    return fault
+        return None
+
+    def record(self, request: Request) -> None:
+        with self.lock:
+            self.requests.append(request)
+
+    def requests_for(self, path: str) -> list[Request]:
+        with self.lock:
+            return [r for r in self.requests if r.path == path]
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_state: MirrorServer
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def do_HEAD(self) -> None:
+        self._serve(head=True)
+
+    def do_GET(self) -> None:
+        self._serve(head=False)
+
+    def _answer(self, status: int, headers: dict[str, str] | None = None) -> None:
+        self._record(status)
+        self.send_response(status)
+        for key, value in (headers or {}).items():
+            self.send_header(key, value)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def _record(self, status: int) -> None:
+        self.server_state.record(Request(self.path.split("?")[0], self.headers.get("Range"),
+                                         self.headers.get("If-Range"), status))
+
+    def _serve(self, *, head: bool) -> None:
+        state = self.server_state
+        path = self.path.split("?")[0]
+        fault = state.take_fault(path)
+        if fault and fault.kind == "status":
+            return self._answer(fault.status)
+        if fault and fault.kind == "retry_after":
+            return self._answer(429, {"Retry-After": str(fault.retry_after)})
+        target = (state.root / path.lstrip("/")).resolve()
+        if not target.is_relative_to(state.root.resolve()) or not target.is_file():
+            return self._answer(404)
+        if fault and fault.kind == "change":
+            data, etag = fault.other, f'"changed-{hashlib.sha256(fault.other).hexdigest()[:8]}"'
+        else:
+            data, etag = None, etag_of(target)
+        size = len(data) if data is not None else target.stat().st_size
+        start, end, status = self._range(size, etag)
+        if status == 416:
+            return self._answer(416, {"Content-Range": f"bytes */{size}"})
+        self._record(status)
+        self.send_response(status)
+        length = end - start
+        if fault and fault.kind == "truncate":
+            length = min(length, fault.after)
+        self.send_header("Content-Length", str(length))
+        self.send_header("Accept-Ranges", "bytes")
+        if state.etags:
+            self.send_header("ETag", etag)
+        if status == 206:
+            self.send_header("Content-Range", f"bytes {start}-{end - 1}/{size}")
+        self.end_headers()
+        if not head:
+            self._body(target, data, start, length, fault)
+
+    def _range(self, size: int, etag: str) -> tuple[int, int, int]:
+        header = self.headers.get("Range")
+        if_range = self.headers.get("If-Range")
+        match = _RANGE_RE.match(header or "")
+        if not match or (if_range is not None and if_range != etag):
+            return 0, size, 200
+        start = int(match.group(1))
+        end = min(int(match.group(2)) + 1, size) if match.group(2) else size
+        if start >= size or start >= end:
+            return 0, 0, 416
+        return start, end, 206
+
+    def _body(self, target: Path, data: bytes | None, start: int, length: int,
+              fault: Fault | None) -> None:
+        kind = fault.kind if fault else None
+        if data is None and kind is None:
+            with target.open("rb") as handle:
+                self.connection.sendfile(handle, start, length)
+            return
+        body = data if data is not None else _read_range(target, start, length)
+        body = body[:length]
+        if kind == "corrupt" and body:
+            spot = min(fault.after if fault else 0, len(body) - 1)
+            body = body[:spot] + bytes([body[spot] ^ 0xFF]) + body[spot + 1:]
+        cut = fault.after if kind in ("drop", "change", "stall") and fault else len(body)
+        self.wfile.write(body[:cut])
+        self.wfile.flush()
+        if kind == "stall" and fault:
+            time.sleep(fault.seconds)
+            self.wfile.write(body[cut:])
+            return
+        if kind in ("drop", "change"):
+            self.connection.shutdown(socket.SHUT_RDWR)
+            self.close_connection = True
+
+
+def _read_range(path: Path, start: int, length: int) -> bytes:
+    with path.open("rb") as handle:
+        handle.seek(start)
+        return handle.read(length)
+
+
+def write_random(path: Path, size: int, seed: int = 0) -> str:
+    """Write `size` pseudo-random bytes (fast, deterministic); return their sha256."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    block = hashlib.sha256(str(seed).encode()).digest() * (1 << 15)  # 1 MiB
+    digest = hashlib.sha256()
+    with path.open("wb") as handle:
+        written = 0
+        counter = 0
+        while written < size:
+            chunk = (counter.to_bytes(8, "little") + block)[: min(len(block) + 8, size - written)]
+            handle.write(chunk)
+            digest.update(chunk)
+            written += len(chunk)
+            counter += 1
+    os.utime(path)
+    return digest.hexdigest()
