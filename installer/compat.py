@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from installer import compat_table as table
 from installer.errors import ConfigError, IncompatibleError
@@ -308,15 +308,16 @@ def filter_versions(versions: Iterable[str], architectures: Iterable[str]) -> li
 
 
 def check_driver_for_gpus(version: str, architectures: Iterable[str], *,
-                          candidates: Iterable[str] = ()) -> None:
-    """Refuse a driver that cannot drive every GPU, naming the versions that would work."""
+                          candidates: Iterable[str] = (), named: str = "") -> None:
+    """Refuse a driver that cannot drive every GPU, naming the versions that would work
+    (`candidates`, oldest first: the newest few that fit are offered)."""
     archs = sorted(set(architectures))
     bad = unsupported_architectures(version, archs)
     if not bad:
         return
     needs = "; ".join(f"{arch} needs {describe_range(_range(arch))}" for arch in bad)
-    message = (f"driver {version} (branch {driver_branch(version)}) does not support the "
-               f"{', '.join(bad)} GPU(s) on this node ({needs})")
+    message = (f"driver {version}{named} (branch {driver_branch(version)}) does not support "
+               f"the {', '.join(bad)} GPU(s) on this node ({needs})")
     bounds = supported_range(archs)
     if bounds.first is not None and bounds.last is not None and bounds.first > bounds.last:
         raise DriverUnsupportedGpuError(message, remedy=(
@@ -372,3 +373,42 @@ def _flavour_problem(requested: str, archs: list[str], version: str | None) -> s
                 "GPU(s) on this node")
     return (f"driver {version} predates the open kernel modules (first in branch "
             f"{table.OPEN_FLAVOUR_FIRST_BRANCH})")
+
+
+# ---- resolution hook ------------------------------------------------------------------------
+
+class Offer(Protocol):
+    """What resolution offers: a package's driver version and flavour (repository.Candidate)."""
+
+    @property
+    def driver_version(self) -> str: ...
+
+    @property
+    def flavour(self) -> str: ...
+
+
+def guard(requested: str, flavour: str, node: NodeInfo, offers: Iterable[Offer],
+          aliases: Mapping[str, str] | None = None) -> Callable[[Offer], bool]:
+    """Resolution's compatibility hook, run before any download: refuse (exit 14) a requested
+    version, branch or alias target or a flavour that cannot drive the node's GPUs, naming
+    offered versions that would; return the filter that keeps `default`/`latest` and `auto`
+    away from such packages."""
+    archs = node_architectures(node)
+    offered = sorted({o.driver_version for o in offers if _DRIVER_RE.match(o.driver_version)},
+                     key=_numbers)
+    target = (aliases or {}).get(requested, requested)
+    version = target if _DRIVER_RE.match(target) or _BRANCH_RE.match(target) else None
+    if version is not None:
+        named = f" (the sources' `{requested}`)" if target != requested else ""
+        check_driver_for_gpus(version, archs, candidates=offered, named=named)
+    if flavour != "auto":
+        pick_flavour(flavour, archs, version)
+
+    def allowed(offer: Offer) -> bool:
+        try:
+            return (not unsupported_architectures(offer.driver_version, archs)
+                    and offer.flavour in flavours_for(archs, offer.driver_version))
+        except MalformedVersionError:
+            return False
+
+    return allowed

@@ -1,0 +1,139 @@
+"""The compatibility hook of resolution, on host trees of real node shapes: refusals happen
+before any download and name the versions that would work."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from installer import compat
+from installer.detect import NodeInfo, detect_node
+from installer.host import RealHost, Roots
+from installer.testing import NodeSpec, PciSpec, build_node
+
+NodeMaker = Callable[[str], Path]
+KEPLER_K80, VOLTA_V100, BLACKWELL_B200 = 0x102D, 0x1DB1, 0x2901
+
+
+@dataclass(frozen=True)
+class Offer:
+    """A package a source offers, as resolution sees it."""
+
+    driver_version: str
+    flavour: str
+
+
+OFFERS = [Offer(v, f) for v in ("470.256.02", "535.261.03", "570.124.06", "580.95.05",
+                                "595.71.05") for f in ("open", "proprietary")]
+
+
+def _node(root: Path) -> NodeInfo:
+    return detect_node(RealHost(Roots(root, root / "proc", root / "sys", root / "dev")))
+
+
+@pytest.fixture
+def sample(make_node: NodeMaker) -> Callable[[str], NodeInfo]:
+    return lambda name: _node(make_node(name))
+
+
+@pytest.fixture
+def custom(tmp_path: Path) -> Callable[..., NodeInfo]:
+    def make(*devices: int) -> NodeInfo:
+        root = tmp_path / "-".join(f"{d:04x}" for d in devices)
+        root.mkdir()
+        pci = tuple(PciSpec(f"0000:0{i + 4}:00.0", device, 0x030200)
+                    for i, device in enumerate(devices))
+        return _node(build_node(root, NodeSpec(os="debian-12", kernel="6.1.0-26-cloud-amd64",
+                                               pci=pci)))
+    return make
+
+
+def _allowed(guard: Callable[[compat.Offer], bool]) -> list[tuple[str, str]]:
+    return [(o.driver_version, o.flavour) for o in OFFERS if guard(o)]
+
+
+class TestRefusedBeforeDownload:
+    def test_470_on_h100_node(self, sample: Callable[[str], NodeInfo]) -> None:
+        node = sample("rocky9-h100x8")
+        with pytest.raises(compat.DriverUnsupportedGpuError) as info:
+            compat.guard("470.256.02", "auto", node, OFFERS)
+        error = info.value
+        assert error.code == 14 and "Hopper" in error.message
+        assert error.remedy == ("set --driver-version to 535.261.03, 570.124.06, 580.95.05, "
+                                "595.71.05")
+
+    def test_580_on_k80_node(self, custom: Callable[..., NodeInfo]) -> None:
+        with pytest.raises(compat.DriverUnsupportedGpuError) as info:
+            compat.guard("580", "auto", custom(KEPLER_K80), OFFERS)
+        assert "Kepler" in info.value.message
+        assert info.value.remedy == "set --driver-version to 470.256.02"
+
+    def test_alias_pointing_at_an_unsupported_version(
+            self, sample: Callable[[str], NodeInfo]) -> None:
+        with pytest.raises(compat.DriverUnsupportedGpuError) as info:
+            compat.guard("default", "auto", sample("rocky9-h100x8"), OFFERS,
+                         aliases={"default": "470.256.02"})
+        assert "470.256.02 (the sources' `default`)" in info.value.message
+
+    def test_proprietary_on_blackwell(self, custom: Callable[..., NodeInfo]) -> None:
+        with pytest.raises(compat.FlavourUnsupportedError) as info:
+            compat.guard("latest", "proprietary", custom(BLACKWELL_B200), OFFERS)
+        assert info.value.code == 14 and "--flavour open" in info.value.remedy
+
+    def test_open_on_volta(self, custom: Callable[..., NodeInfo]) -> None:
+        with pytest.raises(compat.FlavourUnsupportedError):
+            compat.guard("535.261.03", "open", custom(VOLTA_V100), OFFERS)
+
+    def test_no_offers_still_names_the_branches(self, sample: Callable[[str], NodeInfo]
+                                                ) -> None:
+        with pytest.raises(compat.DriverUnsupportedGpuError) as info:
+            compat.guard("440", "auto", sample("gke-cos-a100x8"), [])
+        assert info.value.remedy == "set --driver-version to a driver of branch 450 or newer"
+
+
+class TestDefaultAndLatestNeverPickUnsupported:
+    def test_h100_filter_drops_470(self, sample: Callable[[str], NodeInfo]) -> None:
+        guard = compat.guard("latest", "auto", sample("rocky9-h100x8"), OFFERS)
+        assert ("470.256.02", "proprietary") not in _allowed(guard)
+        assert ("595.71.05", "open") in _allowed(guard)
+
+    def test_k80_filter_keeps_only_470_proprietary(self, custom: Callable[..., NodeInfo]
+                                                   ) -> None:
+        guard = compat.guard("default", "auto", custom(KEPLER_K80), OFFERS)
+        assert _allowed(guard) == [("470.256.02", "proprietary")]
+
+    def test_blackwell_filter_keeps_open_from_570(self, custom: Callable[..., NodeInfo]
+                                                  ) -> None:
+        guard = compat.guard("latest", "auto", custom(BLACKWELL_B200), OFFERS)
+        assert _allowed(guard) == [("570.124.06", "open"), ("580.95.05", "open"),
+                                   ("595.71.05", "open")]
+
+    def test_t4_accepts_every_offer_but_open_before_515(
+            self, sample: Callable[[str], NodeInfo]) -> None:
+        guard = compat.guard("default", "auto", sample("gke-ubuntu-t4"), OFFERS)
+        assert ("470.256.02", "open") not in _allowed(guard)
+        assert len(_allowed(guard)) == len(OFFERS) - 1
+
+    def test_unknown_gpu_is_not_blocked(self, sample: Callable[[str], NodeInfo]) -> None:
+        guard = compat.guard("latest", "auto", sample("debian12-future-gpu"), OFFERS)
+        assert ("595.71.05", "open") in _allowed(guard)
+
+
+class TestFlavourAuto:
+    @pytest.mark.parametrize(("name", "flavour"), [
+        ("rocky9-h100x8", "open"), ("gke-cos-a100x8", "proprietary"),
+        ("gke-ubuntu-t4", "proprietary"), ("debian12-l4", "proprietary"),
+        ("debian12-future-gpu", "open")])
+    def test_sample_nodes(self, sample: Callable[[str], NodeInfo], name: str,
+                          flavour: str) -> None:
+        archs = compat.node_architectures(sample(name))
+        assert compat.pick_flavour("auto", archs, "580.95.05") == flavour
+
+    def test_blackwell_and_kepler(self, custom: Callable[..., NodeInfo]) -> None:
+        assert compat.pick_flavour("auto", compat.node_architectures(
+            custom(BLACKWELL_B200))) == "open"
+        assert compat.pick_flavour("auto", compat.node_architectures(
+            custom(KEPLER_K80))) == "proprietary"
