@@ -16,6 +16,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from installer import __version__
+from installer.compat import max_cuda_for_driver, minor_compat_major
 from installer.errors import VerificationError
 from installer.host import write_atomic
 
@@ -92,6 +93,8 @@ def ready_document(ctx: Context, verified: VerifyResult) -> dict[str, Any]:
     return {
         "driver_version": verified.driver_version,
         "cuda_version": verified.cuda_version,
+        "cuda_max_toolkit": max_cuda_for_driver(verified.driver_version),
+        "cuda_minor_version_compat_major": minor_compat_major(verified.driver_version),
         "kernel_release": verified.kernel_release,
         "flavour": verified.flavour,
         "package_digest": verified.digest,

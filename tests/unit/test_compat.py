@@ -258,3 +258,20 @@ class TestFlavour:
         with pytest.raises(compat.FlavourUnsupportedError) as info:
             compat.pick_flavour("auto", ["Volta", "Blackwell"])
         assert "different nodes" in info.value.remedy
+
+
+class TestReadiness:
+    """`.ready.json` tells operators which CUDA toolkits the installed driver runs."""
+
+    def test_ready_document_names_the_newest_toolkit(self) -> None:
+        from installer.config import Config
+        from installer.pipeline import Context
+        from installer.signal import ready_document
+        from installer.verify import VerifyResult
+
+        verified = VerifyResult(driver_version="535.261.03", cuda_version="12.2",
+                                kernel_release="6.1.0-26-cloud-amd64", flavour="proprietary",
+                                digest=None, lib_dir="/x", gpus=(), cuda=None)
+        document = ready_document(Context(config=Config(), host=None, log=None), verified)
+        assert document["cuda_max_toolkit"] == "12.2"
+        assert document["cuda_minor_version_compat_major"] == 12
