@@ -198,6 +198,25 @@ def _node_lock(ctx: Context) -> Any:
     return node_lock(lock_path, timeout=ctx.config.lock_timeout)
 
 
+@cli.command()
+@node_options
+@output_option
+def fetch(ctx: Context, output: str) -> None:
+    """Resolve the driver for this node and get its package (preloaded, cache, mirrors)."""
+    with _node_lock(ctx):
+        emit(run_stage(ctx, "fetch"), output)
+
+
+@cli.command()
+@node_options
+@output_option
+def versions(ctx: Context, output: str) -> None:
+    """List what each package source offers for this node and what would be chosen."""
+    from installer.fetch import available
+
+    emit(run_stage(ctx, "versions", available), output)
+
+
 def main() -> None:
     """Console-script entry point."""
     cli.main(prog_name="gpu-node-installer")

@@ -1,0 +1,259 @@
+"""The fetch stage: resolve the driver version for this node and get its package, verified.
+
+Sources in order: the preloaded directory, the host cache, the mirrors. Versions are
+resolved once over everything the sources offer (`repository.resolve`), then the first
+source that holds the chosen package and delivers it intact wins. `available()` backs the
+`versions` command.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from installer.cache import Cache
+from installer.errors import InstallerError, PackageNotFoundError
+from installer.package import DRIVER_VERSION_RE, FLAVOURS, Package, parse_manifest
+from installer.repository import (
+    Candidate,
+    flavour_order,
+    offered_for_kernel,
+    package_path,
+    resolve,
+)
+from installer.sources import CacheSource, MirrorSource, Offer, PreloadedSource
+
+if TYPE_CHECKING:
+    from installer.detect import NodeInfo
+    from installer.pipeline import Context
+
+
+class Source(Protocol):
+    name: str
+
+    def offers(self) -> Offer: ...
+
+    def get(self, candidate: Candidate) -> Package: ...
+
+
+def run(ctx: Context) -> Package:
+    """Stage entry point: the verified package for this node (also stored by the runner)."""
+    node = _node(ctx)
+    with _sources(ctx) as (cache, sources):
+        offers = gather(sources, ctx.log)
+        choice = choose(ctx, node, offers)
+        package = get_first(sources, offers, choice, ctx.log)
+        data = cache.manifest_data(package.digest)
+        if data is not None:  # a preloaded tree is not in the cache; note the use otherwise
+            cache.record(package.manifest, data, ctx.config.driver_version)
+        _prune(ctx, cache, package)
+        return package
+
+
+def _node(ctx: Context) -> NodeInfo:
+    from installer.detect import NodeInfo, detect_node
+
+    node = ctx.results.get("detect")
+    return node if isinstance(node, NodeInfo) else detect_node(ctx.host)
+
+
+def cache_root(ctx: Context) -> Path:
+    config = ctx.config
+    node_path = config.cache_dir or config.install_dir / ".cache"
+    return ctx.host.roots.node(node_path)
+
+
+@contextmanager
+def _sources(ctx: Context) -> Iterator[tuple[Cache, list[Source]]]:
+    """The sources in their order; the downloader (and requests) only when mirrors exist."""
+    config = ctx.config
+    cache = Cache(cache_root(ctx))
+    requested = config.driver_version
+    sources: list[Source] = []
+    if config.preloaded_dir is not None:
+        sources.append(PreloadedSource(config.preloaded_dir, cache, requested))
+    sources.append(CacheSource(cache))
+    downloader = None
+    if config.mirrors:
+        from installer.download import Downloader, DownloadSettings
+
+        downloader = Downloader(DownloadSettings(
+            connect_timeout=config.connect_timeout, read_timeout=config.read_timeout,
+            deadline=config.download_deadline, attempts=config.download_retries,
+            parallel=config.download_parallel, ca_bundle=config.ca_bundle,
+            allow_http=config.allow_http), ctx.log)
+        mirrors: list[MirrorSource] = []
+        for base in config.mirrors:
+            mirrors.append(MirrorSource(base, downloader, cache, lambda: mirrors,
+                                        parallel=config.download_parallel, log=ctx.log,
+                                        requested=requested))
+        sources.extend(mirrors)
+    try:
+        with cache.run():
+            yield cache, sources
+    finally:
+        if downloader is not None:
+            downloader.close()
+
+
+def gather(sources: list[Source], log: Any) -> list[Offer]:
+    """Ask every source what it offers; one that cannot answer is noted, not fatal."""
+    offers = []
+    for source in sources:
+        try:
+            offer = source.offers()
+        except InstallerError as exc:
+            reason = "no index.json" if isinstance(exc, PackageNotFoundError) else exc.message
+            offer = Offer(source.name, _empty(), error=reason,
+                          exhaustive=not isinstance(source, MirrorSource))
+        if offer.error:
+            log.warning("source unavailable", source=source.name, reason=offer.error)
+        offers.append(offer)
+    return offers
+
+
+def _empty() -> Any:
+    from installer.repository import Index
+
+    return Index()
+
+
+def _aliases(offers: list[Offer]) -> dict[str, str]:
+    """Each alias from the first source that defines it."""
+    merged: dict[str, str] = {}
+    for offer in offers:
+        for name, target in offer.index.aliases.items():
+            merged.setdefault(name, target)
+    return merged
+
+
+def _candidates(offers: list[Offer], node: NodeInfo, requested: str, flavours: tuple[str, ...]
+                ) -> list[Candidate]:
+    """Every offered candidate; for an exact version, probes where a source has no index."""
+    found = [c for offer in offers for c in offer.index.packages]
+    if DRIVER_VERSION_RE.match(requested):
+        for offer in offers:
+            if not offer.exhaustive:
+                found.extend(Candidate(requested, node.kernel_release, "", f,
+                                       package_path(node.kernel_release, requested, f),
+                                       source=offer.source) for f in flavours)
+    return found
+
+
+def choose(ctx: Context, node: NodeInfo, offers: list[Offer]) -> Candidate:
+    config = ctx.config
+    flavours = flavour_order(config.flavour, node)
+    choice = resolve(config.driver_version, _candidates(offers, node, config.driver_version,
+                                                        flavours or FLAVOURS),
+                     node, flavour=config.flavour, aliases=_aliases(offers))
+    ctx.log.info("driver resolved", requested=config.driver_version,
+                 driver=choice.driver_version, flavour=choice.flavour,
+                 kernel=choice.kernel_release)
+    return choice
+
+
+def get_first(sources: list[Source], offers: list[Offer], choice: Candidate, log: Any
+              ) -> Package:
+    """The first source that lists the choice and delivers it intact."""
+    failures: list[InstallerError] = []
+    for source, offer in zip(sources, offers, strict=True):
+        listed = [c for c in offer.index.packages if _same(c, choice)]
+        if not listed and offer.exhaustive:
+            continue
+        try:
+            return source.get(listed[0] if listed else choice)
+        except InstallerError as exc:
+            log.warning("source failed", source=source.name, error=exc.slug,
+                        reason=exc.message)
+            failures.append(exc)
+    real = [f for f in failures if not isinstance(f, PackageNotFoundError)]
+    if real:
+        raise real[-1]
+    raise PackageNotFoundError(f"no source delivered {choice.path}: "
+                               + "; ".join(f.message for f in failures))
+
+
+def _same(a: Candidate, b: Candidate) -> bool:
+    return (a.kernel_release, a.driver_version, a.flavour) == (
+        b.kernel_release, b.driver_version, b.flavour) and a.arch in ("", b.arch or a.arch)
+
+
+def _in_use(ctx: Context) -> set[str]:
+    """Digests the install dir's state names: never pruned while staged."""
+    state = ctx.host.read_text(ctx.host.roots.node(ctx.config.install_dir / ".state.json"))
+    try:
+        data = json.loads(state) if state else {}
+    except ValueError:
+        return set()
+    package = data.get("package") if isinstance(data, dict) else None
+    found = {data.get("package_digest"), package.get("digest")
+             if isinstance(package, dict) else None} if isinstance(data, dict) else set()
+    return {d for d in found if isinstance(d, str)}
+
+
+def _prune(ctx: Context, cache: Cache, package: Package) -> None:
+    removed = cache.prune(ctx.config.cache_keep, {package.digest, *_in_use(ctx)},
+                          parse_manifest)
+    if removed:
+        ctx.log.info("cache pruned", packages=[d[:12] for d in removed])
+
+
+# ---------------------------------------------------------------- versions command
+
+
+@dataclass
+class Versions:
+    """What the sources offer for this node, and what the request resolves to."""
+
+    kernel_release: str
+    arch: str
+    requested: str
+    flavours: tuple[str, ...]
+    sources: list[dict[str, Any]] = field(default_factory=list)
+    resolved: str | None = None
+    problem: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kernel_release": self.kernel_release, "arch": self.arch,
+                "requested": self.requested, "flavours": list(self.flavours),
+                "resolved": self.resolved, "problem": self.problem, "sources": self.sources}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    def to_text(self) -> str:
+        lines = [f"kernel {self.kernel_release} {self.arch}; flavours "
+                 f"{'/'.join(self.flavours) or 'none'}"]
+        for source in self.sources:
+            offered = ", ".join(f"{v} ({'/'.join(f)})" for v, f in source["versions"].items())
+            state = f" [{source['error']}]" if source["error"] else ""
+            lines.append(f"  {source['source']}{state}: {offered or 'nothing for this kernel'}")
+        lines.append(f"{self.requested} -> {self.resolved or 'nothing: ' + str(self.problem)}")
+        return "\n".join(lines)
+
+    def log_fields(self) -> dict[str, Any]:
+        return {"requested": self.requested, "resolved": self.resolved}
+
+
+def available(ctx: Context) -> Versions:
+    """Ask every source; report what each has for this kernel and what would be chosen."""
+    node = _node(ctx)
+    with _sources(ctx) as (_cache, sources):
+        offers = gather(sources, ctx.log)
+    result = Versions(node.kernel_release, node.kernel_arch, ctx.config.driver_version,
+                      flavour_order(ctx.config.flavour, node))
+    for offer in offers:
+        result.sources.append({"source": offer.source, "error": offer.error,
+                               "aliases": offer.index.aliases,
+                               "versions": offered_for_kernel(offer.index.packages,
+                                                              node.kernel_release)})
+    try:
+        choice = choose(ctx, node, offers)
+        result.resolved = f"{choice.driver_version} ({choice.flavour})"
+    except PackageNotFoundError as exc:
+        result.problem = exc.message
+    return result
