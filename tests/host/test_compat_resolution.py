@@ -12,6 +12,7 @@ import pytest
 from installer import compat
 from installer.detect import NodeInfo, detect_node
 from installer.host import RealHost, Roots
+from installer.repository import Candidate, package_path, resolve
 from installer.testing import NodeSpec, PciSpec, build_node
 
 NodeMaker = Callable[[str], Path]
@@ -137,3 +138,46 @@ class TestFlavourAuto:
             custom(BLACKWELL_B200))) == "open"
         assert compat.pick_flavour("auto", compat.node_architectures(
             custom(KEPLER_K80))) == "proprietary"
+
+
+class TestWithRepositoryResolve:
+    """The hook plugged into `repository.resolve`, as the fetch stage plugs it in."""
+
+    @staticmethod
+    def _candidates(node: NodeInfo) -> list[Candidate]:
+        return [Candidate(o.driver_version, node.kernel_release, node.kernel_arch, o.flavour,
+                          package_path(node.kernel_release, o.driver_version, o.flavour))
+                for o in OFFERS]
+
+    def _resolve(self, requested: str, node: NodeInfo, flavour: str = "auto",
+                 aliases: dict[str, str] | None = None) -> tuple[str, str]:
+        candidates = self._candidates(node)
+        allowed = compat.guard(requested, flavour, node, candidates, aliases)
+        choice = resolve(requested, candidates, node, flavour=flavour, aliases=aliases,
+                         allowed=allowed)
+        return choice.driver_version, choice.flavour
+
+    def test_latest_on_k80_is_the_last_kepler_branch(self, custom: Callable[..., NodeInfo]
+                                                     ) -> None:
+        node = custom(KEPLER_K80)
+        assert self._resolve("latest", node) == ("470.256.02", "proprietary")
+        unfiltered = resolve("latest", self._candidates(node), node)
+        assert unfiltered.driver_version == "595.71.05"
+
+    def test_default_alias_on_h100_resolves_open(self, sample: Callable[[str], NodeInfo]
+                                                 ) -> None:
+        node = sample("rocky9-h100x8")
+        assert self._resolve("default", node, aliases={"default": "535"}) == (
+            "535.261.03", "open")
+
+    def test_branch_before_open_modules_falls_back_to_proprietary(
+            self, sample: Callable[[str], NodeInfo]) -> None:
+        node = sample("debian12-future-gpu")
+        assert self._resolve("470", node) == ("470.256.02", "proprietary")
+
+    def test_blackwell_latest_is_open(self, custom: Callable[..., NodeInfo]) -> None:
+        assert self._resolve("latest", custom(BLACKWELL_B200)) == ("595.71.05", "open")
+
+    def test_refusal_comes_before_resolution(self, sample: Callable[[str], NodeInfo]) -> None:
+        with pytest.raises(compat.DriverUnsupportedGpuError):
+            self._resolve("470.256.02", sample("rocky9-h100x8"))
