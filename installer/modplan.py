@@ -8,7 +8,6 @@ signatures gets a clear error instead of a half-replaced driver.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,13 +19,12 @@ from installer.errors import (
     ConfigError,
     GpuClaimedError,
     InstallerError,
-    IntegrityError,
     ModuleDependencyError,
     ModuleLoadError,
     SignatureRejectedError,
 )
 from installer.host import Host
-from installer.package import Package
+from installer.package import Package, verify_file
 
 Params = Sequence[ModuleParam]
 MODULE_DIRS = ("lib/modules", "usr/lib/modules")
@@ -198,20 +196,7 @@ def verify_files(package: Package) -> None:
     """Nothing unverified goes into the kernel: re-hash each module file just before use."""
     for module in package.manifest.modules:
         entry = package.manifest.file(module.file)
-        path = package.path_of(module.file)
-        digest = hashlib.sha256()
-        size = 0
-        try:
-            with path.open("rb") as handle:
-                while chunk := handle.read(1 << 20):
-                    digest.update(chunk)
-                    size += len(chunk)
-        except OSError as exc:
-            raise IntegrityError(f"module file {module.file} unreadable: {exc.strerror}"
-                                 ) from None
-        if size != entry.size or digest.hexdigest() != entry.sha256:
-            raise IntegrityError(f"module file {module.file} does not match the manifest "
-                                 f"(size {size}, expected {entry.size})")
+        verify_file(package.path_of(module.file), entry, f"package {package.source}")
 
 
 def _predictions(host: Host, package: Package) -> tuple[list[InstallerError], list[str]]:
