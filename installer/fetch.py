@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from installer import compat
 from installer.cache import Cache
-from installer.errors import InstallerError, PackageNotFoundError
+from installer.errors import IncompatibleError, InstallerError, PackageNotFoundError
 from installer.package import DRIVER_VERSION_RE, FLAVOURS, Package, parse_manifest
 from installer.repository import (
     Candidate,
@@ -147,9 +148,13 @@ def _candidates(offers: list[Offer], node: NodeInfo, requested: str, flavours: t
 def choose(ctx: Context, node: NodeInfo, offers: list[Offer]) -> Candidate:
     config = ctx.config
     flavours = flavour_order(config.flavour, node)
-    choice = resolve(config.driver_version, _candidates(offers, node, config.driver_version,
-                                                        flavours or FLAVOURS),
-                     node, flavour=config.flavour, aliases=_aliases(offers))
+    candidates = _candidates(offers, node, config.driver_version, flavours or FLAVOURS)
+    # GPU/driver compatibility: refuses an unsupported request now, filters default/latest.
+    allowed = compat.guard(config.driver_version, config.flavour, node,
+                           [c for c in candidates if c.kernel_release == node.kernel_release],
+                           _aliases(offers))
+    choice = resolve(config.driver_version, candidates, node, flavour=config.flavour,
+                     aliases=_aliases(offers), allowed=allowed)
     ctx.log.info("driver resolved", requested=config.driver_version,
                  driver=choice.driver_version, flavour=choice.flavour,
                  kernel=choice.kernel_release)
@@ -254,6 +259,6 @@ def available(ctx: Context) -> Versions:
     try:
         choice = choose(ctx, node, offers)
         result.resolved = f"{choice.driver_version} ({choice.flavour})"
-    except PackageNotFoundError as exc:
+    except (PackageNotFoundError, IncompatibleError) as exc:
         result.problem = exc.message
     return result

@@ -8,11 +8,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 from installer import compat
+from installer.cli import cli
 from installer.detect import NodeInfo, detect_node
 from installer.host import RealHost, Roots
-from installer.repository import Candidate, package_path, resolve
+from installer.repository import Candidate, Index, index_to_bytes, package_path, resolve
 from installer.testing import NodeSpec, PciSpec, build_node
 
 NodeMaker = Callable[[str], Path]
@@ -181,3 +183,54 @@ class TestWithRepositoryResolve:
     def test_refusal_comes_before_resolution(self, sample: Callable[[str], NodeInfo]) -> None:
         with pytest.raises(compat.DriverUnsupportedGpuError):
             self._resolve("470.256.02", sample("rocky9-h100x8"))
+
+
+class TestFetchStage:
+    """`fetch` refuses before any package is read; `latest` picks what the GPU supports."""
+
+    @staticmethod
+    def _preloaded(root: Path, kernel: str) -> Path:
+        """A preloaded tree whose index.json offers every OFFERS package but holds none:
+        any attempt to read one fails with exit 5, so exit 14 proves the refusal came first."""
+        preloaded = root / "preloaded"
+        preloaded.mkdir()
+        packages = tuple(Candidate(o.driver_version, kernel, "x86_64", o.flavour,
+                                   package_path(kernel, o.driver_version, o.flavour))
+                         for o in OFFERS)
+        (preloaded / "index.json").write_bytes(index_to_bytes(Index(packages)))
+        return preloaded
+
+    def _fetch(self, root: Path, kernel: str, *args: str) -> tuple[int, str]:
+        preloaded = self._preloaded(root.parent, kernel)
+        result = CliRunner().invoke(cli, [
+            "fetch", "--host-root", str(root), "--proc-root", str(root / "proc"),
+            "--sys-root", str(root / "sys"), "--preloaded-dir", str(preloaded),
+            "--termination-log", str(root.parent / "termination-log"), *args])
+        return result.exit_code, result.stderr
+
+    def test_470_on_h100_exits_14_before_reading_a_package(self, make_node: NodeMaker
+                                                           ) -> None:
+        root = make_node("rocky9-h100x8")
+        code, err = self._fetch(root, "5.14.0-362.8.1.el9_3.x86_64",
+                                "--driver-version", "470.256.02")
+        assert code == 14, err
+        assert "does not support the Hopper GPU(s)" in err
+        assert "set --driver-version to 535.261.03, 570.124.06, 580.95.05, 595.71.05" in err
+
+    def test_latest_on_h100_goes_for_the_newest_open_package(self, make_node: NodeMaker
+                                                            ) -> None:
+        root = make_node("rocky9-h100x8")
+        code, err = self._fetch(root, "5.14.0-362.8.1.el9_3.x86_64",
+                                "--driver-version", "latest")
+        assert code == 5 and "595.71.05/open" in err
+
+    def test_versions_reports_the_refusal(self, make_node: NodeMaker) -> None:
+        root = make_node("rocky9-h100x8")
+        preloaded = self._preloaded(root.parent, "5.14.0-362.8.1.el9_3.x86_64")
+        result = CliRunner().invoke(cli, [
+            "versions", "--host-root", str(root), "--proc-root", str(root / "proc"),
+            "--sys-root", str(root / "sys"), "--preloaded-dir", str(preloaded),
+            "--driver-version", "470.256.02"])
+        assert result.exit_code == 0, result.stderr
+        assert "470.256.02 -> nothing: driver 470.256.02 (branch 470) does not support" in (
+            result.stdout)
