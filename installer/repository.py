@@ -137,7 +137,10 @@ def _aliases(value: Any) -> dict[str, str]:
 
 def parse_index(data: bytes, source: str = "") -> Index:
     """Parse and validate index.json bytes."""
-    obj = load_json(data, f"{source or ''} {INDEX_NAME}".strip(), MAX_INDEX_BYTES)
+    try:
+        obj = load_json(data, f"{source or ''} {INDEX_NAME}".strip(), MAX_INDEX_BYTES)
+    except ManifestError as exc:
+        raise IndexFormatError(exc.message) from None
     if not isinstance(obj, dict) or obj.keys() - {"schema_version", "packages", "aliases"}:
         raise _bad("root", "must be an object of schema_version, packages, aliases")
     if obj.get("schema_version") != INDEX_SCHEMA_VERSION:
