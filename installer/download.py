@@ -158,7 +158,8 @@ class Downloader:
             delay = min(exc.retry_after, self.settings.retry_after_max)
         else:
             delay = tenacity.wait_exponential_jitter(
-                initial=self.settings.backoff_initial, max=self.settings.backoff_max)(state)
+                multiplier=self.settings.backoff_initial, max=self.settings.backoff_max,
+                jitter=self.settings.backoff_initial)(state)
         return max(0.0, min(delay, self.deadline.remaining()))
 
     def _log_retry(self, url: str) -> Callable[[tenacity.RetryCallState], None]:
@@ -245,10 +246,11 @@ class Downloader:
         partial.validator = _validator(response)
 
     def _stream(self, response: requests.Response, partial: _Partial) -> None:
-        raw = response.raw
+        # read1: what has arrived, so a timeout mid-chunk loses nothing already received
+        read = getattr(response.raw, "read1", response.raw.read)
         chunk_size, hasher, progress = self.settings.chunk_size, partial.hasher, self.progress
         with partial.path.open("ab", buffering=0) as out:
-            while chunk := raw.read(chunk_size):
+            while chunk := read(chunk_size):
                 partial.received += len(chunk)
                 if partial.size is not None and partial.received > partial.size:
                     raise ChecksumMismatch(f"{_safe(response.url)} sent more than the "
