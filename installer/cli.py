@@ -217,6 +217,124 @@ def versions(ctx: Context, output: str) -> None:
     emit(run_stage(ctx, "versions", available), output)
 
 
+@cli.command()
+@click.option("--rollback", is_flag=True,
+              help="switch back to the previously staged version instead of staging")
+@node_options
+@output_option
+def stage(ctx: Context, output: str, rollback: bool) -> None:
+    """Place the driver's libraries and binaries in the install dir; switch atomically."""
+    from installer import stage as stage_mod
+
+    with _node_lock(ctx):
+        if rollback:
+            emit(run_stage(ctx, "stage", stage_mod.rollback_stage), output)
+            return
+        run_stage(ctx, "detect")
+        run_stage(ctx, "fetch")
+        emit(run_stage(ctx, "stage"), output)
+
+
+@cli.command()
+@click.option("--cuda-smoke", is_flag=True,
+              help="also run a vector add on every GPU through the CUDA driver API")
+@click.option("--lib-dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              default=None, help="check the libnvidia-ml.so.1/libcuda.so.1 in this directory "
+              "(e.g. a GPU VM's own driver) instead of the install dir")
+@node_options
+@output_option
+def verify(ctx: Context, output: str, cuda_smoke: bool, lib_dir: Path | None) -> None:
+    """Check the staged driver through NVML and CUDA against the node's GPUs."""
+    from installer import verify as verify_mod
+
+    emit(run_stage(ctx, "verify", lambda c: verify_mod.command(
+        c, lib_dir=lib_dir, cuda_smoke=cuda_smoke)), output)
+
+
+@cli.command(name="signal")
+@node_options
+@output_option
+def signal_command(ctx: Context, output: str) -> None:
+    """Verify, then write readiness (and label the node when in a cluster)."""
+    with _node_lock(ctx):
+        run_stage(ctx, "detect")
+        run_stage(ctx, "verify")
+        emit(run_stage(ctx, "signal"), output)
+
+
+@cli.command()
+@node_options
+@output_option
+def status(ctx: Context, output: str) -> None:
+    """Report the node, cache, loaded module, staged versions, readiness, last timings."""
+    from installer import status as status_mod
+
+    emit(status_mod.collect(ctx), output)
+
+
+@cli.command(name="wait-ready")
+@click.option("--timeout", type=click.FloatRange(min=0), default=600.0, show_default=True,
+              help="seconds to wait before failing (exit 12)")
+@click.option("--interval", type=click.FloatRange(min=0.05), default=2.0, show_default=True,
+              help="seconds between checks")
+@node_options
+@output_option
+def wait_ready(ctx: Context, output: str, timeout: float, interval: float) -> None:
+    """Block until the node's driver is verified and ready (for init containers)."""
+    from installer.signal import wait_ready as wait
+
+    emit(wait(ctx, timeout=timeout, interval=interval), output)
+
+
+@cli.group()
+def package() -> None:
+    """Make driver packages (see docs/package-format.md)."""
+
+
+_IN_FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
+_IN_DIR = click.Path(exists=True, file_okay=False, path_type=Path)
+_OUT = click.Path(path_type=Path)
+
+
+@package.command(name="build")
+@click.option("--deb", "debs", multiple=True, type=_IN_FILE,
+              help="a Debian NVIDIA package (.deb), repeatable")
+@click.option("--tree", "trees", multiple=True, type=_IN_DIR,
+              help="a tree the .debs were extracted into (dpkg-deb -x), repeatable")
+@click.option("--run", "run_files", multiple=True, type=_IN_FILE,
+              help="NVIDIA's .run installer (makeself), repeatable")
+@click.option("--modules", "modules_dir", type=_IN_DIR,
+              help="directory of kernel modules built for one kernel release")
+@click.option("--driver-version", help="driver version (default: read from the inputs)")
+@click.option("--kernel-release", help="kernel release (default: the modules' vermagic)")
+@click.option("--flavour", type=click.Choice(["open", "proprietary"]),
+              help="module flavour (default: the nvidia module's licence)")
+@click.option("--arch", type=click.Choice(["x86_64", "aarch64"]), default="x86_64",
+              show_default=True, help="architecture of the files to take")
+@click.option("--os-id", help="only for nodes whose os-release ID is this")
+@click.option("--os-version-id", help="only for nodes whose os-release VERSION_ID is this")
+@click.option("--os-build-id", help="only for nodes whose os-release BUILD_ID is this")
+@click.option("--out-dir", "output_dir", type=_OUT, help="write the package directory here")
+@click.option("--repo", type=_OUT,
+              help="write into this repository (<kernel>/<driver>/<flavour>/, index.json)")
+@click.option("--alias", "aliases", multiple=True,
+              help="with --repo: point default, latest or a branch (535) at this version")
+@click.option("--tarball", type=_OUT, help="also write the package as this .tar.gz")
+@click.option("--force", is_flag=True, help="replace an existing package directory")
+@output_option
+def package_build(output: str, os_id: str | None, os_version_id: str | None,
+                  os_build_id: str | None, output_dir: Path | None, **options: Any) -> None:
+    """Make a driver package from .debs/.run and a kernel-modules directory."""
+    from installer.packagebuild import BuildRequest, build
+
+    os_match = {key: value for key, value in (("id", os_id), ("version_id", os_version_id),
+                                              ("build_id", os_build_id)) if value}
+    options["debs"], options["trees"] = tuple(options["debs"]), tuple(options["trees"])
+    options["run_files"], options["aliases"] = (tuple(options["run_files"]),
+                                                tuple(options["aliases"]))
+    emit(build(BuildRequest(os=os_match or None, output=output_dir, **options)), output)
+
+
 def main() -> None:
     """Console-script entry point."""
     cli.main(prog_name="gpu-node-installer")

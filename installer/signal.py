@@ -157,3 +157,53 @@ def read_ready(ctx: Context) -> dict[str, Any] | None:
     except ValueError:
         return None
     return document if isinstance(document, dict) else None
+
+
+class NotReadyError(VerificationError):
+    """`wait-ready` gave up: no readiness for the loaded driver within the timeout."""
+
+
+@dataclass(frozen=True)
+class Readiness:
+    """What `wait-ready` found."""
+
+    ready: bool
+    reason: str
+    document: dict[str, Any] | None
+
+    def to_json(self) -> str:
+        return json.dumps({"ready": self.ready, "reason": self.reason,
+                           "readiness": self.document}, indent=2)
+
+    def to_text(self) -> str:
+        return f"{'ready' if self.ready else 'not ready'}: {self.reason}"
+
+
+def check_ready(ctx: Context) -> Readiness:
+    """Ready means: `.ready.json` exists and names the driver version the kernel has loaded."""
+    from installer import kmod
+
+    document = read_ready(ctx)
+    if document is None:
+        return Readiness(False, f"no {READY_FILE} in {ctx.config.install_dir}", None)
+    loaded = kmod.loaded_driver(ctx.host)
+    if loaded is None:
+        return Readiness(False, "no NVIDIA kernel module is loaded", document)
+    if loaded.version != document.get("driver_version"):
+        return Readiness(False, f"readiness is for driver {document.get('driver_version')} "
+                         f"but the kernel has {loaded.version} loaded", document)
+    return Readiness(True, f"driver {loaded.version} verified on "
+                     f"{len(document.get('gpus') or [])} GPU(s)", document)
+
+
+def wait_ready(ctx: Context, *, timeout: float, interval: float = 2.0) -> Readiness:
+    """Poll until ready or the timeout passes (then NotReadyError, exit code 12)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        state = check_ready(ctx)
+        if state.ready:
+            return state
+        if time.monotonic() + interval > deadline:
+            raise NotReadyError(f"node not ready after {timeout:g}s: {state.reason}",
+                                remedy="look at the installer pod's log on this node")
+        time.sleep(interval)

@@ -195,6 +195,7 @@ def _build_version(root: Path, name: str, package: PackageLike, *,
         (tmp / sub).mkdir(parents=True)
     for entry in package.manifest.files:
         _place(tmp, entry, package.path_of(entry.path), allow_hardlinks=allow_hardlinks)
+    _package_links(tmp, package)
     _make_soname_links(tmp / "lib64")
     _write_meta(tmp, package)
     _rename_into_place(root, tmp, name)
@@ -230,6 +231,19 @@ def _place(tmp: Path, entry: FileLike, source: Path, *, allow_hardlinks: bool) -
             pass  # another filesystem, or links not allowed: copy instead
     shutil.copyfile(source, target)
     os.chmod(target, mode)
+    with target.open("rb") as handle:  # on disk before any link can point at it
+        os.fsync(handle.fileno())
+
+
+def _package_links(tmp: Path, package: PackageLike) -> None:
+    """Links the manifest lists, placed beside their target (ELF SONAMEs override them)."""
+    files = {entry.path: entry for entry in package.manifest.files}
+    for link in getattr(package.manifest, "links", ()):
+        target = files.get(str(PurePosixPath(link.path).parent / link.target))
+        if target is None:
+            continue
+        where = tmp / destination(target)
+        _symlink(where.name, where.parent / PurePosixPath(link.path).name)
 
 
 def _make_soname_links(lib_dir: Path) -> None:
@@ -406,3 +420,32 @@ def _host_ldconfig(host: Host) -> str | None:
         if host.roots.confine(host.roots.node(node_path)).is_file():
             return node_path
     return None
+
+
+@dataclass(frozen=True)
+class RollbackResult:
+    """Which version was left and which one is current again."""
+
+    left: str
+    current: str
+
+    def log_fields(self) -> dict[str, Any]:
+        return {"left": self.left, "current": self.current}
+
+    def to_json(self) -> str:
+        return json.dumps({"left": self.left, "current": self.current}, indent=2)
+
+    def to_text(self) -> str:
+        return f"Rolled back:     {self.left or 'nothing'} -> {self.current}"
+
+
+def rollback_stage(ctx: Context) -> RollbackResult:
+    """`stage --rollback`: readiness goes (the next verify decides), then the switch back."""
+    from installer.signal import clear_readiness
+
+    clear_readiness(ctx)
+    try:
+        left, current = rollback(install_root(ctx))
+    except OSError as exc:
+        raise StagingError(f"cannot roll back in {ctx.config.install_dir}: {exc}") from exc
+    return RollbackResult(left, current)

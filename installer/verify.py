@@ -180,7 +180,7 @@ def _health_warnings(gpus: tuple[GpuReport, ...]) -> list[str]:
 
 def usable_gpu_addresses(node: NodeInfo) -> tuple[str, ...]:
     """GPUs the NVIDIA driver can drive: not bound to nouveau or vfio-pci."""
-    return tuple(g.pci_address for g in node.gpus if g.driver in (None, "nvidia"))
+    return tuple(g.pci_address for g in node.gpus if g.driver in (None, "", "none", "nvidia"))
 
 
 def expected_from_context(ctx: Context, *, lib_dir: Path | None = None) -> Expected:
@@ -203,3 +203,8 @@ def expected_from_context(ctx: Context, *, lib_dir: Path | None = None) -> Expec
                     str(meta.get("kernel_release", node.kernel_release)),
                     meta.get("flavour"), meta.get("digest"), gpus, nvswitches,
                     just_loaded="load" in ctx.results)
+
+
+def command(ctx: Context, *, lib_dir: Path | None, cuda_smoke: bool) -> VerifyResult:
+    """The `verify` command: the install dir's staged driver, or the libraries in `lib_dir`."""
+    return verify(ctx, expected_from_context(ctx, lib_dir=lib_dir), cuda_smoke=cuda_smoke)

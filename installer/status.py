@@ -1,0 +1,107 @@
+"""`status`: one report of everything an operator asks first about a GPU node.
+
+Read only. Detect's summary, the package cache, the loaded module, the staged versions,
+readiness and the last verified run's stage timings (from `.state.json`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from installer import kmod, stage
+from installer.detect import NodeInfo, detect_node
+
+if TYPE_CHECKING:
+    from installer.pipeline import Context
+
+STATE_FILE = ".state.json"
+
+
+@dataclass(frozen=True)
+class StatusReport:
+    node: NodeInfo
+    install_dir: str
+    cache: dict[str, Any]
+    modules: list[str]
+    staged: dict[str, Any]
+    readiness: dict[str, Any]
+    last_run: dict[str, Any] | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"node": self.node.to_dict(), "install_dir": self.install_dir,
+                "cache": self.cache, "loaded_modules": self.modules, "staged": self.staged,
+                "readiness": self.readiness, "last_run": self.last_run}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    def to_text(self) -> str:
+        from installer.report import node_text
+
+        staged = self.staged
+        lines = [node_text(self.node),
+                 f"Loaded modules:  {', '.join(self.modules) or 'none'}",
+                 f"Install dir:     {self.install_dir}",
+                 f"Staged:          {staged['current'] or 'nothing'}"
+                 f" (previous: {staged['previous'] or 'none'})",
+                 f"Cache:           {self.cache['path']}: {self.cache['files']} files, "
+                 f"{self.cache['bytes'] / 2**20:.1f} MiB",
+                 f"Ready:           {'yes' if self.readiness['ready'] else 'no'}: "
+                 f"{self.readiness['reason']}"]
+        if self.last_run:
+            timings = self.last_run.get("timings_ms") or {}
+            lines.append("Last run:        " + (", ".join(
+                f"{name} {ms:.0f} ms" for name, ms in timings.items()) or "no timings"))
+        return "\n".join(lines)
+
+
+def collect(ctx: Context) -> StatusReport:
+    """Gather the report (never raises for missing pieces: it says they are missing)."""
+    from installer.signal import check_ready, ready_paths
+
+    root = stage.install_root(ctx)
+    readiness = check_ready(ctx)
+    env_file = ready_paths(ctx)[1]
+    return StatusReport(
+        node=ctx.results.get("detect") or detect_node(ctx.host),
+        install_dir=str(ctx.config.install_dir),
+        cache=_cache(ctx, root),
+        modules=_nvidia_modules(ctx),
+        staged=_staged(root),
+        readiness={"ready": readiness.ready, "reason": readiness.reason,
+                   "document": readiness.document, "env_file": env_file.is_file()},
+        last_run=_json_file(root / STATE_FILE),
+    )
+
+
+def _cache(ctx: Context, root: Path) -> dict[str, Any]:
+    node_path = getattr(ctx.config, "cache_dir", None)
+    path = ctx.host.roots.node(node_path) if node_path else root / ".cache"
+    files = [p for p in path.rglob("*") if p.is_file()] if path.is_dir() else []
+    return {"path": str(node_path or f"{ctx.config.install_dir}/.cache"),
+            "files": len(files), "bytes": sum(p.stat().st_size for p in files)}
+
+
+def _nvidia_modules(ctx: Context) -> list[str]:
+    modules = kmod.loaded_modules(ctx.host) or []
+    return [m.name for m in modules if m.name.startswith("nvidia")]
+
+
+def _staged(root: Path) -> dict[str, Any]:
+    current, previous = stage.current_name(root), stage.previous_name(root)
+    versions = root / stage.VERSIONS
+    names = sorted(p.name for p in versions.iterdir()
+                   if p.is_dir() and not p.name.startswith(".")) if versions.is_dir() else []
+    return {"current": current, "previous": previous, "versions": names,
+            "meta": stage.read_staged(root, current) if current else None}
+
+
+def _json_file(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
