@@ -67,6 +67,7 @@ def staging(final: Path) -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
     try:
         yield tmp
+        tmp.chmod(0o755)  # mkdtemp makes it 0700; other users (and the guest) read it
         tmp.rename(final)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
