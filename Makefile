@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 SAMPLE ?= gke-cos-a100x8
 SAMPLE_DIR := $(shell mktemp -u /tmp/gni-sample-XXXXXX)
 
-.PHONY: help venv deps test test-fast lint sample clean
+.PHONY: help venv deps test test-fast test-kernel kernel-assets lint sample clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -26,6 +26,12 @@ test: venv deps ## run every test tier (unit, CLI, host-tree, real kernel)
 
 test-fast: venv ## unit, CLI and host-tree tests only (no guest kernel)
 	$(BIN)/pytest -m 'not kernel'
+
+test-kernel: venv deps ## real-kernel tier alone: Debian's kernel under qemu/TCG (~2 min warm)
+	$(BIN)/pytest tests/kernel
+
+kernel-assets: venv deps ## fetch/build the kernel tier's cache (kernel, headers, modules; ~6 min cold)
+	$(BIN)/python -m tests.kernel.assets
 
 lint: venv ## ruff and strict mypy
 	$(BIN)/ruff check .
