@@ -153,6 +153,25 @@ def minor_compat_major(version: str) -> int | None:
     return max(majors) if majors else None
 
 
+def cuda_support(version: str | None) -> dict[str, Any]:
+    """What `status` shows for a driver: the newest toolkit it runs natively, and the CUDA
+    major whose every minor release it runs through minor version compatibility."""
+    return {"driver": version,
+            "max_toolkit": max_cuda_for_driver(version) if version else None,
+            "minor_version_compat_major": minor_compat_major(version) if version else None}
+
+
+def cuda_support_text(version: str | None) -> str:
+    """One line for `status`."""
+    support = cuda_support(version)
+    if version is None:
+        return "no driver loaded"
+    newest = support["max_toolkit"] or "none in the table"
+    major = support["minor_version_compat_major"]
+    return f"up to CUDA {newest}" + (f" (any {major}.x through minor version compatibility)"
+                                     if major is not None else "")
+
+
 @dataclass(frozen=True)
 class CudaVerdict:
     """Whether one driver runs one CUDA toolkit, and why (the `compat` command's result)."""

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from installer import kmod, stage
+from installer import compat, kmod, stage
 from installer.detect import NodeInfo, detect_node
 
 if TYPE_CHECKING:
@@ -33,7 +33,11 @@ class StatusReport:
     def to_dict(self) -> dict[str, Any]:
         return {"node": self.node.to_dict(), "install_dir": self.install_dir,
                 "cache": self.cache, "loaded_modules": self.modules, "staged": self.staged,
-                "readiness": self.readiness, "last_run": self.last_run}
+                "readiness": self.readiness, "last_run": self.last_run,
+                "cuda": compat.cuda_support(self._driver())}
+
+    def _driver(self) -> str | None:
+        return self.node.loaded_driver.version if self.node.loaded_driver else None
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
@@ -43,6 +47,7 @@ class StatusReport:
 
         staged = self.staged
         lines = [node_text(self.node),
+                 f"CUDA:            {compat.cuda_support_text(self._driver())}",
                  f"Loaded modules:  {', '.join(self.modules) or 'none'}",
                  f"Install dir:     {self.install_dir}",
                  f"Staged:          {staged['current'] or 'nothing'}"

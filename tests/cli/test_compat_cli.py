@@ -110,3 +110,21 @@ class TestLoadedDriver:
     def test_malformed_cuda_refused_before_reading_the_node(self) -> None:
         code, _, err = _invoke("--cuda", "12", "--host-root", "/nonexistent-host-root")
         assert code == 2 and "--cuda '12'" in err
+
+
+class TestStatus:
+    """`status` shows the newest CUDA toolkit the loaded driver runs."""
+
+    def test_json_and_text(self, make_node: NodeMaker) -> None:
+        root = _with_loaded_driver(make_node("gke-cos-a100x8"))
+        result = CliRunner().invoke(cli, ["status", *node_args(root), "--output", "json"])
+        assert result.exit_code == 0, result.stderr
+        assert json.loads(result.stdout)["cuda"] == {
+            "driver": "535.261.03", "max_toolkit": "12.2", "minor_version_compat_major": 12}
+        text = CliRunner().invoke(cli, ["status", *node_args(root)]).stdout
+        assert "CUDA:            up to CUDA 12.2 (any 12.x through minor version " in text
+
+    def test_no_driver_loaded(self, make_node: NodeMaker) -> None:
+        result = CliRunner().invoke(cli, ["status", *node_args(make_node("debian12-l4"))])
+        assert result.exit_code == 0, result.stderr
+        assert "CUDA:            no driver loaded" in result.stdout
