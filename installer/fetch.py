@@ -45,14 +45,31 @@ def run(ctx: Context) -> Package:
     """Stage entry point: the verified package for this node (also stored by the runner)."""
     node = _node(ctx)
     with _sources(ctx) as (cache, sources):
-        offers = gather(sources, ctx.log)
-        choice = choose(ctx, node, offers)
-        package = get_first(sources, offers, choice, ctx.log)
+        package = _local_exact(ctx, node, sources) or _resolve_and_get(ctx, node, sources)
         data = cache.manifest_data(package.digest)
         if data is not None:  # a preloaded tree is not in the cache; note the use otherwise
             cache.record(package.manifest, data, ctx.config.driver_version)
         _prune(ctx, cache, package)
         return package
+
+
+def _local_exact(ctx: Context, node: NodeInfo, sources: list[Source]) -> Package | None:
+    """An exact version the preloaded dir or the cache holds needs no network at all."""
+    if not DRIVER_VERSION_RE.match(ctx.config.driver_version):
+        return None
+    local = [s for s in sources if not isinstance(s, MirrorSource)]
+    offers = gather(local, ctx.log)
+    try:
+        choice = choose(ctx, node, offers)
+        return get_first(local, offers, choice, ctx.log)
+    except InstallerError:
+        return None
+
+
+def _resolve_and_get(ctx: Context, node: NodeInfo, sources: list[Source]) -> Package:
+    offers = gather(sources, ctx.log)
+    choice = choose(ctx, node, offers)
+    return get_first(sources, offers, choice, ctx.log)
 
 
 def _node(ctx: Context) -> NodeInfo:
@@ -124,11 +141,16 @@ def _empty() -> Any:
 
 
 def _aliases(offers: list[Offer]) -> dict[str, str]:
-    """Each alias from the first source that defines it."""
+    """Each alias from the first index that defines it; when a source could not answer,
+    also what the cache remembers choosing for the same request (offline reboots)."""
     merged: dict[str, str] = {}
     for offer in offers:
         for name, target in offer.index.aliases.items():
             merged.setdefault(name, target)
+    if any(offer.error for offer in offers):
+        for offer in offers:
+            for name, target in offer.remembered.items():
+                merged.setdefault(name, target)
     return merged
 
 

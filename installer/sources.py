@@ -9,7 +9,7 @@ then tries the next source.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +51,7 @@ class Offer:
     index: Index
     error: str | None = None
     exhaustive: bool = True
+    remembered: dict[str, str] = field(default_factory=dict)
 
 
 def check_identity(manifest: Manifest, candidate: Candidate, where: str) -> None:
@@ -149,11 +150,15 @@ class CacheSource:
         self.name = f"cache {cache.root}"
 
     def offers(self) -> Offer:
+        refs = self.cache.refs()
         found = tuple(Candidate(r.driver_version, r.kernel_release, r.arch, r.flavour,
                                 package_path(r.kernel_release, r.driver_version, r.flavour),
-                                r.digest, r.os, source=self.name)
-                      for r in self.cache.refs())
-        return Offer(self.name, Index(found))
+                                r.digest, r.os, source=self.name) for r in refs)
+        remembered: dict[str, str] = {}
+        for ref in refs:  # most recently used first
+            for request in ref.requested:
+                remembered.setdefault(request, ref.driver_version)
+        return Offer(self.name, Index(found), remembered=remembered)
 
     def get(self, candidate: Candidate) -> Package:
         package = (cached_package(self.cache, candidate.manifest_sha256)
