@@ -47,7 +47,6 @@ class Expected:
     gpu_addresses: tuple[str, ...]
     nvswitches: int = 0
     just_loaded: bool = False
-    withdraw_on_failure: bool = True
 
 
 @dataclass(frozen=True)
@@ -107,15 +106,15 @@ def _gpu_line(gpu: GpuReport) -> str:
 
 def run(ctx: Context) -> VerifyResult:
     """Stage entry point: verify what was staged in the install dir."""
-    return verify(ctx, expected_from_context(ctx), cuda_smoke=False)
+    return verify(ctx, cuda_smoke=False)
 
 
-def verify(ctx: Context, expected: Expected, *, cuda_smoke: bool) -> VerifyResult:
-    """NVML then CUDA; on any failure readiness is withdrawn before the error propagates."""
+def verify(ctx: Context, *, cuda_smoke: bool, lib_dir: Path | None = None) -> VerifyResult:
+    """NVML then CUDA; any failure over the install dir first withdraws readiness."""
     try:
-        return _verify(ctx, expected, cuda_smoke=cuda_smoke)
+        return _verify(ctx, expected_from_context(ctx, lib_dir=lib_dir), cuda_smoke=cuda_smoke)
     except VerificationError:
-        if expected.withdraw_on_failure:
+        if lib_dir is None:
             from installer.signal import clear_readiness
 
             clear_readiness(ctx)
@@ -191,8 +190,7 @@ def expected_from_context(ctx: Context, *, lib_dir: Path | None = None) -> Expec
     gpus = usable_gpu_addresses(node)
     nvswitches = len([f for f in node.functions if f.kind == pci.KIND_NVSWITCH])
     if lib_dir is not None:
-        return Expected(lib_dir, None, node.kernel_release, None, None, gpus, nvswitches,
-                        withdraw_on_failure=False)
+        return Expected(lib_dir, None, node.kernel_release, None, None, gpus, nvswitches)
     root = stage.install_root(ctx)
     name = stage.current_name(root)
     meta = stage.read_staged(root, name) if name else None
@@ -204,7 +202,3 @@ def expected_from_context(ctx: Context, *, lib_dir: Path | None = None) -> Expec
                     meta.get("flavour"), meta.get("digest"), gpus, nvswitches,
                     just_loaded="load" in ctx.results)
 
-
-def command(ctx: Context, *, lib_dir: Path | None, cuda_smoke: bool) -> VerifyResult:
-    """The `verify` command: the install dir's staged driver, or the libraries in `lib_dir`."""
-    return verify(ctx, expected_from_context(ctx, lib_dir=lib_dir), cuda_smoke=cuda_smoke)

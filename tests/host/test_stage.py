@@ -19,15 +19,13 @@ from pathlib import Path
 import artifacts
 import pytest
 from click.testing import CliRunner
+from native.contexts import make_ctx
 from native.packages import tree_package
 
-from installer import logs, stage
+from installer import stage
 from installer.cli import cli
-from installer.config import load_config
 from installer.errors import StagingError
-from installer.host import CommandResult, RealHost, Roots
 from installer.package import Package
-from installer.pipeline import Context
 
 A, B = "535.261.03", "535.309.01"
 INSTALL = "home/kubernetes/bin/nvidia"
@@ -38,26 +36,6 @@ REPO = Path(__file__).resolve().parents[2]
 def packages() -> dict[str, Package]:
     """Two real driver versions (the second is Debian's security update)."""
     return {v: tree_package(artifacts.nvidia_tree(v), v) for v in (A, B)}
-
-
-class RecordingHost(RealHost):
-    """The real host, except that commands are recorded and answered, not run."""
-
-    def __init__(self, roots: Roots) -> None:
-        super().__init__(roots)
-        self.commands: list[tuple[str, ...]] = []
-
-    def run(self, argv: object, *, timeout: float = 120.0) -> CommandResult:
-        args = tuple(str(a) for a in argv)  # type: ignore[attr-defined]
-        self.commands.append(args)
-        return CommandResult(args, 0, "", "")
-
-
-def make_ctx(root: Path, **flags: object) -> Context:
-    config = load_config({"host_root": str(root), "proc_root": str(root / "proc"),
-                          "sys_root": str(root / "sys"), **flags}, {})
-    return Context(config=config, host=RecordingHost(Roots.from_config(config)),
-                   log=logs.get_logger())
 
 
 def readelf_soname(path: Path) -> str | None:
@@ -229,10 +207,8 @@ class TestSwitching:
 
 _CHILD = """
 import pickle, sys
-from installer import logs, stage
-from installer.config import load_config
+from installer import stage
 from installer.host import RealHost, Roots
-from installer.pipeline import Context
 root, pkg_file, hard = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
 config = load_config({"host_root": root, "proc_root": root + "/proc",
                       "sys_root": root + "/sys", "log_format": "json"}, {})

@@ -1,0 +1,234 @@
+"""verify: the real pynvml and ctypes over C stand-ins of libnvidia-ml and libcuda.
+
+The stand-ins are compiled once per session and staged like a real package (so the SONAME
+links verify loads are made by the stage stage). Their behaviour comes from FAKE_* env vars.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+from native import build_standins
+from native.contexts import make_ctx, node_args
+from native.packages import tree_package
+
+from installer import stage
+from installer.cli import cli
+from installer.package import Package
+from installer.testing import SAMPLE_NODES, NodeSpec, PciSpec, build_node
+
+VERSION = "535.261.03"
+INSTALL = "home/kubernetes/bin/nvidia"
+
+
+@pytest.fixture(scope="session")
+def standin_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tree shaped like Debian's extraction, holding the compiled stand-ins."""
+    tree = tmp_path_factory.mktemp("standin-tree")
+    built = build_standins(tmp_path_factory.mktemp("standins"))
+    lib_dir = tree / "usr/lib/x86_64-linux-gnu/nvidia/current"
+    lib_dir.mkdir(parents=True)
+    shutil.copy(built / "libnvidia-ml.so.1", lib_dir / f"libnvidia-ml.so.{VERSION}")
+    shutil.copy(built / "libcuda.so.1", lib_dir / f"libcuda.so.{VERSION}")
+    smi = tree / "usr/lib/nvidia/current/nvidia-smi"
+    smi.parent.mkdir(parents=True)
+    smi.write_text("#!/bin/sh\necho stand-in\n")
+    smi.chmod(0o755)
+    return tree
+
+
+@pytest.fixture(scope="session")
+def standin_package(standin_tree: Path) -> Package:
+    return tree_package(standin_tree, VERSION)
+
+
+@pytest.fixture(autouse=True)
+def _fake_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Every test states its own stand-in behaviour."""
+    for name in ("FAKE_NVML_INIT_ERROR", "FAKE_NVML_GPUS", "FAKE_NVML_DRIVER",
+                 "FAKE_NVML_DEVICE_ERROR", "FAKE_NVML_BUS_IDS", "FAKE_CUDA_INIT_ERROR",
+                 "FAKE_CUDA_DEVICES", "FAKE_CUDA_WRONG", "FAKE_NVML_PENDING_PAGES"):
+        monkeypatch.delenv(name, raising=False)
+    yield
+
+
+TWO_GPUS = NodeSpec(os="debian-12", kernel="6.1.0-26-cloud-amd64",
+                    pci=(PciSpec("0000:00:04.0", 0x27B8, 0x030200),
+                         PciSpec("0000:00:05.0", 0x27B8, 0x030200)))
+NODES = {1: SAMPLE_NODES["debian12-l4"], 2: TWO_GPUS, 8: SAMPLE_NODES["gke-cos-a100x8"]}
+
+
+def staged_node(tmp_path: Path, package: Package, gpus: int) -> Path:
+    root = build_node(tmp_path / f"node{gpus}", NODES[gpus])
+    stage.stage_package(make_ctx(root), package)
+    return root
+
+
+def gpu_env(monkeypatch: pytest.MonkeyPatch, root: Path, gpus: int) -> None:
+    """Stand-in GPUs at the node's PCI addresses (as NVML prints them)."""
+    addresses = sorted(p.name for p in (root / "sys/bus/pci/devices").iterdir()
+                       if (p / "class").read_text().startswith("0x0302"))
+    monkeypatch.setenv("FAKE_NVML_GPUS", str(gpus))
+    monkeypatch.setenv("FAKE_CUDA_DEVICES", str(gpus))
+    monkeypatch.setenv("FAKE_NVML_BUS_IDS", ",".join(f"0000{a.upper()}" for a in addresses))
+
+
+def invoke(root: Path, *args: str) -> Result:
+    return CliRunner().invoke(cli, [*args, *node_args(root), "--log-format", "json",
+                                    "--termination-log", str(root / "termination-log")])
+
+
+class TestVerifyPasses:
+    @pytest.mark.parametrize("gpus", [1, 2, 8])
+    def test_all_gpus_seen_through_nvml_and_cuda(
+            self, tmp_path: Path, standin_package: Package, monkeypatch: pytest.MonkeyPatch,
+            gpus: int) -> None:
+        root = staged_node(tmp_path, standin_package, gpus)
+        gpu_env(monkeypatch, root, gpus)
+        done = invoke(root, "verify", "--output", "json")
+        assert done.exit_code == 0, done.output
+        report = json.loads(done.stdout)
+        assert report["driver_version"] == VERSION
+        assert report["cuda_version"] == "12.2"
+        assert len(report["gpus"]) == gpus == report["cuda"]["device_count"]
+        assert len({g["uuid"] for g in report["gpus"]}) == gpus
+        assert report["gpus"][0]["ecc_enabled"] is True
+        assert report["lib_dir"].endswith("/home/kubernetes/bin/nvidia/lib64")
+
+    def test_cuda_smoke_runs_the_vector_add_on_every_gpu(
+            self, tmp_path: Path, standin_package: Package,
+            monkeypatch: pytest.MonkeyPatch) -> None:
+        root = staged_node(tmp_path, standin_package, 2)
+        gpu_env(monkeypatch, root, 2)
+        done = invoke(root, "verify", "--cuda-smoke")
+        assert done.exit_code == 0, done.output
+        assert done.stdout.count("CUDA smoke ok") == 2
+
+    def test_lib_dir_checks_libraries_outside_any_install_dir(
+            self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        root = build_node(tmp_path / "node", NODES[1])
+        libs = build_standins(tmp_path / "libs")
+        gpu_env(monkeypatch, root, 1)
+        done = invoke(root, "verify", "--lib-dir", str(libs), "--cuda-smoke")
+        assert done.exit_code == 0, done.output
+        assert "CUDA smoke ok: GPU 0" in done.stdout
+
+    def test_pending_page_retirement_is_a_warning(
+            self, tmp_path: Path, standin_package: Package,
+            monkeypatch: pytest.MonkeyPatch) -> None:
+        root = staged_node(tmp_path, standin_package, 1)
+        gpu_env(monkeypatch, root, 1)
+        monkeypatch.setenv("FAKE_NVML_PENDING_PAGES", "1")
+        done = invoke(root, "verify")
+        assert done.exit_code == 0, done.output
+        assert "pending retirement" in done.stdout
+
+
+class TestVerifyFails:
+    """Each failure: exit 12, one line naming the problem, readiness withdrawn."""
+
+    def fail(self, root: Path, *args: str) -> str:
+        ready = root / INSTALL / ".ready.json"
+        env_file = root / "run/nvidia/validations/driver-ready"
+        for path in (ready, env_file):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("{}")
+        done = invoke(root, "verify", *args)
+        assert done.exit_code == 12, done.output
+        assert not ready.exists() and not env_file.exists()
+        line = done.stderr.strip().splitlines()[-1]
+        assert line.startswith("error(verification-failed): [verify] ")
+        assert (root / "termination-log").read_text().strip() == line
+        return line
+
+    def test_gpu_count_differs_from_pci(self, tmp_path: Path, standin_package: Package,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+        root = staged_node(tmp_path, standin_package, 8)
+        gpu_env(monkeypatch, root, 8)
+        monkeypatch.setenv("FAKE_NVML_GPUS", "7")
+        line = self.fail(root)
+        assert "NVML sees 7 GPU(s) but the PCI bus has 8; not seen: 0000:cb:00.0" in line
+
+    def test_wrong_driver_version(self, tmp_path: Path, standin_package: Package,
+                                  monkeypatch: pytest.MonkeyPatch) -> None:
+        root = staged_node(tmp_path, standin_package, 1)
+        gpu_env(monkeypatch, root, 1)
+        monkeypatch.setenv("FAKE_NVML_DRIVER", "535.309.01")
+        line = self.fail(root)
+        assert f"NVML reports driver 535.309.01, but {VERSION} was staged" in line
+
+    def test_error_9_kernel_module_not_loaded(self, tmp_path: Path, standin_package: Package,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+        root = staged_node(tmp_path, standin_package, 1)
+        monkeypatch.setenv("FAKE_NVML_INIT_ERROR", "9")
+        line = self.fail(root)
+        assert "NVIDIA kernel module not loaded (nvmlInit, NVML error 9)" in line
+
+    def test_error_12_library_not_found(self, tmp_path: Path, standin_package: Package
+                                        ) -> None:
+        root = staged_node(tmp_path, standin_package, 1)
+        (root / INSTALL / "lib64" / "libnvidia-ml.so.1").unlink()
+        line = self.fail(root)
+        assert f"NVML library not found at {root / INSTALL / 'lib64/libnvidia-ml.so.1'}" in line
+
+    def test_error_15_gpu_fell_off_the_bus(self, tmp_path: Path, standin_package: Package,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+        root = staged_node(tmp_path, standin_package, 8)
+        gpu_env(monkeypatch, root, 8)
+        monkeypatch.setenv("FAKE_NVML_DEVICE_ERROR", "1:15")
+        line = self.fail(root)
+        assert "GPU fell off the bus: GPU index 1, PCI 0000:0b:00.0 by bus order" in line
+
+    def test_error_18_names_both_versions(self, tmp_path: Path, standin_package: Package,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+        root = staged_node(tmp_path, standin_package, 1)
+        nvrm = root / "proc/driver/nvidia/version"
+        nvrm.parent.mkdir(parents=True)
+        nvrm.write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.309.01  "
+                        "Thu Jun 26 2025\nGCC version:  gcc version 12.2.0\n")
+        monkeypatch.setenv("FAKE_NVML_INIT_ERROR", "18")
+        line = self.fail(root)
+        assert (f"user-mode driver {VERSION} and kernel module 535.309.01 versions differ"
+                in line)
+
+    def test_error_13_function_not_found(self, tmp_path: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+        tree = tmp_path / "tree"
+        lib_dir = tree / "usr/lib/x86_64-linux-gnu/nvidia/current"
+        built = build_standins(tmp_path / "old", omit_driver_version=True)
+        lib_dir.mkdir(parents=True)
+        shutil.copy(built / "libnvidia-ml.so.1", lib_dir / f"libnvidia-ml.so.{VERSION}")
+        shutil.copy(built / "libcuda.so.1", lib_dir / f"libcuda.so.{VERSION}")
+        (tree / "usr/lib/nvidia/current").mkdir(parents=True)
+        (tree / "usr/lib/nvidia/current/nvidia-smi").write_text("")
+        root = staged_node(tmp_path, tree_package(tree, VERSION), 1)
+        line = self.fail(root)
+        assert "has no NVML function nvmlSystemGetDriverVersion" in line
+
+    @pytest.mark.parametrize(("code", "words"), [
+        (100, "CUDA_ERROR_NO_DEVICE (100): no CUDA device visible"),
+        (999, "CUDA_ERROR_UNKNOWN (999): unknown error")])
+    def test_cuda_init_errors_say_what_they_mean(
+            self, tmp_path: Path, standin_package: Package, monkeypatch: pytest.MonkeyPatch,
+            code: int, words: str) -> None:
+        root = staged_node(tmp_path, standin_package, 1)
+        gpu_env(monkeypatch, root, 1)
+        monkeypatch.setenv("FAKE_CUDA_INIT_ERROR", str(code))
+        assert f"CUDA cuInit failed: {words}" in self.fail(root)
+
+    def test_wrong_vector_sum_fails_the_smoke(self, tmp_path: Path, standin_package: Package,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+        root = staged_node(tmp_path, standin_package, 2)
+        gpu_env(monkeypatch, root, 2)
+        monkeypatch.setenv("FAKE_CUDA_WRONG", "1")
+        line = self.fail(root, "--cuda-smoke")
+        assert "GPU 0 computed a wrong vector sum at 1 of 4096 elements (first at 7)" in line
+
+    def test_nothing_staged(self, make_node: Callable[[str], Path]) -> None:
+        line = self.fail(make_node("debian12-l4"))
+        assert "nothing is staged in /home/kubernetes/bin/nvidia" in line
