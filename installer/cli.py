@@ -247,7 +247,7 @@ def verify(ctx: Context, output: str, cuda_smoke: bool, lib_dir: Path | None) ->
     """Check the staged driver through NVML and CUDA against the node's GPUs."""
     from installer import verify as verify_mod
 
-    emit(run_stage(ctx, "verify", lambda c: verify_mod.command(
+    emit(run_stage(ctx, "verify", lambda c: verify_mod.verify(
         c, lib_dir=lib_dir, cuda_smoke=cuda_smoke)), output)
 
 
