@@ -7,6 +7,7 @@ PACKAGES=(
   gcc make binutils
   makeself                 # package build: tests make a real makeself .run
   qemu-system-x86 kmod libelf1 gcc-12 xz-utils   # kernel tier: TCG guest, depmod, kbuild objtool, headers' gcc
+  podman runc mmdebstrap   # deploy tier: image build from a local bookworm rootfs
 )
 
 missing=()

@@ -1,0 +1,113 @@
+"""The image really builds (podman, from a local Debian base) and the installer runs in it:
+`--version`, and `detect` against a sample node's host tree bind-mounted in."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from deploy import podman
+from deploy.manifests import one, pod_spec, render
+from installer import __version__
+
+pytestmark = pytest.mark.image
+
+TAG = f"localhost/gpu-node-installer:test-{__version__}"
+PRELOADED = "/var/lib/gpu-node-installer/preloaded"
+MARKER = "preloaded-by-test.txt"
+
+
+@pytest.fixture(scope="module")
+def image(tmp_path_factory: pytest.TempPathFactory) -> str:
+    reason = podman.why_podman_cannot_run()
+    if reason is not None:
+        pytest.skip(reason)
+    base, rootfs_s, import_s = podman.base_image()
+    probe = podman.run(base, "true", check=False)
+    if probe.returncode != 0:
+        pytest.skip(f"podman cannot run containers here: {probe.stderr.strip()[-500:]}")
+    context = podman.build_context(tmp_path_factory.mktemp("image") / "context",
+                                   {MARKER: "baked into the image\n"})
+    build_s = podman.build(context, base, TAG, __version__)
+    print(f"\nimage timings: rootfs {rootfs_s if rootfs_s is None else round(rootfs_s, 1)} s, "
+          f"import {import_s if import_s is None else round(import_s, 1)} s, "
+          f"build {build_s:.1f} s (None: cached)", file=sys.stderr)
+    return TAG
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The sample GKE A100x8 node, written by the documented command."""
+    root = tmp_path_factory.mktemp("node") / "gke-cos-a100x8"
+    subprocess.run([sys.executable, "-m", "installer.testing", "gke-cos-a100x8", str(root)],
+                   check=True, capture_output=True, timeout=60)
+    return root
+
+
+def _detect_args(root: str) -> list[str]:
+    return ["detect", "--host-root", root, "--proc-root", f"{root}/proc",
+            "--sys-root", f"{root}/sys", "--output", "json"]
+
+
+class TestImage:
+    """What the DaemonSet relies on, checked in the built image."""
+
+    def test_version(self, image: str) -> None:
+        proc = podman.run(image, "--version")
+        assert proc.stdout.strip() == f"gpu-node-installer, version {__version__}"
+
+    def test_detect_on_a_sample_node(self, image: str, node: Path) -> None:
+        """Same report inside the image as from the source tree on this machine."""
+        inside = podman.run(image, *_detect_args("/node"), volumes=(f"{node}:/node:ro",))
+        report = json.loads(inside.stdout)
+        assert report["os"]["id"] == "cos"
+        assert len(report["gpus"]) == 8
+        assert {gpu["name"] for gpu in report["gpus"]} == {"A100 SXM4 40GB"}
+        outside = subprocess.run([sys.executable, "-m", "installer", *_detect_args(str(node))],
+                                 capture_output=True, text=True, check=True, timeout=60)
+        assert report == json.loads(outside.stdout)
+
+    def test_entrypoint_command_labels_env(self, image: str) -> None:
+        (config,) = json.loads(podman.podman("image", "inspect", image).stdout)
+        assert config["Config"]["Entrypoint"] == ["gpu-node-installer"]
+        assert config["Config"]["Cmd"] == ["install"]
+        labels = config["Config"]["Labels"]
+        assert labels["org.opencontainers.image.version"] == __version__
+        assert labels["org.opencontainers.image.title"] == "gpu-node-installer"
+        assert f"DRIVER_PRELOADED_DIR={PRELOADED}" in config["Config"]["Env"]
+
+    def test_installed_from_a_wheel_without_pip(self, image: str) -> None:
+        code = ("import importlib.util, installer; print(installer.__file__); "
+                "print(importlib.util.find_spec('pip'))")
+        proc = podman.run(image, "-c", code, entrypoint="/opt/gpu-node-installer/bin/python")
+        location, pip = proc.stdout.split()
+        assert "/site-packages/installer/" in location
+        assert pip == "None"
+        assert podman.run(image, "-e", "/src", entrypoint="test", check=False).returncode == 1
+
+    def test_preloaded_packages_are_baked_in(self, image: str) -> None:
+        listing = podman.run(image, "-A", PRELOADED, entrypoint="ls").stdout.split()
+        assert listing == [MARKER]  # the directory's README stays out (.dockerignore)
+
+    def test_the_pause_container_and_its_probe_run_in_the_image(
+            self, image: str, tmp_path: Path) -> None:
+        """The DaemonSet's main container runs `sleep` and probes with `test` from this
+        image: run exactly the rendered commands, before and after readiness."""
+        spec = pod_spec(one(render("overlays/gke-cos"), "DaemonSet", "gpu-node-installer"))
+        (pause,) = spec["containers"]
+        command, *args = pause["command"]
+        assert podman.run(image, *(["0"] if args == ["infinity"] else args),
+                          entrypoint=command).returncode == 0
+        probe, *probe_args = pause["readinessProbe"]["exec"]["command"]
+        ready = tmp_path / "install-dir"
+        ready.mkdir()
+        volume = (f"{ready}:/ready:ro",)
+        assert podman.run(image, *probe_args, entrypoint=probe, volumes=volume,
+                          check=False).returncode == 1
+        (ready / ".ready.json").write_text("{}")
+        assert podman.run(image, *probe_args, entrypoint=probe, volumes=volume,
+                          check=False).returncode == 0
