@@ -298,3 +298,44 @@ class TestUnloadCommand:
         assert outcome.exit_code == 10, outcome.output
         assert "module-in-use" in outcome.output
         assert host.version_of("nvidia") == "535.261.03"
+
+
+class TestLoadCommand:
+    """`gpu-node-installer load`: fetch from a preloaded dir, then load; exit codes."""
+
+    def _invoke(self, tmp_path: Path, host: FakeKernelHost, pre: Path) -> tuple[int, str]:
+        root = host.roots.host
+        outcome = CliRunner().invoke(
+            cli, ["load", "--host-root", str(root), "--proc-root", str(root / "proc"),
+                  "--sys-root", str(root / "sys"), "--preloaded-dir", str(pre),
+                  "--driver-version", "535.261.03", "--flavour", "proprietary",
+                  "--module-param", "nvidia.NVreg_EnableMSI=0",
+                  "--termination-log", str(tmp_path / "termination-log"),
+                  "--log-format", "json", "--output", "json"],
+            obj={"host_factory": lambda roots: host})
+        return outcome.exit_code, outcome.output
+
+    def _preloaded(self, tmp_path: Path) -> Path:
+        pre = tmp_path / "preloaded"
+        write_package(pre / RELEASE / "535.261.03" / "proprietary",
+                      fake_module_set(tmp_path / "ko", "535.261.03"),
+                      driver_version="535.261.03", kernel_release=RELEASE)
+        return pre
+
+    def test_load_then_rerun_is_unchanged(self, tmp_path: Path) -> None:
+        host = _node(tmp_path)
+        pre = self._preloaded(tmp_path)
+        code, output = self._invoke(tmp_path, host, pre)
+        assert code == 0, output
+        assert host.modules["nvidia"].params == "NVreg_EnableMSI=0"
+        code, output = self._invoke(tmp_path, host, pre)
+        assert code == 0 and '"changed": false' in output
+
+    def test_no_gpu_exit_code_and_termination_log(self, tmp_path: Path) -> None:
+        host = _node(tmp_path)
+        host.fail_next["nvidia"] = errno.ENODEV
+        code, _ = self._invoke(tmp_path, host, self._preloaded(tmp_path))
+        assert code == 9
+        line = (tmp_path / "termination-log").read_text()
+        assert line.startswith("error(module-load-failed): [load] loading nvidia: no NVIDIA GPU")
+        assert host.modules == {}

@@ -107,9 +107,10 @@ def group_main(args: dict[str, Any]) -> dict[str, Any]:
     real = Path(args["real_nvidia"])
     test535, test550 = Path(args["test_535"]), Path(args["test_550"])
     out["before_real"] = observe()
-    real_pkg = package("real", real, "535.261.03", FULL)
+    real_pkg = package(f"preloaded/{RELEASE}/535.261.03/proprietary", real, "535.261.03", FULL)
     out["real_nvidia"] = attempt(lambda: load.load_package(HOST, real_pkg))
     out["dmesg_nvrm"] = [line for line in _dmesg() if "NVRM" in line][-5:]
+    out["real_nvidia_cli"] = cli_load(WORK / "preloaded", "535.261.03")
 
     params = [ModuleParam("nvidia", "NVreg_EnableMSI", "0")]
     core535 = package("core535", test535, "535.261.03", CORE,
@@ -135,6 +136,20 @@ def group_main(args: dict[str, Any]) -> dict[str, Any]:
     out["drm"] = attempt(lambda: load.load_package(HOST, full535))
     out["drm_dep_line"] = _modules_dep_line("drm_kms_helper")
     return out
+
+
+def cli_load(preloaded: Path, version: str) -> dict[str, Any]:
+    """`gpu-node-installer load` as an operator runs it: fetch from a preloaded dir, load."""
+    termination_log = WORK / "termination-log"
+    argv = [sys.executable, "-m", "installer", "load", "--host-root", "/", "--proc-root",
+            "/proc", "--sys-root", "/sys", "--dev-root", "/dev", "--preloaded-dir",
+            str(preloaded), "--driver-version", version, "--flavour", "proprietary",
+            "--install-dir", str(WORK / "install"), "--termination-log", str(termination_log),
+            "--log-format", "json"]
+    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    return {"rc": done.returncode, "stderr_tail": done.stderr.splitlines()[-3:],
+            "termination_log": termination_log.read_text() if termination_log.exists()
+            else None, "after": observe()}
 
 
 def group_sig_enforce(args: dict[str, Any]) -> dict[str, Any]:

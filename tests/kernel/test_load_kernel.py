@@ -132,6 +132,13 @@ class TestRealNvidia:
         assert error["code"] == 9 and "no NVIDIA GPU responded" in error["message"]
         assert any("NVRM" in line for line in main_group["dmesg_nvrm"])
 
+    def test_cli_exit_code_and_termination_log(self, main_group: dict[str, Any]) -> None:
+        cli = main_group["real_nvidia_cli"]
+        assert cli["rc"] == 9, cli
+        assert cli["termination_log"].startswith("error(module-load-failed): [load] loading "
+                                                 "nvidia: no NVIDIA GPU responded")
+        assert cli["after"]["modules"] == main_group["before_real"]["modules"]
+
     def test_kernel_left_as_it_was(self, main_group: dict[str, Any]) -> None:
         before = main_group["before_real"]
         after = main_group["real_nvidia"]["after"]
