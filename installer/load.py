@@ -138,15 +138,13 @@ def require_module_support(host: Host) -> None:
 def load_plan(host: Host, plan: list[PlannedModule], version: str, result: LoadResult) -> None:
     """Load what is not loaded yet, in order; on failure unload what this run loaded."""
     for module in plan:
-        state = kmod.module_state(host, module.name)
-        if state is not None and (module.from_host or state.version == version):
+        if _already_loaded(host, module, version):
             result.kept.append(module.name)
             continue
         try:
             load_one(host, module)
         except ModuleAlreadyLoadedError:
-            state = kmod.module_state(host, module.name)  # a concurrent load won the race
-            if state is not None and (module.from_host or state.version == version):
+            if _already_loaded(host, module, version):  # a concurrent load won the race
                 result.kept.append(module.name)
                 continue
             raise
@@ -157,6 +155,12 @@ def load_plan(host: Host, plan: list[PlannedModule], version: str, result: LoadR
         result.loaded.append(module.name)
         if module.from_host:
             result.host_modules.append(module.name)
+
+
+def _already_loaded(host: Host, module: PlannedModule, version: str) -> bool:
+    """A host module counts in any version; a package module only in the package's."""
+    state = kmod.module_state(host, module.name)
+    return state is not None and (module.from_host or state.version == version)
 
 
 def load_one(host: Host, module: PlannedModule) -> None:
@@ -184,7 +188,10 @@ def replace_other_version(host: Host, package: Package) -> list[str]:
     version = package.manifest.driver_version
     names = set(NVIDIA_MODULES) | {kmod.normalize(m.name) for m in package.manifest.modules}
     states = {n: s for n in names if (s := kmod.module_state(host, n)) is not None}
-    if not any(s.version != version for s in states.values()):
+    driver = kmod.loaded_driver(host) if states else None
+    other_flavour = driver is not None and driver.flavour not in (None,
+                                                                  package.manifest.flavour)
+    if not other_flavour and not any(s.version != version for s in states.values()):
         return []
     check_free(host, states, names)
     devnodes.remove_uvm_nodes(host)

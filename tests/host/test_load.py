@@ -339,3 +339,15 @@ class TestLoadCommand:
         line = (tmp_path / "termination-log").read_text()
         assert line.startswith("error(module-load-failed): [load] loading nvidia: no NVIDIA GPU")
         assert host.modules == {}
+
+
+class TestFlavourChange:
+    def test_same_version_other_flavour_is_replaced(self, tmp_path: Path) -> None:
+        host = _node(tmp_path)
+        load.load_package(host, _package(tmp_path, "535.261.03"))
+        version_file = host.roots.proc / "driver" / "nvidia" / "version"
+        version_file.write_text("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  "
+                                "535.261.03  Release Build\n")
+        result = load.load_package(host, _package(tmp_path, "535.261.03"))
+        assert result.unloaded == ["nvidia_uvm", "nvidia"]
+        assert result.loaded == ["nvidia", "nvidia_uvm"]
