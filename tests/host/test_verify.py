@@ -7,13 +7,12 @@ links verify loads are made by the stage stage). Their behaviour comes from FAKE
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
-from native import build_standins
+from native import build_standins, packages
 from native.contexts import make_ctx, node_args
 from native.packages import tree_package
 
@@ -29,17 +28,8 @@ INSTALL = "home/kubernetes/bin/nvidia"
 @pytest.fixture(scope="session")
 def standin_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tree shaped like Debian's extraction, holding the compiled stand-ins."""
-    tree = tmp_path_factory.mktemp("standin-tree")
     built = build_standins(tmp_path_factory.mktemp("standins"))
-    lib_dir = tree / "usr/lib/x86_64-linux-gnu/nvidia/current"
-    lib_dir.mkdir(parents=True)
-    shutil.copy(built / "libnvidia-ml.so.1", lib_dir / f"libnvidia-ml.so.{VERSION}")
-    shutil.copy(built / "libcuda.so.1", lib_dir / f"libcuda.so.{VERSION}")
-    smi = tree / "usr/lib/nvidia/current/nvidia-smi"
-    smi.parent.mkdir(parents=True)
-    smi.write_text("#!/bin/sh\necho stand-in\n")
-    smi.chmod(0o755)
-    return tree
+    return packages.standin_tree(tmp_path_factory.mktemp("standin") / "tree", built, VERSION)
 
 
 @pytest.fixture(scope="session")
@@ -198,14 +188,8 @@ class TestVerifyFails:
 
     def test_error_13_function_not_found(self, tmp_path: Path,
                                          monkeypatch: pytest.MonkeyPatch) -> None:
-        tree = tmp_path / "tree"
-        lib_dir = tree / "usr/lib/x86_64-linux-gnu/nvidia/current"
         built = build_standins(tmp_path / "old", omit_driver_version=True)
-        lib_dir.mkdir(parents=True)
-        shutil.copy(built / "libnvidia-ml.so.1", lib_dir / f"libnvidia-ml.so.{VERSION}")
-        shutil.copy(built / "libcuda.so.1", lib_dir / f"libcuda.so.{VERSION}")
-        (tree / "usr/lib/nvidia/current").mkdir(parents=True)
-        (tree / "usr/lib/nvidia/current/nvidia-smi").write_text("")
+        tree = packages.standin_tree(tmp_path / "tree", built, VERSION)
         root = staged_node(tmp_path, tree_package(tree, VERSION), 1)
         line = self.fail(root)
         assert "has no NVML function nvmlSystemGetDriverVersion" in line

@@ -45,3 +45,18 @@ def tree_package(tree: Path, version: str, *, kernel: str = KERNEL,
     digest = hashlib.sha256(dump_manifest(manifest)).hexdigest()
     return Package(manifest=manifest, digest=digest, root=tree, by_hash=False,
                    source="test-tree")
+
+
+def standin_tree(tree: Path, built: Path, version: str) -> Path:
+    """A tree shaped like Debian's extraction holding compiled stand-ins (see native/)."""
+    import shutil
+
+    lib_dir = tree / LIB_DIR
+    lib_dir.mkdir(parents=True)
+    shutil.copy(built / "libnvidia-ml.so.1", lib_dir / f"libnvidia-ml.so.{version}")
+    shutil.copy(built / "libcuda.so.1", lib_dir / f"libcuda.so.{version}")
+    smi = tree / SMI
+    smi.parent.mkdir(parents=True)
+    smi.write_text("#!/bin/sh\necho stand-in\n")
+    smi.chmod(0o755)
+    return tree
