@@ -45,3 +45,31 @@ sample: venv ## run `detect` on a sample node shipped with the project (no GPU n
 
 clean: ## remove the virtual environment and caches
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
+
+# --- deploy (issue 7): the container image and the rendered manifests; docs/deploy.md -------
+.PHONY: image manifests
+IMAGE_VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' installer/__init__.py)
+IMAGE ?= ghcr.io/gpu-node-installer/gpu-node-installer:$(IMAGE_VERSION)
+CONTAINER_ENGINE ?= $(shell command -v podman || command -v docker)
+BASE_IMAGE ?=
+PRELOADED_DIR ?= daemonset/preloaded
+PIP_CA ?= $(PIP_CERT)
+MANIFESTS_DIR ?= build/manifests
+comma := ,
+# podman runs RUN steps in a chroot (works where nested containers cannot); add
+# `--network host` where the build's own network cannot reach the package index.
+IMAGE_BUILD_FLAGS ?= $(if $(findstring podman,$(CONTAINER_ENGINE)),--isolation chroot)
+
+image: ## build the container image with podman or docker (BASE_IMAGE=, PRELOADED_DIR=, IMAGE=)
+	@test -n "$(CONTAINER_ENGINE)" || { echo "make image: needs podman or docker" >&2; exit 1; }
+	$(CONTAINER_ENGINE) build $(IMAGE_BUILD_FLAGS) \
+		$(if $(BASE_IMAGE),--build-arg BASE_IMAGE=$(BASE_IMAGE)) \
+		--build-arg VERSION=$(IMAGE_VERSION) --build-arg PRELOADED_DIR=$(PRELOADED_DIR) \
+		$(if $(PIP_CA),--secret id=pip-ca$(comma)src=$(PIP_CA)) -t $(IMAGE) .
+
+manifests: venv ## render every kustomize overlay and the examples into build/manifests/
+	@mkdir -p $(MANIFESTS_DIR)
+	@for dir in daemonset/overlays/*/ daemonset/examples/; do \
+		out=$(MANIFESTS_DIR)/$$(basename $$dir).yaml; \
+		$(BIN)/kubectl kustomize $$dir > $$out || exit 1; echo "$$out"; \
+	done
