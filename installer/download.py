@@ -113,7 +113,8 @@ class Downloader:
         self.progress = progress
         self.deadline = Deadline(settings.deadline)
         self.session = requests.Session()
-        self.session.verify = str(settings.ca_bundle) if settings.ca_bundle else True
+        # passed on each request: a session-level value loses to REQUESTS_CA_BUNDLE (requests)
+        self.verify: str | bool = str(settings.ca_bundle) if settings.ca_bundle else True
         adapter = requests.adapters.HTTPAdapter(pool_maxsize=max(4, settings.parallel))
         self.session.mount("https://", adapter)
         self.session.mount("http://", adapter)
@@ -184,7 +185,8 @@ class Downloader:
     def _get(self, url: str, headers: dict[str, str]) -> requests.Response:
         try:
             response = self.session.get(url, headers={"Accept-Encoding": "identity", **headers},
-                                        stream=True, timeout=self._timeout())
+                                        stream=True, timeout=self._timeout(),
+                                        verify=self.verify)
         except requests.exceptions.SSLError as exc:
             raise DownloadError(f"TLS error for {_safe(url)}: {exc}",
                                 remedy="pass --ca-bundle with the mirror's CA") from None

@@ -18,6 +18,8 @@ import hashlib
 import os
 import re
 import socket
+import ssl
+import subprocess
 import threading
 import time
 from dataclasses import dataclass
@@ -59,7 +61,8 @@ def etag_of(path: Path) -> str:
 class MirrorServer:
     """Serves `root` over HTTP on an ephemeral 127.0.0.1 port, in a background thread."""
 
-    def __init__(self, root: Path, *, etags: bool = True) -> None:
+    def __init__(self, root: Path, *, etags: bool = True,
+                 tls: tuple[Path, Path] | None = None) -> None:
         self.root = root
         self.etags = etags
         self.faults: dict[str, list[Fault]] = {}
@@ -67,12 +70,17 @@ class MirrorServer:
         self.lock = threading.Lock()
         handler = type("Handler", (_Handler,), {"server_state": self})
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.scheme = "https" if tls else "http"
+        if tls:  # (certificate, key): serve https with them
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(*tls)
+            self.httpd.socket = context.wrap_socket(self.httpd.socket, server_side=True)
         self.httpd.daemon_threads = True
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        return f"{self.scheme}://127.0.0.1:{self.httpd.server_address[1]}"
 
     def __enter__(self) -> MirrorServer:
         self.thread.start()
@@ -226,3 +234,12 @@ def write_random(path: Path, size: int, seed: int = 0) -> str:
             counter += 1
     os.utime(path)
     return digest.hexdigest()
+
+
+def self_signed(directory: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 and its key, made with openssl (the CA bundle is the cert)."""
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    return cert, key

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import tarfile
 from pathlib import Path
 from typing import Any
@@ -46,7 +47,10 @@ def write_package(repo: Path, *, kernel: str = KERNEL, version: str = "535.261.0
     for relpath, source in (big or {}).items():
         target = root / relpath
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.hardlink_to(source)
+        try:
+            target.hardlink_to(source)
+        except OSError:  # another filesystem
+            shutil.copyfile(source, target)
         entries.append(FileEntry(relpath, source.stat().st_size, _sha256(source), 0o644,
                                  _kind(relpath)))
     modules = _modules([e.path for e in entries])
