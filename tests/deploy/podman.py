@@ -115,7 +115,8 @@ def ca_bundle() -> str | None:
         path = os.environ.get(name)
         if path and Path(path).is_file():
             return path
-    return None
+    system = Path("/etc/ssl/certs/ca-certificates.crt")  # Debian's, local CAs included
+    return str(system) if system.is_file() else None
 
 
 def build(context: Path, base: str, tag: str, version: str) -> float:

@@ -14,7 +14,8 @@ from deploy import podman
 from deploy.manifests import one, pod_spec, render
 from installer import __version__
 
-pytestmark = pytest.mark.image
+# The first test also makes the rootfs and builds the image: allow a slow mirror.
+pytestmark = [pytest.mark.image, pytest.mark.timeout(1800)]
 
 TAG = f"localhost/gpu-node-installer:test-{__version__}"
 PRELOADED = "/var/lib/gpu-node-installer/preloaded"
