@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, Protocol
 
-from installer.elf import ElfError, is_elf, read_soname
+from installer import linker
 from installer.errors import IntegrityError, StagingError
-from installer.host import Host, fsync_dir, write_atomic
+from installer.host import fsync_dir, write_atomic
 
 if TYPE_CHECKING:
     from installer.pipeline import Context
@@ -34,13 +34,10 @@ TOP_LINKS = ("lib64", "bin", "drivers", "firmware")
 KIND_DIRS = {"library": "lib64", "binary": "bin", "module": "drivers", "firmware": "firmware",
              "config": "etc"}
 VERSIONS = ".versions"
+LDCONF_NODE_PATH = linker.LDCONF_NODE_PATH  # uninstall removes it
 CURRENT = ".current"
 PREVIOUS = ".previous"
 STAGED_META = ".staged.json"
-LDCONF_NODE_PATH = PurePosixPath("/etc/ld.so.conf.d/gpu-node-installer.conf")
-LDCONFIG_NODE_PATHS = ("/sbin/ldconfig", "/usr/sbin/ldconfig")
-MULTIARCH = {"x86_64": "x86_64-linux-gnu", "aarch64": "aarch64-linux-gnu",
-             "arm64": "aarch64-linux-gnu", "amd64": "x86_64-linux-gnu"}
 
 
 class FileLike(Protocol):
@@ -155,16 +152,34 @@ def stage_package(ctx: Context, package: PackageLike, *,
         if not reused:
             _build_version(root, name, package, allow_hardlinks=allow_hardlinks)
         previous = switch_to(root, name)
-        links = _soname_links(root / VERSIONS / name / "lib64")
+        links = linker.soname_links(root / VERSIONS / name / "lib64")
         if ctx.config.driver_root_layout:
-            _driver_root_layout(root, manifest.arch)
+            linker.driver_root_layout(root, manifest.arch)
         prune(root)
     except OSError as exc:
         raise StagingError(f"cannot stage into {ctx.config.install_dir}: {exc}") from exc
-    warnings = refresh_linker(ctx)
+    warnings = linker.refresh_linker(ctx)
     return StageResult(name, str(ctx.config.install_dir), manifest.driver_version,
                        manifest.kernel_release, manifest.flavour, package.digest,
                        len(manifest.files), reused, previous, links, tuple(warnings))
+
+
+def prepare_version(ctx: Context, package: PackageLike) -> str:
+    """Build the version directory ahead of `load` without switching to it.
+
+    `install` calls this before the kernel is touched, so that a full disk or a bad file
+    fails while the old version still serves; `stage` then only switches.
+    """
+    root = install_root(ctx)
+    name = version_name(package.manifest)
+    try:
+        (root / VERSIONS).mkdir(parents=True, exist_ok=True)
+        if _staged_digest(root / VERSIONS / name) != package.digest:
+            _build_version(root, name, package, allow_hardlinks=True)
+    except OSError as exc:
+        raise StagingError(f"cannot prepare {name} in {ctx.config.install_dir}: {exc}"
+                           ) from exc
+    return name
 
 
 def _staged_digest(version_dir: Path) -> str | None:
@@ -196,7 +211,7 @@ def _build_version(root: Path, name: str, package: PackageLike, *,
     for entry in package.manifest.files:
         _place(tmp, entry, package.path_of(entry.path), allow_hardlinks=allow_hardlinks)
     _package_links(tmp, package)
-    _make_soname_links(tmp / "lib64")
+    linker.make_soname_links(tmp / "lib64")
     _write_meta(tmp, package)
     _rename_into_place(root, tmp, name)
 
@@ -243,33 +258,7 @@ def _package_links(tmp: Path, package: PackageLike) -> None:
         if target is None:
             continue
         where = tmp / destination(target)
-        _symlink(where.name, where.parent / PurePosixPath(link.path).name)
-
-
-def _make_soname_links(lib_dir: Path) -> None:
-    """`libX.so.1 -> libX.so.<version>` from each ELF's SONAME, plus `libX.so` dev links."""
-    for path in sorted(lib_dir.iterdir()):
-        if path.is_symlink() or not path.is_file() or not is_elf(path):
-            continue
-        try:
-            soname = read_soname(path)
-        except ElfError as exc:
-            raise IntegrityError(f"{path.name} is not a valid ELF library: {exc}") from exc
-        if soname and soname != path.name and "/" not in soname:
-            _symlink(path.name, lib_dir / soname)
-        stem = path.name.split(".so", 1)[0] + ".so"
-        if ".so" in path.name and stem != path.name and not (lib_dir / stem).exists():
-            _symlink(soname or path.name, lib_dir / stem)
-
-
-def _symlink(target: str, link: Path) -> None:
-    if link.is_symlink() or link.exists():
-        link.unlink()
-    link.symlink_to(target)
-
-
-def _soname_links(lib_dir: Path) -> dict[str, str]:
-    return {p.name: os.readlink(p) for p in sorted(lib_dir.iterdir()) if p.is_symlink()}
+        linker.symlink(where.name, where.parent / PurePosixPath(link.path).name)
 
 
 def _write_meta(tmp: Path, package: PackageLike) -> None:
@@ -296,25 +285,17 @@ def _rename_into_place(root: Path, tmp: Path, name: str) -> None:
         return
     was_current = current_name(root) == name
     if was_current:
-        _point(root / CURRENT, f"{VERSIONS}/{tmp.name}")
+        linker.point(root / CURRENT, f"{VERSIONS}/{tmp.name}")
     aside = versions / f".old-{name}-{os.getpid()}"
     os.rename(final, aside)
     clone = versions / f".clone-{name}-{os.getpid()}"
     shutil.copytree(tmp, clone, symlinks=True, copy_function=os.link)
     os.rename(clone, final)
     if was_current:
-        _point(root / CURRENT, f"{VERSIONS}/{name}")
+        linker.point(root / CURRENT, f"{VERSIONS}/{name}")
     fsync_dir(versions)
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.rmtree(aside, ignore_errors=True)
-
-
-def _point(link: Path, target: str) -> None:
-    """Make `link` point at `target` with one atomic rename."""
-    tmp = link.with_name(f"{link.name}.new-{os.getpid()}")
-    tmp.unlink(missing_ok=True)
-    tmp.symlink_to(target)
-    os.replace(tmp, link)
 
 
 def current_name(root: Path) -> str | None:
@@ -337,8 +318,8 @@ def switch_to(root: Path, name: str) -> str | None:
     """Point `.current` at a complete version; remember the one it replaces as `.previous`."""
     old = current_name(root)
     if old and old != name and (root / VERSIONS / old).is_dir():
-        _point(root / PREVIOUS, f"{VERSIONS}/{old}")
-    _point(root / CURRENT, f"{VERSIONS}/{name}")
+        linker.point(root / PREVIOUS, f"{VERSIONS}/{old}")
+    linker.point(root / CURRENT, f"{VERSIONS}/{name}")
     _ensure_top_links(root)
     fsync_dir(root)
     return old if old != name else previous_name(root)
@@ -354,7 +335,7 @@ def _ensure_top_links(root: Path) -> None:
         if link.exists() and not link.is_symlink():
             aside = root / VERSIONS / f".legacy-{sub}-{int(time.time())}"
             os.rename(link, aside)
-        _point(link, want)
+        linker.point(link, want)
 
 
 def rollback(root: Path) -> tuple[str, str]:
@@ -379,47 +360,6 @@ def prune(root: Path) -> list[str]:
     for stray in root.glob(".*.new-*"):
         stray.unlink(missing_ok=True)
     return removed
-
-
-def _driver_root_layout(root: Path, arch: str) -> None:
-    """usr/lib/<multiarch> and usr/lib64 -> lib64, usr/bin -> bin (gpu-operator consumers)."""
-    multiarch = MULTIARCH.get(arch, f"{arch}-linux-gnu")
-    (root / "usr" / "lib").mkdir(parents=True, exist_ok=True)
-    for link, target in ((f"usr/lib/{multiarch}", "../../lib64"), ("usr/lib64", "../lib64"),
-                         ("usr/bin", "../bin")):
-        path = root / link
-        if not (path.is_symlink() and os.readlink(path) == target):
-            _point(path, target)
-
-
-def refresh_linker(ctx: Context) -> list[str]:
-    """Write the ld.so.conf.d entry (only when it changes) and rerun the host's ldconfig."""
-    host = ctx.host
-    conf = host.roots.node(LDCONF_NODE_PATH)
-    text = (f"# gpu-node-installer: the NVIDIA user-mode driver; rewritten on each install\n"
-            f"{ctx.config.install_dir}/lib64\n")
-    warnings = []
-    try:
-        if host.read_text(conf) != text:
-            write_atomic(conf, text.encode())
-    except OSError as exc:
-        warnings.append(f"cannot write {LDCONF_NODE_PATH}: {exc}")
-    ldconfig = _host_ldconfig(host)
-    if ldconfig:
-        done = host.run(["chroot", str(host.roots.host), ldconfig])
-        if done.returncode != 0:
-            warnings.append(f"ldconfig on the host failed ({done.returncode}): "
-                            f"{done.stderr.strip()[:200]}")
-    for warning in warnings:
-        ctx.log.warning("linker cache not refreshed", detail=warning)
-    return warnings
-
-
-def _host_ldconfig(host: Host) -> str | None:
-    for node_path in LDCONFIG_NODE_PATHS:
-        if host.roots.confine(host.roots.node(node_path)).is_file():
-            return node_path
-    return None
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from native.packages import tree_package
 from installer import signal, stage
 from installer.cli import cli
 from installer.package import Package
+from installer.pipeline import run_stages
 from installer.testing import SAMPLE_NODES, build_node
 
 VERSION = "535.261.03"
@@ -220,7 +221,8 @@ class TestWaitReady:
             in done.stderr
 
     def test_returns_once_readiness_appears(self, node: Path) -> None:
-        writer = threading.Timer(0.3, lambda: invoke(node, "signal"))
+        ctx = make_ctx(node)  # not CliRunner: it swaps sys.stdout for the whole process
+        writer = threading.Timer(0.3, run_stages, (ctx, ("detect", "verify", "signal")))
         writer.start()
         done = invoke(node, "wait-ready", "--timeout", "60", "--interval", "0.05")
         writer.join()

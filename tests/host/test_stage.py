@@ -207,8 +207,10 @@ class TestSwitching:
 
 _CHILD = """
 import pickle, sys
-from installer import stage
+from installer import logs, stage
+from installer.config import load_config
 from installer.host import RealHost, Roots
+from installer.pipeline import Context
 root, pkg_file, hard = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
 config = load_config({"host_root": root, "proc_root": root + "/proc",
                       "sys_root": root + "/sys", "log_format": "json"}, {})
