@@ -67,6 +67,7 @@ class MirrorServer:
         self.etags = etags
         self.faults: dict[str, list[Fault]] = {}
         self.requests: list[Request] = []
+        self.proxied = 0
         self.lock = threading.Lock()
         handler = type("Handler", (_Handler,), {"server_state": self})
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
@@ -130,6 +131,14 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         self._serve(head=False)
 
+    def _path(self) -> str:
+        """The request path; an absolute-form target (what a client sends to a proxy) is
+        served as its path, so this server can also stand in for a forward proxy."""
+        target = self.path.split("?")[0]
+        if target.startswith(("http://", "https://")):
+            return "/" + target.split("://", 1)[1].partition("/")[2]
+        return target
+
     def _answer(self, status: int, headers: dict[str, str] | None = None) -> None:
         self._record(status)
         self.send_response(status)
@@ -139,12 +148,15 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
 
     def _record(self, status: int) -> None:
-        self.server_state.record(Request(self.path.split("?")[0], self.headers.get("Range"),
+        self.server_state.record(Request(self._path(), self.headers.get("Range"),
                                          self.headers.get("If-Range"), status))
 
     def _serve(self, *, head: bool) -> None:
         state = self.server_state
-        path = self.path.split("?")[0]
+        path = self._path()
+        if self.path.startswith("http://"):
+            with state.lock:
+                state.proxied += 1
         fault = state.take_fault(path)
         if fault and fault.kind == "status":
             return self._answer(fault.status)

@@ -184,6 +184,23 @@ class TestMirrors:
         assert result.exit_code == 2
         assert "--allow-http" in result.stderr
 
+    def test_proxy_from_environment(self, host: Path, repo: Path) -> None:
+        """The mirror's name does not resolve; only the proxy in HTTP_PROXY can reach it."""
+        with MirrorServer(repo) as proxy:
+            env = {"HTTP_PROXY": proxy.url, "http_proxy": proxy.url, "NO_PROXY": "",
+                   "no_proxy": ""}
+            result = invoke(host, "fetch", "--mirror", "http://mirror.invalid:8080",
+                            "--allow-http", "--output", "json", env=env)
+            proxied = proxy.proxied
+        assert result.exit_code == 0, result.stderr
+        assert json.loads(result.stdout)["source"] == "mirror http://mirror.invalid:8080"
+        assert proxied >= 6  # index, manifest, four files
+
+    def test_file_mirror(self, host: Path, repo: Path) -> None:
+        result = invoke(host, "fetch", "--mirror", f"file://{repo}", "--output", "json")
+        assert result.exit_code == 0, result.stderr
+        assert json.loads(result.stdout)["source"] == f"mirror file://{repo}"
+
     def test_versions_command(self, host: Path, repo: Path) -> None:
         with MirrorServer(repo) as server:
             text = invoke(host, "versions", "--mirror", server.url, "--allow-http")
