@@ -61,8 +61,16 @@ def _layout(ident: bytes) -> _Layout:
     return _Layout("<" if ident[5] == 1 else ">", ident[4] == 2)
 
 
+def _seek(handle: BinaryIO, offset: int) -> None:
+    """Offsets come from the file itself: an absurd one is damage, not a crash."""
+    try:
+        handle.seek(offset)
+    except (ValueError, OverflowError, OSError) as exc:
+        raise ElfError(f"offset {offset:#x} is outside the file") from exc
+
+
 def _read_at(handle: BinaryIO, offset: int, size: int) -> bytes:
-    handle.seek(offset)
+    _seek(handle, offset)
     data = handle.read(size)
     if len(data) != size:
         raise ElfError(f"truncated ELF file (wanted {size} bytes at {offset})")
@@ -107,12 +115,15 @@ def _dynamic_entries(handle: BinaryIO, layout: _Layout, dynamic: _Segment) -> di
 
 
 def _string_at(handle: BinaryIO, offset: int) -> str:
-    handle.seek(offset)
+    _seek(handle, offset)
     data = handle.read(_MAX_NAME)
     end = data.find(b"\0")
     if end < 0:
         raise ElfError("unterminated string in the dynamic string table")
-    return data[:end].decode("utf-8", errors="strict")
+    try:
+        return data[:end].decode("utf-8", errors="strict")
+    except UnicodeDecodeError as exc:
+        raise ElfError("SONAME is not valid UTF-8") from exc
 
 
 def read_soname(path: Path) -> str | None:
