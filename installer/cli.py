@@ -241,14 +241,17 @@ def stage(ctx: Context, output: str, rollback: bool) -> None:
 @click.option("--lib-dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
               default=None, help="check the libnvidia-ml.so.1/libcuda.so.1 in this directory "
               "(e.g. a GPU VM's own driver) instead of the install dir")
+@click.option("--expect-gpus", type=click.IntRange(min=0), default=None,
+              help="GPUs that must be seen [default: the NVIDIA GPUs on the PCI bus]")
 @node_options
 @output_option
-def verify(ctx: Context, output: str, cuda_smoke: bool, lib_dir: Path | None) -> None:
+def verify(ctx: Context, output: str, cuda_smoke: bool, lib_dir: Path | None,
+           expect_gpus: int | None) -> None:
     """Check the staged driver through NVML and CUDA against the node's GPUs."""
     from installer import verify as verify_mod
 
     emit(run_stage(ctx, "verify", lambda c: verify_mod.verify(
-        c, lib_dir=lib_dir, cuda_smoke=cuda_smoke)), output)
+        c, lib_dir=lib_dir, cuda_smoke=cuda_smoke, gpu_count=expect_gpus)), output)
 
 
 @cli.command(name="signal")

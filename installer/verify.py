@@ -9,7 +9,7 @@ A failure withdraws readiness, so a node is never "ready" with a driver that was
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +47,12 @@ class Expected:
     gpu_addresses: tuple[str, ...]
     nvswitches: int = 0
     just_loaded: bool = False
+    gpu_count: int | None = None
+
+    @property
+    def count(self) -> int:
+        """GPUs NVML and CUDA must see: the PCI count unless told otherwise."""
+        return len(self.gpu_addresses) if self.gpu_count is None else self.gpu_count
 
 
 @dataclass(frozen=True)
@@ -109,10 +115,15 @@ def run(ctx: Context) -> VerifyResult:
     return verify(ctx, cuda_smoke=False)
 
 
-def verify(ctx: Context, *, cuda_smoke: bool, lib_dir: Path | None = None) -> VerifyResult:
-    """NVML then CUDA; any failure over the install dir first withdraws readiness."""
+def verify(ctx: Context, *, cuda_smoke: bool, lib_dir: Path | None = None,
+           gpu_count: int | None = None) -> VerifyResult:
+    """NVML then CUDA; any failure over the install dir first withdraws readiness.
+
+    `gpu_count` replaces the PCI count, for a container that sees only some of the GPUs.
+    """
     try:
-        return _verify(ctx, expected_from_context(ctx, lib_dir=lib_dir), cuda_smoke=cuda_smoke)
+        expected = replace(expected_from_context(ctx, lib_dir=lib_dir), gpu_count=gpu_count)
+        return _verify(ctx, expected, cuda_smoke=cuda_smoke)
     except VerificationError:
         if lib_dir is None:
             from installer.signal import clear_readiness
@@ -147,18 +158,19 @@ def _check_version(found: str, expected: Expected) -> None:
 
 
 def _check_count(api: str, found: int, expected: Expected, bus_ids: list[str] | None) -> None:
-    want = len(expected.gpu_addresses)
+    want = expected.count
     if found == want:
         return
     from installer.nvml import normalize_bus_id
 
     missing = ""
+    where = "were expected" if expected.gpu_count is not None else "are on the PCI bus"
     if bus_ids is not None:
         seen = {normalize_bus_id(b) for b in bus_ids}
         lost = [a for a in expected.gpu_addresses if normalize_bus_id(a) not in seen]
         missing = f"; not seen: {', '.join(lost)}" if lost else ""
     raise GpuCountMismatchError(
-        f"{api} sees {found} GPU(s) but the PCI bus has {want}{missing}",
+        f"{api} sees {found} GPU(s) but {want} {where}{missing}",
         remedy="check dmesg for NVRM/Xid errors on the missing GPUs; drain and reset the node")
 
 

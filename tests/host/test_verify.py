@@ -108,6 +108,16 @@ class TestVerifyPasses:
         assert done.exit_code == 0, done.output
         assert "CUDA smoke ok: GPU 0" in done.stdout
 
+    def test_expected_count_overrides_pci(self, tmp_path: Path, standin_package: Package,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+        root = staged_node(tmp_path, standin_package, 8)
+        gpu_env(monkeypatch, root, 8)
+        monkeypatch.setenv("FAKE_NVML_GPUS", "1")
+        monkeypatch.setenv("FAKE_CUDA_DEVICES", "1")
+        assert invoke(root, "verify", "--expect-gpus", "1").exit_code == 0
+        done = invoke(root, "verify", "--expect-gpus", "2")
+        assert "NVML sees 1 GPU(s) but 2 were expected" in done.stderr
+
     def test_pending_page_retirement_is_a_warning(
             self, tmp_path: Path, standin_package: Package,
             monkeypatch: pytest.MonkeyPatch) -> None:
@@ -142,7 +152,7 @@ class TestVerifyFails:
         gpu_env(monkeypatch, root, 8)
         monkeypatch.setenv("FAKE_NVML_GPUS", "7")
         line = self.fail(root)
-        assert "NVML sees 7 GPU(s) but the PCI bus has 8; not seen: 0000:cb:00.0" in line
+        assert "NVML sees 7 GPU(s) but 8 are on the PCI bus; not seen: 0000:cb:00.0" in line
 
     def test_wrong_driver_version(self, tmp_path: Path, standin_package: Package,
                                   monkeypatch: pytest.MonkeyPatch) -> None:
