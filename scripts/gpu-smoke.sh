@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# GPU smoke test: on a machine with a real NVIDIA GPU and driver, run
+# `gpu-node-installer verify --cuda-smoke` against the driver libraries already installed
+# there (no install dir, nothing written) and print one line per GPU.
+#
+#   scripts/gpu-smoke.sh [--lib-dir DIR] [--expect-gpus N] [--json FILE]
+#
+# --lib-dir      directory holding libnvidia-ml.so.1 and libcuda.so.1 (default: found via
+#                the linker cache, then the usual driver locations)
+# --expect-gpus  GPUs that must be seen (default: the NVIDIA GPUs on the PCI bus; pass the
+#                number a container was given when it sees only some of the node's GPUs)
+# --json FILE    also keep verify's full JSON report there
+# Exit status: verify's (0 ok, 12 verification failed; see README "Exit codes").
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")/.." && pwd)
+lib_dir="" expect="" json_out=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --lib-dir) lib_dir=${2:?--lib-dir needs a directory}; shift 2 ;;
+    --lib-dir=*) lib_dir=${1#*=}; shift ;;
+    --expect-gpus) expect=${2:?--expect-gpus needs a number}; shift 2 ;;
+    --expect-gpus=*) expect=${1#*=}; shift ;;
+    --json) json_out=${2:?--json needs a file}; shift 2 ;;
+    -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "gpu-smoke: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+
+has_both() { [ -e "$1/libnvidia-ml.so.1" ] && [ -e "$1/libcuda.so.1" ]; }
+
+find_lib_dir() {
+  local dir
+  # 1. what the dynamic linker would load
+  dir=$( (ldconfig -p 2>/dev/null || /sbin/ldconfig -p 2>/dev/null || true) \
+        | awk '/libnvidia-ml\.so\.1 .*(x86-64|AArch64)/ {print $NF; exit}')
+  if [ -n "$dir" ] && has_both "$(dirname "$dir")"; then dirname "$dir"; return; fi
+  # 2. where drivers usually are (distribution packages, runfile, GKE, containers)
+  for dir in /usr/lib/x86_64-linux-gnu /usr/lib/aarch64-linux-gnu /usr/lib64 /usr/lib \
+             /usr/lib/x86_64-linux-gnu/nvidia/current /usr/local/nvidia/lib64 \
+             /home/kubernetes/bin/nvidia/lib64 /run/nvidia/driver/usr/lib/x86_64-linux-gnu; do
+    if has_both "$dir"; then echo "$dir"; return; fi
+  done
+  return 1
+}
+
+if [ -z "$lib_dir" ]; then
+  lib_dir=$(find_lib_dir) || {
+    echo "gpu-smoke: libnvidia-ml.so.1 and libcuda.so.1 not found; pass --lib-dir" >&2
+    exit 12
+  }
+fi
+if ! has_both "$lib_dir"; then
+  echo "gpu-smoke: $lib_dir lacks libnvidia-ml.so.1 or libcuda.so.1" >&2
+  exit 12
+fi
+
+python=${PYTHON:-}
+if [ -z "$python" ]; then
+  if [ -x "$here/.venv/bin/python" ]; then python="$here/.venv/bin/python"; else python=python3; fi
+fi
+report=$(mktemp)
+trap 'rm -f "$report"' EXIT
+args=(verify --cuda-smoke --lib-dir "$lib_dir" --host-root / --proc-root /proc
+      --sys-root /sys --output json --log-format json --log-level warning
+      --termination-log /dev/null)
+[ -n "$expect" ] && args+=(--expect-gpus "$expect")
+status=0
+PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}" "$python" -m installer "${args[@]}" \
+  >"$report" || status=$?
+[ -n "$json_out" ] && cp "$report" "$json_out"
+if [ "$status" -ne 0 ]; then
+  echo "gpu-smoke: FAILED (exit $status) with the driver in $lib_dir" >&2
+  exit "$status"
+fi
+"$python" - "$report" <<'PY'
+import json, sys
+def bus(text):
+    domain, _, rest = text.lower().partition(":")
+    return f"{int(domain, 16):04x}:{rest}"
+
+report = json.load(open(sys.argv[1]))
+smoke = {bus(s["pci_bus_id"]) for s in (report["cuda"] or {}).get("smoke", [])}
+for gpu in report["gpus"]:
+    ok = "ok" if bus(gpu["pci_bus_id"]) in smoke else "not run"
+    print(f"GPU {gpu['index']} {gpu['pci_bus_id']} {gpu['name']} {gpu['uuid']} "
+          f"{gpu['memory_total_mib']} MiB driver {report['driver_version']} "
+          f"CUDA {report['cuda_version']} vector-add {ok}")
+PY

@@ -1,0 +1,47 @@
+"""scripts/gpu-smoke.sh over the C stand-ins: the script a GPU VM's CI runs, minus the GPU."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from native import build_standins
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu-smoke.sh"
+
+
+@pytest.fixture(scope="module")
+def standins(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_standins(tmp_path_factory.mktemp("smoke-libs"))
+
+
+def smoke(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("FAKE_")}
+    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True,
+                          timeout=120, check=False, env={**clean, **env})
+
+
+def test_one_line_per_gpu(standins: Path) -> None:
+    done = smoke("--lib-dir", str(standins), "--expect-gpus", "2", FAKE_NVML_GPUS="2",
+                 FAKE_CUDA_DEVICES="2",
+                 FAKE_NVML_BUS_IDS="00000000:10:00.0,00000000:11:00.0")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert len(lines) == 2
+    assert lines[1].startswith("GPU 1 00000000:11:00.0 NVIDIA A100-SXM4-40GB GPU-")
+    assert lines[1].endswith("driver 535.261.03 CUDA 12.2 vector-add ok")
+
+
+def test_failure_keeps_verify_exit_code_and_says_why(standins: Path) -> None:
+    done = smoke("--lib-dir", str(standins), "--expect-gpus", "1", FAKE_NVML_INIT_ERROR="9")
+    assert done.returncode == 12
+    assert "NVIDIA kernel module not loaded" in done.stderr
+    assert done.stdout == ""
+
+
+def test_directory_without_the_libraries(tmp_path: Path) -> None:
+    done = smoke("--lib-dir", str(tmp_path))
+    assert done.returncode == 12
+    assert f"gpu-smoke: {tmp_path} lacks libnvidia-ml.so.1 or libcuda.so.1" in done.stderr
