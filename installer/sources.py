@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from installer.cache import Cache
-from installer.errors import IntegrityError, PackageNotFoundError
+from installer.errors import DownloadError, IntegrityError, PackageNotFoundError
 from installer.package import (
     MANIFEST_NAME,
     MAX_MANIFEST_BYTES,
@@ -215,7 +215,8 @@ class MirrorSource:
         progress.finish()
 
     def _one(self, entry: FileEntry, path: str) -> None:
-        """This mirror first, then the others: a 404 or a bad checksum moves to the next."""
+        """This mirror first, then the others: a 404, a bad checksum or a mirror that keeps
+        failing (retries spent) moves this file to the next."""
         from installer.download import ChecksumMismatch, NotOnMirror
 
         mirrors = [self, *(m for m in self.others() if m is not self)]
@@ -225,7 +226,7 @@ class MirrorSource:
             try:
                 mirror.downloader.fetch_file(mirror.url(f"{path}/{entry.path}"), temp,
                                              size=entry.size, sha256=entry.sha256)
-            except (ChecksumMismatch, NotOnMirror) as exc:
+            except (ChecksumMismatch, NotOnMirror, DownloadError) as exc:
                 self.log.warning("file failed on mirror", mirror=mirror.base,
                                  file=entry.path, error=exc.message)
                 temp.unlink(missing_ok=True)

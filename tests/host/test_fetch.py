@@ -107,6 +107,18 @@ class TestMirrors:
         assert from_second == [f"{PKG}/{LIB}"]
         assert named(result, "file failed on mirror")[0]["file"] == LIB
 
+    def test_failing_mirror_moves_that_file_to_next_mirror(self, host: Path,
+                                                            repo: Path) -> None:
+        with MirrorServer(repo) as first, MirrorServer(repo) as second:
+            first.fault(f"{PKG}/{LIB}", Fault("status", status=503, times=0))
+            result = invoke(host, "fetch", "--mirror", first.url, "--mirror", second.url,
+                            "--allow-http", "--download-retries", "2")
+            from_first = [r.status for r in first.requests_for(f"{PKG}/{LIB}")]
+            from_second = [r.path for r in second.requests if r.path != "/index.json"]
+        assert result.exit_code == 0, result.stderr
+        assert from_first == [503, 503]
+        assert from_second == [f"{PKG}/{LIB}"]
+
     def test_second_run_uses_cache(self, host: Path, repo: Path) -> None:
         with MirrorServer(repo) as server:
             assert invoke(host, "fetch", "--mirror", server.url, "--allow-http").exit_code == 0
