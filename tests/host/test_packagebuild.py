@@ -204,6 +204,31 @@ class TestRepository:
         assert (tmp_path / "repo" / KERNEL / VERSION / "open" / "manifest.json").is_file()
 
 
+class TestCompressedModules:
+    """Distributions compress modules; .modinfo is read through xz and gzip alike."""
+
+    def test_xz_and_gz_modules_keep_their_dependencies(self, tmp_path: Path) -> None:
+        import gzip
+        import lzma
+
+        mods = make_modules(tmp_path / "mods")
+        for number, ko in enumerate(sorted(mods.glob("*.ko"))):
+            data = ko.read_bytes()
+            if number % 2:
+                ko.with_name(ko.name + ".xz").write_bytes(lzma.compress(data))
+            else:
+                ko.with_name(ko.name + ".gz").write_bytes(gzip.compress(data))
+            ko.unlink()
+        code, out, err = build([f"--modules={mods}", f"--out-dir={tmp_path / 'out'}",
+                                "--output=json"])
+        assert code == 0, err
+        modules = json.loads(out)["manifest"]["modules"]
+        assert [m["name"] for m in modules] == [
+            "nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm"]
+        assert modules[3]["depends"] == ["nvidia", "nvidia_modeset", "drm_kms_helper", "drm"]
+        assert all(m["file"].endswith((".ko.xz", ".ko.gz")) for m in modules)
+
+
 class TestFetchReadsWhatBuildWrites:
     """The other end of the contract: `fetch` takes built packages from a mirror or preload."""
 
