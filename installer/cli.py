@@ -338,6 +338,31 @@ def package_build(output: str, os_id: str | None, os_version_id: str | None,
     emit(build(BuildRequest(os=os_match or None, output=output_dir, **options)), output)
 
 
+@cli.command()
+@click.option("--paranoid", is_flag=True,
+              help="on the fast path, rehash every cached and staged file instead of sizes")
+@node_options
+@output_option
+def install(ctx: Context, output: str, paranoid: bool) -> None:
+    """Detect, fetch, load, stage, verify and signal: what the DaemonSet runs."""
+    from installer.pipeline import install as install_pipeline
+
+    emit(install_pipeline(ctx, paranoid=paranoid), output)
+
+
+@cli.command()
+@click.option("--keep-cache", is_flag=True, help="keep downloaded packages for a reinstall")
+@node_options
+@output_option
+def uninstall(ctx: Context, output: str, keep_cache: bool) -> None:
+    """Unload the driver and remove what `install` put on the node (refuses while in use)."""
+    from installer import uninstall as uninstall_mod
+
+    with _node_lock(ctx):
+        emit(run_stage(ctx, "uninstall", lambda c: uninstall_mod.run(
+            c, keep_cache=keep_cache)), output)
+
+
 def main() -> None:
     """Console-script entry point."""
     cli.main(prog_name="gpu-node-installer")

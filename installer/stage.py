@@ -176,9 +176,10 @@ def prepare_version(ctx: Context, package: PackageLike) -> str:
         (root / VERSIONS).mkdir(parents=True, exist_ok=True)
         if _staged_digest(root / VERSIONS / name) != package.digest:
             _build_version(root, name, package, allow_hardlinks=True)
-    except OSError as exc:
-        raise StagingError(f"cannot prepare {name} in {ctx.config.install_dir}: {exc}"
-                           ) from exc
+    except OSError as exc:  # free the space at once: the old version must stay servable
+        shutil.rmtree(root / VERSIONS / f".tmp-{name}-{os.getpid()}", ignore_errors=True)
+        raise StagingError(f"cannot prepare {name} in {ctx.config.install_dir}: "
+                           f"{exc.strerror or exc}") from exc
     return name
 
 

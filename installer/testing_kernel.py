@@ -32,9 +32,10 @@ CHARDEVS: dict[str, dict[str, int | None]] = {
 
 
 def module_file_bytes(name: str, version: str | None = None, depends: Sequence[str] = (),
-                      *, signed: bool = False) -> bytes:
+                      *, signed: bool = False, kernel_release: str = "6.1.0") -> bytes:
     """A minimal ELF64 relocatable object with a `.modinfo` section, like a real .ko."""
-    info = [f"name={name}", f"depends={','.join(depends)}", "vermagic=6.1.0 SMP mod_unload"]
+    info = [f"name={name}", f"depends={','.join(depends)}",
+            f"vermagic={kernel_release} SMP mod_unload"]
     if version:
         info.insert(0, f"version={version}")
     modinfo = b"".join(entry.encode() + b"\0" for entry in info)
@@ -79,7 +80,30 @@ class FakeKernelHost(RealHost):
         self.decompresses = decompresses
         self._next_major = 511
         self._next_pid = 4242
+        self._restore()
         self.write_state()
+
+    SNAPSHOT = ".fake-kernel.json"
+
+    def _restore(self) -> None:
+        """Pick up the kernel state an earlier process left (the kernel outlives processes)."""
+        try:
+            data = json.loads((self.roots.proc / self.SNAPSHOT).read_text())
+        except (OSError, ValueError):
+            return
+        self.modules = {name: FakeModule(m["version"], tuple(m["depends"]), m["params"],
+                                         m["open_files"], dict(m["majors"]))
+                        for name, m in data["modules"].items()}
+        self.nodes = {Path(p): (n[0], n[1], n[2]) for p, n in data["nodes"].items()}
+        self._next_major = data["next_major"]
+
+    def _snapshot(self) -> None:
+        data = {"modules": {name: {"version": m.version, "depends": list(m.depends),
+                                   "params": m.params, "open_files": m.open_files,
+                                   "majors": m.majors} for name, m in self.modules.items()},
+                "nodes": {str(p): list(n) for p, n in self.nodes.items()},
+                "next_major": self._next_major}
+        (self.roots.proc / self.SNAPSHOT).write_text(json.dumps(data))
 
     # --- kernel calls -----------------------------------------------------------------
     def finit_module(self, path: Path, params: str, *, flags: int = 0) -> None:
@@ -128,6 +152,7 @@ class FakeKernelHost(RealHost):
             path.unlink()
         path.write_text(f"char {major}:{minor}\n")
         self.nodes[path] = (major, minor, mode)
+        self.write_state()
 
     # --- helpers for tests ------------------------------------------------------------
     def open_device(self, module: str, device: str = "/dev/nvidiactl",
@@ -180,6 +205,7 @@ class FakeKernelHost(RealHost):
         (proc / "devices").write_text(f"Character devices:\n  1 mem\n  4 tty\n{devices}\n"
                                       "Block devices:\n  8 sd\n")
         self._write_driver_proc(proc / "driver" / "nvidia")
+        self._snapshot()
 
     def _write_sys_module(self, base: Path, module: FakeModule, refs: int) -> None:
         if (base / "holders").exists():
@@ -250,6 +276,7 @@ def write_package(root: Path, modules: Sequence[ModuleFile], *, driver_version: 
 
 
 def fake_module_set(directory: Path, version: str, *, signed: bool = False,
+                    kernel_release: str = "6.1.0",
                     with_drm: bool = False) -> list[ModuleFile]:
     """nvidia, nvidia-uvm (and nvidia-modeset/-drm needing the host's drm) as fake .ko files."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -261,7 +288,8 @@ def fake_module_set(directory: Path, version: str, *, signed: bool = False,
     out = []
     for name, file_name, depends in specs:
         path = directory / file_name
-        path.write_bytes(module_file_bytes(name, version, depends, signed=signed))
+        path.write_bytes(module_file_bytes(name, version, depends, signed=signed,
+                                           kernel_release=kernel_release))
         out.append(ModuleFile(name, path, tuple(d for d in depends if d.startswith("nvidia"))))
     return out
 
