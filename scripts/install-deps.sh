@@ -5,6 +5,7 @@ set -euo pipefail
 
 PACKAGES=(
   gcc make binutils
+  util-linux mount         # verify tier: unshare -m + tmpfs /dev for NVIDIA's real libraries
   openssl curl             # fetch tier: self-signed TLS mirror; fetch benchmark compares with curl
   makeself                 # package build: tests make a real makeself .run
   qemu-system-x86 kmod libelf1 gcc-12 xz-utils   # kernel tier: TCG guest, depmod, kbuild objtool, headers' gcc
