@@ -351,10 +351,9 @@ def _read_local(url: str, limit: int) -> bytes:
 
 def _safe(url: str) -> str:
     """A URL without credentials, for logs and messages."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.username or parts.password:
-        parts = parts._replace(netloc=parts.hostname or "")
-    return urllib.parse.urlunsplit(parts._replace(query=""))
+    from installer.sources import redact
+
+    return urllib.parse.urlunsplit(urllib.parse.urlsplit(redact(url))._replace(query=""))
 
 
 def run_parallel(jobs: Iterable[Callable[[], T]], parallel: int) -> list[T]:

@@ -8,6 +8,7 @@ then tries the next source.
 
 from __future__ import annotations
 
+import urllib.parse
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -181,7 +182,7 @@ class MirrorSource:
         self.others = others
         self.parallel = parallel
         self.log = log
-        self.name = f"mirror {self.base}"
+        self.name = f"mirror {redact(self.base)}"
 
     def url(self, relpath: str) -> str:
         return f"{self.base}/{relpath}"
@@ -236,6 +237,16 @@ class MirrorSource:
             return
         assert failure is not None
         raise failure
+
+
+def redact(url: str) -> str:
+    """A URL without user and password, for names, logs and results."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.hostname or ""
+    return urllib.parse.urlunsplit(parts._replace(
+        netloc=f"{host}:{parts.port}" if parts.port else host))
 
 
 def _bind(fn: Callable[[FileEntry, str], None], entry: FileEntry, path: str

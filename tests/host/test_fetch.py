@@ -208,6 +208,14 @@ class TestMirrors:
         assert json.loads(result.stdout)["source"] == "mirror http://mirror.invalid:8080"
         assert proxied >= 6  # index, manifest, four files
 
+    def test_credentials_never_logged(self, host: Path, repo: Path) -> None:
+        with MirrorServer(repo) as server:
+            url = server.url.replace("http://", "http://reader:s3cret@")
+            result = invoke(host, "fetch", "--mirror", url, "--allow-http", "--output", "json")
+        assert result.exit_code == 0, result.stderr
+        assert "s3cret" not in result.stdout + result.stderr
+        assert json.loads(result.stdout)["source"] == f"mirror {server.url}"
+
     def test_file_mirror(self, host: Path, repo: Path) -> None:
         result = invoke(host, "fetch", "--mirror", f"file://{repo}", "--output", "json")
         assert result.exit_code == 0, result.stderr
