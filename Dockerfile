@@ -34,10 +34,10 @@ LABEL org.opencontainers.image.title="gpu-node-installer" \
       org.opencontainers.image.source="https://github.com/gpu-node-installer/gpu-node-installer" \
       org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.licenses="Apache-2.0"
-# The installer needs no host tools of its own: modules load through finit_module(2) (ctypes),
-# NVML and CUDA are the node's staged libraries (ctypes), downloads are Python (requests with
-# certifi's CA bundle). The base's libc-bin (ldconfig) and coreutils (the readiness probe's
-# `test`, the main container's `sleep`) are all it uses besides Python.
+# Tools: modules load through finit_module(2) and NVML/CUDA through the staged libraries (both
+# ctypes), downloads are Python (requests, certifi's CA bundle). The only program the installer
+# runs is coreutils' `chroot`, to run the node's own ldconfig; the pod's main container uses
+# coreutils' `sleep` and `test` (its readiness probe). Every Debian-like base has coreutils.
 RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
     python3 -m venv /opt/gpu-node-installer \
     && /opt/gpu-node-installer/bin/pip install --no-cache-dir --disable-pip-version-check \

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from deploy import podman
-from deploy.manifests import one, pod_spec, render
+from deploy.manifests import REPO, one, pod_spec, render
 from installer import __version__
 
 # The first test also makes the rootfs and builds the image: allow a slow mirror.
@@ -47,6 +48,14 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Path:
     subprocess.run([sys.executable, "-m", "installer.testing", "gke-cos-a100x8", str(root)],
                    check=True, capture_output=True, timeout=60)
     return root
+
+
+def programs_the_installer_runs() -> set[str]:
+    found: set[str] = set()
+    for source in (REPO / "installer").rglob("*.py"):
+        found.update(re.findall(r"""host\.run\(\s*\[\s*["']([\w.-]+)["']""",
+                                source.read_text(encoding="utf-8")))
+    return found
 
 
 def _detect_args(root: str) -> list[str]:
@@ -89,6 +98,14 @@ class TestImage:
         assert "/site-packages/installer/" in location
         assert pip == "None"
         assert podman.run(image, "-e", "/src", entrypoint="test", check=False).returncode == 1
+
+    def test_programs_the_installer_runs_are_in_the_image(self, image: str) -> None:
+        """Every program named first in a `host.run([...])` call in the installer's code."""
+        programs = sorted(programs_the_installer_runs())
+        assert "chroot" in programs  # the node's ldconfig runs in a chroot
+        script = " && ".join(f"command -v {name}" for name in programs)
+        found = podman.run(image, "-c", script, entrypoint="sh").stdout.split()
+        assert len(found) == len(programs), (programs, found)
 
     def test_preloaded_packages_are_baked_in(self, image: str) -> None:
         listing = podman.run(image, "-A", PRELOADED, entrypoint="ls").stdout.split()
