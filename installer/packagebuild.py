@@ -238,6 +238,7 @@ def _write_package(destination: Path, identity: _Identity, request: BuildRequest
     destination.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{destination.name}.", dir=destination.parent))
     try:
+        picked = [_firmware_home(item, identity.driver_version) for item in picked]
         module_files = [Picked(f"modules/{m.path.name}", m.path, "module") for m in modules]
         entries = [_copy(item, tmp) for item in sorted(picked + module_files,
                                                        key=lambda p: p.relpath)]
@@ -255,6 +256,14 @@ def _write_package(destination: Path, identity: _Identity, request: BuildRequest
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return manifest, data
+
+
+def _firmware_home(item: Picked, version: str) -> Picked:
+    """GSP firmware goes where the module asks for it: `nvidia/<version>/` (the .run is flat)."""
+    prefix = f"firmware/nvidia/{version}/"
+    if item.kind != "firmware" or item.relpath.startswith(prefix):
+        return item
+    return Picked(prefix + item.relpath.rsplit("/", 1)[-1], item.source, item.kind)
 
 
 def _copy(item: Picked, root: Path) -> FileEntry:

@@ -159,7 +159,7 @@ def pick_user_files(roots: list[Path], arch: str) -> tuple[list[Picked], list[Li
             kind = classify(path, relative, arch)
             if kind is None:
                 if path.is_symlink() and ".so" in path.name:
-                    link_candidates.append((path, "lib/" + path.name))
+                    link_candidates.append((path, "lib64/" + path.name))
                 continue
             relpath = _package_relpath(kind, relative)
             if relpath in picked and _digest(picked[relpath].source) != _digest(path):
@@ -174,15 +174,15 @@ def _package_relpath(kind: str, relative: Path) -> str:
         parts = relative.parts
         index = len(parts) - 1 - parts[::-1].index("firmware")
         return "/".join(("firmware", *parts[index + 1:]))
-    return f"{'lib' if kind == 'library' else 'bin'}/{relative.name}"
+    return f"{'lib64' if kind == 'library' else 'bin'}/{relative.name}"
 
 
 def _links(candidates: list[tuple[Path, str]], picked: dict[str, Picked]) -> list[LinkEntry]:
-    """`lib/libcuda.so.1 -> libcuda.so.535.x`: links whose chain ends at a picked library."""
+    """`lib64/libcuda.so.1 -> libcuda.so.535.x`: links whose chain ends at a picked library."""
     links: dict[str, LinkEntry] = {}
     for path, relpath in candidates:
         target = path.resolve()
-        final = f"lib/{target.name}"
+        final = f"lib64/{target.name}"
         if final in picked and final != relpath and relpath not in picked:
             links[relpath] = LinkEntry(relpath, target.name)
     return [links[key] for key in sorted(links)]

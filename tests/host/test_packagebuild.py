@@ -116,7 +116,7 @@ class TestFromDebianPackages:
         assert json.loads(out)["digest"] == hashlib.sha256(data).hexdigest()
         tree = artifacts.nvidia_tree(VERSION)
         for lib in LIBS:
-            entry = manifest.file(f"lib/{lib}.{VERSION}")
+            entry = manifest.file(f"lib64/{lib}.{VERSION}")
             real = tree / artifacts.LIB_DIR / f"{lib}.{VERSION}"
             assert (entry.kind, entry.size, entry.sha256, entry.mode) == (
                 "library", real.stat().st_size, sha256(real), 0o644)
@@ -129,7 +129,7 @@ class TestFromDebianPackages:
         drm = manifest.modules[3]
         assert drm.depends == ("nvidia", "nvidia_modeset", "drm_kms_helper", "drm")
         assert manifest.file("modules/nvidia-peermem.ko").kind == "module"
-        assert {link.path: link.target for link in manifest.links}["lib/libcuda.so.1"] == (
+        assert {link.path: link.target for link in manifest.links}["lib64/libcuda.so.1"] == (
             f"libcuda.so.{VERSION}")
         index = parse_index((repo / "index.json").read_bytes())
         assert index.aliases == {"default": VERSION, "535": VERSION}
@@ -164,7 +164,7 @@ class TestFromRunFile:
         assert code == 0, err
         from_run = parse_manifest((tmp_path / "run" / "manifest.json").read_bytes())
         from_deb = parse_manifest((tmp_path / "deb" / "manifest.json").read_bytes())
-        firmware = from_run.file("firmware/gsp_ga10x.bin")
+        firmware = from_run.file(f"firmware/nvidia/{VERSION}/gsp_ga10x.bin")
         assert firmware.kind == "firmware"
         assert set(from_run.files) - {firmware} == set(from_deb.files)
         assert not any("installer" in entry.path for entry in from_run.files)
