@@ -103,7 +103,10 @@ class FakeKernelHost(RealHost):
                                    "majors": m.majors} for name, m in self.modules.items()},
                 "nodes": {str(p): list(n) for p, n in self.nodes.items()},
                 "next_major": self._next_major}
-        (self.roots.proc / self.SNAPSHOT).write_text(json.dumps(data))
+        snapshot = self.roots.proc / self.SNAPSHOT  # atomic: the source of truth on restart
+        tmp = snapshot.with_name(f"{snapshot.name}.{os.getpid()}")
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, snapshot)
 
     # --- kernel calls -----------------------------------------------------------------
     def finit_module(self, path: Path, params: str, *, flags: int = 0) -> None:
