@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from deploy import podman
-from deploy.manifests import REPO, one, pod_spec, render
+from deploy.manifests import REPO, container_env, mounts_by_volume, one, pod_spec, render
 from installer import __version__
+from installer.errors import error_table
 
 # The first test also makes the rootfs and builds the image: allow a slow mirror.
 pytestmark = [pytest.mark.image, pytest.mark.timeout(1800)]
@@ -80,6 +82,41 @@ class TestImage:
         outside = subprocess.run([sys.executable, "-m", "installer", *_detect_args(str(node))],
                                  capture_output=True, text=True, check=True, timeout=60)
         assert report == json.loads(outside.stdout)
+
+    def test_default_command_with_the_rendered_settings(
+            self, image: str, node: Path, tmp_path: Path) -> None:
+        """The DaemonSet's init container, as far as a machine without a GPU allows: the
+        image's default command with the gke-cos overlay's settings and mounts. The settings
+        are accepted (not exit 2), and the failure (no package anywhere) reaches the
+        termination log as one line whose slug matches the exit code."""
+        docs = render("overlays/gke-cos")
+        spec = pod_spec(one(docs, "DaemonSet", "gpu-node-installer"))
+        (installer,) = spec["initContainers"]
+        assert installer["args"] == ["install"]  # the image's CMD, so no args below
+        env = {k: v for k, v in container_env(installer, docs).items() if v is not None}
+        host_root, node_copy = env["HOST_ROOT"], tmp_path / "node"
+        shutil.copytree(node, node_copy, symlinks=True)
+        env |= {"NODE_NAME": "gke-gpu-node-1", "PROC_ROOT": f"{host_root}/proc",
+                "SYS_ROOT": f"{host_root}/sys", "TERMINATION_LOG": "/tl/termination-log"}
+        params_dir = tmp_path / "module-params"
+        params_dir.mkdir()
+        params_cm = next(v["configMap"]["name"] for v in spec["volumes"]
+                         if v["name"] == "module-params")
+        for name, text in one(docs, "ConfigMap", params_cm)["data"].items():
+            (params_dir / name).write_text(text)
+        (tmp_path / "tl").mkdir()
+        (tmp_path / "dev").mkdir()
+        mounts = mounts_by_volume(installer)
+        volumes = (f"{node_copy}:{host_root}", f"{tmp_path / 'dev'}:{env['DEV_ROOT']}",
+                   f"{params_dir}:{mounts['module-params']}:ro", f"{tmp_path / 'tl'}:/tl")
+        env_args = [arg for name, value in sorted(env.items()) for arg in ("-e", f"{name}={value}")]
+        proc = podman.podman("run", *podman.RUN, *env_args,
+                             *[arg for v in volumes for arg in ("-v", v)], image, check=False)
+        slugs = {cls.code: cls.slug for cls in error_table()}
+        assert proc.returncode in slugs and proc.returncode not in (1, 2), proc.stderr
+        line = (tmp_path / "tl" / "termination-log").read_text()
+        assert line.startswith(f"error({slugs[proc.returncode]}): "), line
+        assert line.count("\n") == 1
 
     def test_entrypoint_command_labels_env(self, image: str) -> None:
         (config,) = json.loads(podman.podman("image", "inspect", image).stdout)
