@@ -118,6 +118,40 @@ class TestImage:
         assert line.startswith(f"error({slugs[proc.returncode]}): "), line
         assert line.count("\n") == 1
 
+    def test_device_plugin_example_waits_for_readiness(
+            self, image: str, node: Path, tmp_path: Path) -> None:
+        """The example's `wait-for-driver` init container, read-only root and all: not ready
+        (exit 12) until `.ready.json` names the driver version the kernel has loaded."""
+        docs = render("examples")
+        spec = pod_spec(one(docs, "DaemonSet", "nvidia-gpu-device-plugin"))
+        (wait,) = spec["initContainers"]
+        env = {k: v for k, v in container_env(wait, docs).items() if v is not None}
+        install_dir = tmp_path / "install-dir"
+        install_dir.mkdir()
+        node_copy = tmp_path / "node"
+        shutil.copytree(node, node_copy, symlinks=True)
+        (node_copy / "sys" / "module" / "nvidia").mkdir(parents=True)
+        (node_copy / "sys" / "module" / "nvidia" / "version").write_text("535.261.03\n")
+        # The kernel's state comes from the node's own /proc and /sys in a pod; here, the
+        # sample node's.
+        env |= {"PROC_ROOT": "/node/proc", "SYS_ROOT": "/node/sys"}
+        env_args = [arg for name, value in sorted(env.items()) for arg in ("-e", f"{name}={value}")]
+        volumes = ["-v", f"{install_dir}:{mounts_by_volume(wait)['nvidia']}:ro",
+                   "-v", f"{node_copy}:/node:ro"]
+        args = [*wait["args"], "--timeout", "0", "--interval", "0.05"]
+
+        def wait_ready() -> subprocess.CompletedProcess[str]:
+            return podman.podman("run", *podman.RUN, "--read-only", *env_args, *volumes,
+                                 image, *args, check=False)
+
+        not_ready = wait_ready()
+        assert not_ready.returncode == 12, not_ready.stderr
+        assert "not ready" in not_ready.stderr
+        (install_dir / ".ready.json").write_text(json.dumps({"driver_version": "535.261.03",
+                                                             "gpus": []}))
+        ready = wait_ready()
+        assert ready.returncode == 0, ready.stderr
+
     def test_entrypoint_command_labels_env(self, image: str) -> None:
         (config,) = json.loads(podman.podman("image", "inspect", image).stdout)
         assert config["Config"]["Entrypoint"] == ["gpu-node-installer"]
