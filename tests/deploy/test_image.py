@@ -1,5 +1,7 @@
 """The image really builds (podman, from a local Debian base) and the installer runs in it:
-`--version`, and `detect` against a sample node's host tree bind-mounted in."""
+`--version`, `detect` against a sample node's host tree bind-mounted in, the default command
+with an overlay's rendered settings, the example's `wait-ready`, the `pause` container's
+commands, and what the Dockerfile promises (entrypoint, labels, wheels, no pip, preloaded)."""
 
 from __future__ import annotations
 
@@ -37,9 +39,11 @@ def image(tmp_path_factory: pytest.TempPathFactory) -> str:
     context = podman.build_context(tmp_path_factory.mktemp("image") / "context",
                                    {MARKER: "baked into the image\n"})
     build_s = podman.build(context, base, TAG, __version__)
-    print(f"\nimage timings: rootfs {rootfs_s if rootfs_s is None else round(rootfs_s, 1)} s, "
-          f"import {import_s if import_s is None else round(import_s, 1)} s, "
-          f"build {build_s:.1f} s (None: cached)", file=sys.stderr)
+    def seconds(value: float | None) -> str:
+        return "cached" if value is None else f"{value:.1f} s"
+
+    print(f"\nimage timings: rootfs {seconds(rootfs_s)}, import {seconds(import_s)}, "
+          f"build {seconds(build_s)}", file=sys.stderr)
     return TAG
 
 
