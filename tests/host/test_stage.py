@@ -6,6 +6,7 @@ the GKE default under a sample node's host root.
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import random
@@ -293,3 +294,25 @@ def test_sigkill_at_random_points_leaves_old_or_new_complete(
     assert _assert_complete(install, expected) == B
     leftovers = [p.name for p in (install / ".versions").iterdir() if p.name.startswith(".")]
     assert leftovers == []
+
+
+def test_stage_command_fetches_a_built_package_and_stages_it(
+        make_node: Callable[[str], Path], tmp_path: Path) -> None:
+    """`package build` -> preloaded repository -> `stage` (detect, fetch, stage) end to end."""
+    root = make_node("debian12-l4")
+    repo = tmp_path / "repo"
+    built = CliRunner().invoke(cli, [
+        "package", "build", "--tree", str(artifacts.nvidia_tree(A)), "--kernel-release",
+        "6.1.0-26-cloud-amd64", "--flavour", "proprietary", "--repo", str(repo),
+        "--alias", "default"])
+    assert built.exit_code == 0, built.output
+    done = CliRunner().invoke(cli, [
+        "stage", "--output", "json", "--host-root", str(root), "--proc-root",
+        str(root / "proc"), "--sys-root", str(root / "sys"), "--preloaded-dir", str(repo),
+        "--log-format", "json"])
+    assert done.exit_code == 0, done.output
+    result = json.loads(done.stdout)
+    assert result["version"] == f"{A}-6.1.0-26-cloud-amd64-proprietary"
+    assert result["soname_links"]["libnvidia-ml.so.1"] == f"libnvidia-ml.so.{A}"
+    assert version_of(root / INSTALL) == A
+    assert (root / INSTALL / "bin" / "nvidia-smi").resolve().is_file()
