@@ -264,6 +264,22 @@ class TestDaemonSet:
         assert probe[:3] == ["test", "-f", "/ready/.ready.json"]
         assert mounts_by_volume(pause)["install-dir"] == "/ready"
 
+    def test_critical_priority_is_admitted_in_its_namespace(self, overlay: str) -> None:
+        """Outside kube-system (which GKE gives a quota for it), the overlay brings a
+        ResourceQuota covering system-node-critical pods in the DaemonSet's namespace."""
+        docs = render(f"overlays/{overlay}")
+        namespace = _daemonset(overlay)["metadata"]["namespace"]
+        quotas = [q for q in of_kind(docs, "ResourceQuota")
+                  if q["metadata"]["namespace"] == namespace]
+        if namespace == "kube-system":
+            assert not quotas
+            return
+        (quota,) = quotas
+        (expression,) = quota["spec"]["scopeSelector"]["matchExpressions"]
+        assert expression["scopeName"] == "PriorityClass"
+        assert "system-node-critical" in expression["values"]
+        assert int(quota["spec"]["hard"]["pods"]) >= 5000  # Kubernetes' largest cluster
+
     def test_rbac_is_node_patch_and_event_create_only(self, overlay: str) -> None:
         (role,) = of_kind(render(f"overlays/{overlay}"), "ClusterRole")
         granted = {(group, resource, verb) for rule in role["rules"]
