@@ -16,7 +16,7 @@ from native import build_standins, packages
 from native.contexts import make_ctx, node_args
 from native.packages import tree_package
 
-from installer import stage
+from installer import nvml, stage, verify
 from installer.cli import cli
 from installer.package import Package
 from installer.testing import SAMPLE_NODES, NodeSpec, PciSpec, build_node
@@ -40,7 +40,8 @@ def standin_package(standin_tree: Path) -> Package:
 @pytest.fixture(autouse=True)
 def _fake_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Every test states its own stand-in behaviour."""
-    for name in ("FAKE_NVML_INIT_ERROR", "FAKE_NVML_GPUS", "FAKE_NVML_DRIVER",
+    for name in ("FAKE_NVML_INIT_ERROR", "FAKE_NVML_INIT_FAILURES", "FAKE_NVML_GPUS",
+                 "FAKE_NVML_DRIVER",
                  "FAKE_NVML_DEVICE_ERROR", "FAKE_NVML_BUS_IDS", "FAKE_CUDA_INIT_ERROR",
                  "FAKE_CUDA_DEVICES", "FAKE_CUDA_WRONG", "FAKE_NVML_PENDING_PAGES"):
         monkeypatch.delenv(name, raising=False)
@@ -117,6 +118,22 @@ class TestVerifyPasses:
         assert invoke(root, "verify", "--expect-gpus", "1").exit_code == 0
         done = invoke(root, "verify", "--expect-gpus", "2")
         assert "NVML sees 1 GPU(s) but 2 were expected" in done.stderr
+
+    def test_init_is_retried_right_after_a_module_load(
+            self, tmp_path: Path, standin_package: Package,
+            monkeypatch: pytest.MonkeyPatch) -> None:
+        root = staged_node(tmp_path, standin_package, 1)
+        gpu_env(monkeypatch, root, 1)
+        failures = tmp_path / "failures"
+        failures.write_text("3\n")
+        monkeypatch.setenv("FAKE_NVML_INIT_FAILURES", str(failures))
+        ctx = make_ctx(root)
+        ctx.results["load"] = "loaded just now"
+        assert verify.run(ctx).driver_version == VERSION
+        assert failures.read_text().strip() == "0"
+        failures.write_text("1\n")
+        with pytest.raises(nvml.KernelModuleNotLoadedError):
+            verify.run(make_ctx(root))  # no load in this run: no retry
 
     def test_pending_page_retirement_is_a_warning(
             self, tmp_path: Path, standin_package: Package,

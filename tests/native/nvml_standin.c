@@ -2,6 +2,8 @@
  *
  * Behaviour comes from environment variables, read on every call:
  *   FAKE_NVML_INIT_ERROR    NVML return code for nvmlInitWithFlags (e.g. 9, 18)
+ *   FAKE_NVML_INIT_FAILURES a file holding N: the next N inits fail with 9 (a module that
+ *                           is still coming up), each decrementing N
  *   FAKE_NVML_GPUS          number of GPUs (default 1)
  *   FAKE_NVML_DRIVER        driver version string (default 535.261.03)
  *   FAKE_NVML_CUDA          CUDA driver version as an int (default 12020)
@@ -52,10 +54,26 @@ static nvmlReturn_t copy_out(char *out, unsigned int length, const char *text) {
     return 0;
 }
 
+static int consume_failure(void) {
+    const char *path = getenv("FAKE_NVML_INIT_FAILURES");
+    if (!path || !*path) return 0;
+    FILE *file = fopen(path, "r+");
+    if (!file) return 0;
+    int left = 0;
+    if (fscanf(file, "%d", &left) != 1) left = 0;
+    if (left > 0) {
+        rewind(file);
+        fprintf(file, "%d\n", left - 1);
+    }
+    fclose(file);
+    return left > 0;
+}
+
 nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
     (void)flags;
     int error = env_int("FAKE_NVML_INIT_ERROR", 0);
     if (error) return error;
+    if (consume_failure()) return 9;
     initialized = 1;
     return 0;
 }
