@@ -105,7 +105,7 @@ def _extract_tar_stream(handle: Any, size: int, dest: Path, where: str) -> None:
 
 
 def extract_run(run_file: Path, dest: Path) -> None:
-    """Unpack NVIDIA's .run (makeself) with its own `--noexec --target`: nothing is run."""
+    """Unpack NVIDIA's .run with its makeself header's `--noexec --target` (installer not run)."""
     if not run_file.is_file():
         raise _fail(f"{run_file} does not exist")
     with run_file.open("rb") as handle:
