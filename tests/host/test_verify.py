@@ -43,7 +43,8 @@ def _fake_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     for name in ("FAKE_NVML_INIT_ERROR", "FAKE_NVML_INIT_FAILURES", "FAKE_NVML_GPUS",
                  "FAKE_NVML_DRIVER",
                  "FAKE_NVML_DEVICE_ERROR", "FAKE_NVML_BUS_IDS", "FAKE_CUDA_INIT_ERROR",
-                 "FAKE_CUDA_DEVICES", "FAKE_CUDA_WRONG", "FAKE_NVML_PENDING_PAGES"):
+                 "FAKE_CUDA_DEVICES", "FAKE_CUDA_WRONG", "FAKE_NVML_PENDING_PAGES",
+                 "FAKE_NVML_FABRIC_STATE"):
         monkeypatch.delenv(name, raising=False)
     yield
 
@@ -51,11 +52,12 @@ def _fake_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 TWO_GPUS = NodeSpec(os="debian-12", kernel="6.1.0-26-cloud-amd64",
                     pci=(PciSpec("0000:00:04.0", 0x27B8, 0x030200),
                          PciSpec("0000:00:05.0", 0x27B8, 0x030200)))
-NODES = {1: SAMPLE_NODES["debian12-l4"], 2: TWO_GPUS, 8: SAMPLE_NODES["gke-cos-a100x8"]}
+NODES = {1: SAMPLE_NODES["debian12-l4"], 2: TWO_GPUS, 8: SAMPLE_NODES["gke-cos-a100x8"],
+         80: SAMPLE_NODES["rocky9-h100x8"]}
 
 
 def staged_node(tmp_path: Path, package: Package, gpus: int) -> Path:
-    root = build_node(tmp_path / f"node{gpus}", NODES[gpus])
+    root = build_node(tmp_path / f"node{gpus}", NODES[gpus])  # 80: 8 GPUs + NVSwitches
     stage.stage_package(make_ctx(root), package)
     return root
 
@@ -89,6 +91,7 @@ class TestVerifyPasses:
         assert len(report["gpus"]) == gpus == report["cuda"]["device_count"]
         assert len({g["uuid"] for g in report["gpus"]}) == gpus
         assert report["gpus"][0]["ecc_enabled"] is True
+        assert report["gpus"][0]["fabric_state"] is None  # asked only on NVSwitch nodes
         assert report["lib_dir"].endswith("/home/kubernetes/bin/nvidia/lib64")
 
     def test_cuda_smoke_runs_the_vector_add_on_every_gpu(
@@ -134,6 +137,19 @@ class TestVerifyPasses:
         failures.write_text("1\n")
         with pytest.raises(nvml.KernelModuleNotLoadedError):
             verify.run(make_ctx(root))  # no load in this run: no retry
+
+    def test_nvswitch_fabric_not_ready_is_a_warning(
+            self, tmp_path: Path, standin_package: Package,
+            monkeypatch: pytest.MonkeyPatch) -> None:
+        root = staged_node(tmp_path, standin_package, 80)
+        gpu_env(monkeypatch, root, 8)
+        monkeypatch.setenv("FAKE_NVML_FABRIC_STATE", "1")
+        done = invoke(root, "verify", "--output", "json")
+        assert done.exit_code == 0, done.output
+        report = json.loads(done.stdout)
+        assert {g["fabric_state"] for g in report["gpus"]} == {"not-started"}
+        assert "GPU 0 fabric state is not-started: is Fabric Manager running?" in \
+            report["warnings"]
 
     def test_pending_page_retirement_is_a_warning(
             self, tmp_path: Path, standin_package: Package,

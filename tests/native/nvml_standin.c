@@ -12,6 +12,7 @@
  *   FAKE_NVML_DEVICE_ERROR  "<index>:<code>": nvmlDeviceGetHandleByIndex fails there
  *   FAKE_NVML_ECC           "unsupported" makes nvmlDeviceGetEccMode return NOT_SUPPORTED
  *   FAKE_NVML_PENDING_PAGES "1": retired pages pending on every GPU
+ *   FAKE_NVML_FABRIC_STATE  NVSwitch fabric state of every GPU (default 3, completed)
  * Built with -DOMIT_DRIVER_VERSION it lacks nvmlSystemGetDriverVersion (NVML error 13).
  */
 #include <stdio.h>
@@ -202,5 +203,19 @@ nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t device, unsigned int *corr,
                                        unsigned int *failure) {
     (void)device;
     *corr = 0; *unc = 0; *pending = 0; *failure = 0;
+    return 0;
+}
+
+typedef struct {
+    unsigned char clusterUuid[16];
+    nvmlReturn_t status;
+    unsigned int cliqueId;
+    unsigned int state;
+} nvmlGpuFabricInfo_t;
+
+nvmlReturn_t nvmlDeviceGetGpuFabricInfo(nvmlDevice_t device, nvmlGpuFabricInfo_t *info) {
+    (void)device;
+    memset(info, 0, sizeof *info);
+    info->state = (unsigned int)env_int("FAKE_NVML_FABRIC_STATE", 3);
     return 0;
 }
