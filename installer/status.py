@@ -53,7 +53,8 @@ class StatusReport:
                  f"Staged:          {staged['current'] or 'nothing'}"
                  f" (previous: {staged['previous'] or 'none'})",
                  f"Cache:           {self.cache['path']}: {self.cache['files']} files, "
-                 f"{self.cache['bytes'] / 2**20:.1f} MiB",
+                 f"{self.cache['bytes'] / 2**20:.1f} MiB; packages: "
+                 f"{', '.join(self.cache['packages']) or 'none'}",
                  f"Ready:           {'yes' if self.readiness['ready'] else 'no'}: "
                  f"{self.readiness['reason']}"]
         if self.last_run:
@@ -83,11 +84,17 @@ def collect(ctx: Context) -> StatusReport:
 
 
 def _cache(ctx: Context, root: Path) -> dict[str, Any]:
-    node_path = getattr(ctx.config, "cache_dir", None)
+    """Size of the package cache and the packages it holds completely."""
+    from installer.cache import Cache
+
+    node_path = ctx.config.cache_dir
     path = ctx.host.roots.node(node_path) if node_path else root / ".cache"
     files = [p for p in path.rglob("*") if p.is_file()] if path.is_dir() else []
+    packages = [f"{r.driver_version}-{r.kernel_release}-{r.flavour}"
+                for r in (Cache(path).refs() if path.is_dir() else [])]
     return {"path": str(node_path or f"{ctx.config.install_dir}/.cache"),
-            "files": len(files), "bytes": sum(p.stat().st_size for p in files)}
+            "files": len(files), "bytes": sum(p.stat().st_size for p in files),
+            "packages": packages}
 
 
 def _nvidia_modules(ctx: Context) -> list[str]:

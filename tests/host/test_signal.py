@@ -252,6 +252,7 @@ class TestStatus:
         assert report["readiness"]["ready"] is True
         assert report["readiness"]["env_file"] is True
         assert report["node"]["kernel"]["release"] == "6.1.0-26-cloud-amd64"
+        assert report["cache"]["packages"] == []
 
     def test_empty_node(self, tmp_path: Path) -> None:
         root = build_node(tmp_path / "empty", SAMPLE_NODES["debian12-no-gpu"])
