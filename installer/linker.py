@@ -53,8 +53,12 @@ def soname_links(lib_dir: Path) -> dict[str, str]:
     return {p.name: os.readlink(p) for p in sorted(lib_dir.iterdir()) if p.is_symlink()}
 
 
-def refresh_linker(ctx: Context) -> list[str]:
-    """Write the ld.so.conf.d entry (only when it changes) and rerun the host's ldconfig."""
+def refresh_linker(ctx: Context, *, files_changed: bool = True) -> list[str]:
+    """Write the ld.so.conf.d entry (only when it changes) and rerun the host's ldconfig.
+
+    ldconfig runs only when the entry or the staged libraries changed: on the reboot fast
+    path it would be the slowest step, and the host's cache is still right.
+    """
     host = ctx.host
     conf = host.roots.node(LDCONF_NODE_PATH)
     text = (f"# gpu-node-installer: the NVIDIA user-mode driver; rewritten on each install\n"
@@ -63,9 +67,10 @@ def refresh_linker(ctx: Context) -> list[str]:
     try:
         if host.read_text(conf) != text:
             write_atomic(conf, text.encode())
+            files_changed = True
     except OSError as exc:
         warnings.append(f"cannot write {LDCONF_NODE_PATH}: {exc}")
-    ldconfig = _host_ldconfig(host)
+    ldconfig = _host_ldconfig(host) if files_changed else None
     if ldconfig:
         done = host.run(["chroot", str(host.roots.host), ldconfig])
         if done.returncode != 0:

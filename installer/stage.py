@@ -151,6 +151,7 @@ def stage_package(ctx: Context, package: PackageLike, *,
         reused = _staged_digest(root / VERSIONS / name) == package.digest
         if not reused:
             _build_version(root, name, package, allow_hardlinks=allow_hardlinks)
+        unchanged = reused and current_name(root) == name
         previous = switch_to(root, name)
         links = linker.soname_links(root / VERSIONS / name / "lib64")
         if ctx.config.driver_root_layout:
@@ -158,7 +159,7 @@ def stage_package(ctx: Context, package: PackageLike, *,
         prune(root)
     except OSError as exc:
         raise StagingError(f"cannot stage into {ctx.config.install_dir}: {exc}") from exc
-    warnings = linker.refresh_linker(ctx)
+    warnings = linker.refresh_linker(ctx, files_changed=not unchanged)
     return StageResult(name, str(ctx.config.install_dir), manifest.driver_version,
                        manifest.kernel_release, manifest.flavour, package.digest,
                        len(manifest.files), reused, previous, links, tuple(warnings))

@@ -188,6 +188,8 @@ class TestSwitching:
         assert conf.stat().st_mtime_ns == before
         assert not (root / "etc" / "ld.so.conf").exists()
         assert ctx.host.commands == [("chroot", str(root), "/sbin/ldconfig")] * 2  # type: ignore[attr-defined]
+        stage.stage_package(ctx, packages[B])  # nothing changed: no ldconfig (fast path)
+        assert len(ctx.host.commands) == 2  # type: ignore[attr-defined]
 
     def test_legacy_real_lib64_directory_steps_aside(
             self, make_node: Callable[[str], Path], packages: dict[str, Package]) -> None:
