@@ -13,6 +13,7 @@ from __future__ import annotations
 import email.utils
 import hashlib
 import os
+import queue
 import re
 import threading
 import time
@@ -250,14 +251,14 @@ class Downloader:
     def _stream(self, response: requests.Response, partial: _Partial) -> None:
         # read1: what has arrived, so a timeout mid-chunk loses nothing already received
         read = getattr(response.raw, "read1", response.raw.read)
-        chunk_size, hasher, progress = self.settings.chunk_size, partial.hasher, self.progress
-        with partial.path.open("ab", buffering=0) as out:
+        chunk_size, progress = self.settings.chunk_size, self.progress
+        with partial.path.open("ab", buffering=0) as out, _HashPipe(partial.hasher) as hasher:
             while chunk := read(chunk_size):
                 partial.received += len(chunk)
                 if partial.size is not None and partial.received > partial.size:
                     raise ChecksumMismatch(f"{_safe(response.url)} sent more than the "
                                            f"{partial.size} bytes its manifest lists")
-                hasher.update(chunk)
+                hasher.put(chunk)
                 out.write(chunk)
                 if progress:
                     progress.advance(len(chunk))
@@ -289,6 +290,35 @@ class Downloader:
 
 
 # ---------------------------------------------------------------- helpers
+
+
+class _HashPipe:
+    """Hashes chunks on a second thread while the first receives and writes the next ones.
+
+    hashlib, recv and write all release the GIL, so on two cores the hash costs no wall
+    time. Leaving the block waits until every queued chunk is hashed: the hash then covers
+    exactly the bytes written, which a resume relies on.
+    """
+
+    def __init__(self, hasher: Any, depth: int = 8) -> None:
+        self.hasher = hasher
+        self.queue: queue.Queue[bytes | None] = queue.Queue(maxsize=depth)
+        self.thread = threading.Thread(target=self._run, name="sha256", daemon=True)
+
+    def _run(self) -> None:
+        while (chunk := self.queue.get()) is not None:
+            self.hasher.update(chunk)
+
+    def put(self, chunk: bytes) -> None:
+        self.queue.put(chunk)
+
+    def __enter__(self) -> _HashPipe:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.queue.put(None)
+        self.thread.join()
 
 
 class _Expired:
