@@ -21,6 +21,7 @@ from installer.errors import IncompatibleError, InstallerError, PackageNotFoundE
 from installer.package import DRIVER_VERSION_RE, FLAVOURS, Package, parse_manifest
 from installer.repository import (
     Candidate,
+    Index,
     flavour_order,
     offered_for_kernel,
     package_path,
@@ -126,18 +127,12 @@ def gather(sources: list[Source], log: Any) -> list[Offer]:
             offer = source.offers()
         except InstallerError as exc:
             reason = "no index.json" if isinstance(exc, PackageNotFoundError) else exc.message
-            offer = Offer(source.name, _empty(), error=reason,
+            offer = Offer(source.name, Index(), error=reason,
                           exhaustive=not isinstance(source, MirrorSource))
         if offer.error:
             log.warning("source unavailable", source=source.name, reason=offer.error)
         offers.append(offer)
     return offers
-
-
-def _empty() -> Any:
-    from installer.repository import Index
-
-    return Index()
 
 
 def _aliases(offers: list[Offer]) -> dict[str, str]:
