@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 SAMPLE ?= gke-cos-a100x8
 SAMPLE_DIR := $(shell mktemp -u /tmp/gni-sample-XXXXXX)
 
-.PHONY: help venv deps test test-fast test-kernel kernel-assets lint sample clean
+.PHONY: help venv deps demo test test-fast test-kernel kernel-assets lint sample clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -36,6 +36,9 @@ kernel-assets: venv deps ## fetch/build the kernel tier's cache (kernel, headers
 lint: venv ## ruff and strict mypy
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+
+demo: venv deps ## the whole install on Debian's kernel under qemu, no GPU needed (~3 min warm)
+	$(BIN)/python scripts/demo.py
 
 sample: venv ## run `detect` on a sample node shipped with the project (no GPU needed)
 	$(BIN)/python -m installer.testing $(SAMPLE) $(SAMPLE_DIR) >/dev/null

@@ -296,11 +296,15 @@ def check_toolchain(kernel: Kernel) -> None:
             raise AssetError(f"{tool} not found: apt-get install {package}")
 
 
-def build_test_modules(kernel: Kernel, version: str) -> Path:
-    """Build the stand-in nvidia*.ko from tests/kernel/modules for one driver version."""
+def build_test_modules(kernel: Kernel, version: str, flavour: str = "proprietary") -> Path:
+    """Build the stand-in nvidia*.ko from tests/kernel/modules for one driver version.
+
+    `flavour="open"` makes their NVRM version line read like NVIDIA's open modules.
+    """
     ensure_headers(kernel)
-    out = kernel.root / "test-modules" / f"{version}-{_tree_digest(MODULES_SRC)}"
-    with locked(f"test-modules-{kernel.release}-{version}"):
+    suffix = "" if flavour == "proprietary" else f"-{flavour}"
+    out = kernel.root / "test-modules" / f"{version}{suffix}-{_tree_digest(MODULES_SRC)}"
+    with locked(f"test-modules-{kernel.release}-{version}{suffix}"):
         if out.is_dir():
             return out
         check_toolchain(kernel)
@@ -308,7 +312,8 @@ def build_test_modules(kernel: Kernel, version: str) -> Path:
         with staging(out) as tmp:
             build = tmp / "build"
             shutil.copytree(MODULES_SRC, build)
-            cmd = ["make", "-C", str(kernel.headers), f"M={build}", f"NV_VERSION={version}"]
+            cmd = ["make", "-C", str(kernel.headers), f"M={build}", f"NV_VERSION={version}",
+                   f"NV_FLAVOUR={flavour}"]
             run([*cmd, "-j2", "modules"], env=build_env())
             for ko in build.glob("*.ko"):
                 shutil.copy2(ko, tmp / ko.name)

@@ -54,9 +54,15 @@ static const struct file_operations nv_fops = {
 	.llseek = noop_llseek,
 };
 
+#ifdef GNI_OPEN_FLAVOUR
+#define NVRM_KIND "NVIDIA UNIX Open Kernel Module for x86_64"
+#else
+#define NVRM_KIND "NVIDIA UNIX x86_64 Kernel Module"
+#endif
+
 static int version_show(struct seq_file *m, void *v)
 {
-	seq_printf(m, "NVRM version: NVIDIA UNIX x86_64 Kernel Module  %s  Tue Jan  7 00:00:00 UTC 2025\n",
+	seq_printf(m, "NVRM version: " NVRM_KIND "  %s  Tue Jan  7 00:00:00 UTC 2025\n",
 		   NV_VERSION_STRING);
 	seq_puts(m, "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n");
 	return 0;

@@ -1,0 +1,118 @@
+#!/usr/bin/env python3
+"""`make demo`: the whole install on a real Linux kernel, no GPU needed.
+
+What is real: Debian bookworm's own kernel (booted under qemu/TCG), kernel module loading
+through finit_module, the device nodes, the driver package built by `package build` from
+NVIDIA's 535.261.03 user-mode files (Debian non-free), a mirror on the guest's 127.0.0.1,
+download + sha256, atomic staging, readiness files, `status`.
+What is simulated, and said so: the GPU (a T4's PCI sysfs entry bind-mounted in the guest),
+the kernel modules (test modules named nvidia/nvidia-uvm/... built for that kernel), and
+NVML/CUDA (C stand-ins replace libnvidia-ml and libcuda in the package).
+Everything is cached outside the repo; a second run takes about a minute.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(REPO), str(REPO / "tests")]
+
+from artifacts import LIB_DIR, cache_root, nvidia_tree  # noqa: E402
+from kernel import assets, guest  # noqa: E402
+from native import CUDA_SONAME, NVML_SONAME, build_standins  # noqa: E402
+
+from installer.packagebuild import BuildRequest, build  # noqa: E402
+
+VERSION = "535.261.03"
+FAKE_GPU = "0000:00:1e.0"  # where the test nvidia module lists its one GPU
+BANNER = ("no GPU here: NVML simulated (stand-in libnvidia-ml/libcuda), PCI GPU simulated "
+          f"(T4 sysfs entry at {FAKE_GPU}); kernel, module loading, device nodes, download "
+          "and staging are real")
+
+GUEST_SCRIPT = r"""
+set -e
+fake=/tmp/fake-pci/{gpu}
+mkdir -p "$fake"
+echo 0x10de > "$fake/vendor"; echo 0x1eb8 > "$fake/device"
+echo 0x030200 > "$fake/class"; echo -1 > "$fake/numa_node"
+mount --bind /tmp/fake-pci /sys/bus/pci/devices
+ip link set lo up
+cd {repo}
+{python} -m http.server 8080 --bind 127.0.0.1 --directory {mirror} >/tmp/mirror.log 2>&1 &
+for i in $(seq 50); do {python} -c 'import socket; socket.create_connection(("127.0.0.1", 8080))' 2>/dev/null && break; sleep 0.1; done
+echo "== {banner}"
+echo "== gpu-node-installer install (mirror http://127.0.0.1:8080 inside the guest)"
+args="--host-root / --proc-root /proc --sys-root /sys --dev-root /dev --log-format console"
+{python} -m installer install $args --mirror http://127.0.0.1:8080 --allow-http \
+    --driver-version 535 --termination-log /tmp/termination-log
+echo "== ls -l /dev/nvidia*"
+ls -l /dev/nvidia* | sed 's/^/   /'
+echo "== second run (the reboot fast path: nothing downloaded or copied)"
+{python} -m installer install $args --mirror http://127.0.0.1:9 --allow-http \
+    --driver-version 535
+echo "== gpu-node-installer status"
+{python} -m installer status $args
+"""
+
+
+def say(message: str) -> None:
+    print(f"demo: {message}", flush=True)
+
+
+def user_tree(work: Path) -> Path:
+    """NVIDIA's real user-mode files, with NVML and CUDA swapped for the stand-ins."""
+    tree = work / "tree"
+    if tree.exists():
+        shutil.rmtree(tree)
+    subprocess.run(["cp", "-al", str(nvidia_tree(VERSION)), str(tree)], check=True)
+    built = build_standins(work / "standins")
+    for soname, real in ((NVML_SONAME, "libnvidia-ml.so"), (CUDA_SONAME, "libcuda.so")):
+        target = tree / LIB_DIR / f"{real}.{VERSION}"
+        target.unlink()
+        shutil.copy(built / soname, target)
+    return tree
+
+
+def make_mirror(work: Path, kernel: assets.Kernel) -> Path:
+    """`package build` into a repository directory the guest serves over HTTP."""
+    modules = assets.build_test_modules(kernel, VERSION, flavour="open")
+    mirror = work / "mirror"
+    result = build(BuildRequest(trees=(user_tree(work),), modules_dir=modules,
+                                driver_version=VERSION, kernel_release=kernel.release,
+                                repo=mirror,
+                                aliases=("default", "latest"), force=True))
+    say(result.to_text().splitlines()[0])
+    return mirror
+
+
+def main() -> int:
+    reason = guest.qemu_unavailable_reason()
+    if reason:
+        say(f"cannot boot a guest: {reason}; run `make deps` as root first")
+        return 2
+    start = time.monotonic()
+    say("preparing Debian's kernel, test modules and NVIDIA 535 files (cached after once)")
+    kernel = assets.ensure_headers(assets.ensure_kernel(assets.kernel_release()))
+    assets.ensure_busybox()
+    work = cache_root() / "demo"
+    work.mkdir(parents=True, exist_ok=True)
+    mirror = make_mirror(work, kernel)
+    say(f"booting {kernel.release} under qemu (TCG) ... {BANNER}")
+    script = GUEST_SCRIPT.format(gpu=FAKE_GPU, repo=REPO, python=sys.executable,
+                                 mirror=mirror, banner=BANNER)
+    result = guest.run_in_guest(script, kernel=kernel, timeout=600, cwd=REPO)
+    print(result.stdout, end="", flush=True)
+    if result.rc != 0:
+        say(f"FAILED (guest exit {result.rc})\n{result.console[-3000:]}")
+        return 1
+    say(f"done in {time.monotonic() - start:.0f}s ({result.wall_s:.0f}s in the guest)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
