@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -170,6 +171,35 @@ class TestMirrors:
         with MirrorServer(repo) as server:
             assert invoke(host, "fetch", "--mirror", server.url, "--allow-http").exit_code == 0
         assert list((cache_dir(host) / "tmp").iterdir()) == []
+
+    def test_killed_mid_download_leaves_only_temp_files(self, host: Path, repo: Path) -> None:
+        """SIGKILL while a file streams: nothing half-written enters the cache; the next run
+        removes the leftovers and completes."""
+        argv = [sys.executable, "-m", "installer", "fetch", "--host-root", str(host),
+                "--proc-root", str(host / "proc"), "--sys-root", str(host / "sys"),
+                "--allow-http", "--termination-log", str(host.parent / "tl")]
+        tmp = cache_dir(host) / "tmp"
+        with MirrorServer(repo) as server:
+            server.fault(f"{PKG}/{LIB}", Fault("stall", after=1000, seconds=30))
+            proc = subprocess.Popen([*argv, "--mirror", server.url], stderr=subprocess.PIPE)
+            try:
+                for _ in range(600):  # until the stalled file has bytes on disk (bounded)
+                    if any(p.stat().st_size > 0 for p in tmp.glob("run-*/*")
+                           if p.is_file() and LIB.rsplit("/", 1)[1] in p.name):
+                        break
+                    proc.poll()
+                    assert proc.returncode is None, proc.stderr.read() if proc.stderr else ""
+                    time.sleep(0.05)
+            finally:
+                proc.kill()
+                proc.wait()
+            blobs = {p.name for p in (cache_dir(host) / "blobs").rglob("*") if p.is_file()}
+            lib_sha = hashlib.sha256((repo / PKG.lstrip("/") / LIB).read_bytes()).hexdigest()
+            assert lib_sha not in blobs
+            assert list(tmp.glob("run-*"))
+            again = subprocess.run([*argv, "--mirror", server.url], capture_output=True)
+        assert again.returncode == 0, again.stderr
+        assert list(tmp.iterdir()) == []
 
     def test_cache_keep_prunes_old_packages(self, host: Path, repo: Path) -> None:
         with MirrorServer(repo) as server:
