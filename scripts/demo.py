@@ -44,7 +44,8 @@ mount --bind /tmp/fake-pci /sys/bus/pci/devices
 ip link set lo up
 cd {repo}
 {python} -m http.server 8080 --bind 127.0.0.1 --directory {mirror} >/tmp/mirror.log 2>&1 &
-for i in $(seq 50); do {python} -c 'import socket; socket.create_connection(("127.0.0.1", 8080))' 2>/dev/null && break; sleep 0.1; done
+probe='import socket; socket.create_connection(("127.0.0.1", 8080))'
+for i in $(seq 50); do {python} -c "$probe" 2>/dev/null && break; sleep 0.1; done
 echo "== {banner}"
 echo "== gpu-node-installer install (mirror http://127.0.0.1:8080 inside the guest)"
 args="--host-root / --proc-root /proc --sys-root /sys --dev-root /dev --log-format console"
