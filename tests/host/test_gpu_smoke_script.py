@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ def standins(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def smoke(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("FAKE_")}
+    clean["PYTHON"] = sys.executable  # the interpreter running the tests has the deps
     return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True,
                           timeout=120, check=False, env={**clean, **env})
 
