@@ -10,6 +10,7 @@
 # --expect-gpus  GPUs that must be seen (default: the NVIDIA GPUs on the PCI bus; pass the
 #                number a container was given when it sees only some of the node's GPUs)
 # --json FILE    also keep verify's full JSON report there
+# PYTHON=...     interpreter with the installer's dependencies (default: .venv/bin/python)
 # Exit status: verify's (0 ok, 12 verification failed; see README "Exit codes").
 set -euo pipefail
 
@@ -22,7 +23,7 @@ while [ $# -gt 0 ]; do
     --expect-gpus) expect=${2:?--expect-gpus needs a number}; shift 2 ;;
     --expect-gpus=*) expect=${1#*=}; shift ;;
     --json) json_out=${2:?--json needs a file}; shift 2 ;;
-    -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu-smoke: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
