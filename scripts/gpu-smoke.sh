@@ -23,7 +23,7 @@ while [ $# -gt 0 ]; do
     --expect-gpus) expect=${2:?--expect-gpus needs a number}; shift 2 ;;
     --expect-gpus=*) expect=${1#*=}; shift ;;
     --json) json_out=${2:?--json needs a file}; shift 2 ;;
-    -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu-smoke: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
