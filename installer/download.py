@@ -18,8 +18,7 @@ import re
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Iterable
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -384,41 +383,6 @@ def _safe(url: str) -> str:
     from installer.sources import redact
 
     return urllib.parse.urlunsplit(urllib.parse.urlsplit(redact(url))._replace(query=""))
-
-
-def run_parallel(jobs: Iterable[Callable[[], T]], parallel: int) -> list[T]:
-    """Run jobs on at most `parallel` threads; the first failure cancels what has not begun."""
-    stop = threading.Event()
-
-    def guarded(job: Callable[[], T]) -> T:
-        if stop.is_set():
-            raise _Cancelled()
-        return job()
-
-    with ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="download") as pool:
-        futures = [pool.submit(guarded, job) for job in jobs]
-        done, _ = wait(futures, return_when=FIRST_EXCEPTION)
-        failed = [f for f in done if f.exception() is not None]
-        if failed:
-            stop.set()
-            for future in futures:
-                future.cancel()
-            wait(futures)
-            raise _first_real(futures)
-        return [future.result() for future in futures]
-
-
-class _Cancelled(Exception):
-    """A job skipped because an earlier one failed."""
-
-
-def _first_real(futures: list[Any]) -> BaseException:
-    for future in futures:
-        if not future.cancelled():
-            exc = future.exception()
-            if exc is not None and not isinstance(exc, _Cancelled):
-                return exc  # type: ignore[no-any-return]
-    return DownloadError("downloads were cancelled")
 
 
 def file_url(path: Path) -> str:

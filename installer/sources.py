@@ -28,6 +28,7 @@ from installer.package import (
     sha256_hex,
     unpack_tarball,
 )
+from installer.parallel import run_parallel
 from installer.progress import Progress
 from installer.repository import (
     INDEX_NAME,
@@ -203,8 +204,6 @@ class MirrorSource:
         return store(self.cache, manifest, data, self.requested, self.name)
 
     def _download_missing(self, manifest: Manifest, path: str) -> None:
-        from installer.download import run_parallel
-
         todo = {e.sha256: e for e in self.cache.missing(manifest.files)}
         if not todo:
             return

@@ -15,9 +15,9 @@ from installer.download import (
     DownloadSettings,
     NotOnMirror,
     file_url,
-    run_parallel,
 )
 from installer.errors import DownloadError, IntegrityError
+from installer.parallel import run_parallel
 from tests.httpserver import Fault, MirrorServer, write_random
 
 SIZE = 3 * 1024 * 1024 + 17
