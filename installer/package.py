@@ -1,8 +1,9 @@
-"""Driver packages: the manifest model, strict validation, safe reading of trees and tarballs.
+"""Driver packages: the manifest model, strict validation, verified reading of package trees.
 
 A package is a directory (or a tarball of one) with `manifest.json` at its root; see
 docs/package-format.md. Nothing here trusts its input: every path, size, hash, mode and
 kind is checked before a byte of the package is used, and files are hashed while read.
+Tarballs are unpacked by `installer.packagetar`.
 """
 
 from __future__ import annotations
@@ -10,8 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import tarfile
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -377,7 +376,7 @@ def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-# ---------------------------------------------------------------- trees and tarballs
+# ---------------------------------------------------------------- package trees
 
 
 def hash_file(path: Path, size_limit: int) -> tuple[int, str]:
@@ -417,66 +416,3 @@ def read_tree(root: Path, source: str = "") -> Package:
     for entry in manifest.files:
         verify_file(root / entry.path, entry, str(root))
     return Package(manifest, sha256_hex(data), root, by_hash=False, source=source or str(root))
-
-
-def _member_name(member: tarfile.TarInfo) -> str:
-    name = member.name[2:] if member.name.startswith("./") else member.name
-    return name.rstrip("/") if member.isdir() else name
-
-
-def _tar_members(tar: tarfile.TarFile, where: str) -> Iterator[tuple[str, tarfile.TarInfo]]:
-    """Every member, refused unless a plain file or directory with a safe relative name."""
-    total = 0
-    for count, member in enumerate(tar, start=1):
-        name = _member_name(member)
-        if count > MAX_FILES * 2:
-            raise ManifestError(f"tarball {where} has more than {MAX_FILES * 2} members")
-        if member.isdir() and name in ("", "."):
-            continue
-        if not (member.isfile() or member.isdir()):
-            raise ManifestError(f"tarball {where}: member {name!r} is a link or device; only "
-                                "regular files and directories are allowed")
-        check_relpath(name, f"tarball member {name!r}")
-        total += member.size
-        if member.size > MAX_FILE_SIZE or total > MAX_TOTAL_SIZE:
-            raise ManifestError(f"tarball {where}: member {name!r} exceeds the size limits")
-        yield name, member
-
-
-def unpack_tarball(tar_path: Path, dest: Path, *, on_file: Callable[[Path], None] | None = None
-                   ) -> Path:
-    """Extract a package tarball into the new directory `dest`, refusing unsafe members.
-
-    Files are written by this code (never by tarfile.extract) with mode 0600, so a member
-    can neither escape `dest` nor carry a device, link, owner or setuid bit along.
-    """
-    dest.mkdir(parents=True)
-    seen: set[str] = set()
-    try:
-        with tarfile.open(tar_path, "r:*") as tar:
-            for name, member in _tar_members(tar, str(tar_path)):
-                if name in seen:
-                    raise ManifestError(f"tarball {tar_path}: duplicate member {name!r}")
-                seen.add(name)
-                _extract_member(tar, member, dest / name)
-                if on_file is not None and member.isfile():
-                    on_file(dest / name)
-    except (tarfile.TarError, OSError, EOFError) as exc:
-        raise ManifestError(f"{tar_path} is not a readable package tarball: {exc}") from None
-    return dest
-
-
-def _extract_member(tar: tarfile.TarFile, member: tarfile.TarInfo, target: Path) -> None:
-    if member.isdir():
-        target.mkdir(parents=True, exist_ok=True)
-        return
-    target.parent.mkdir(parents=True, exist_ok=True)
-    if target.exists():
-        raise ManifestError(f"tarball member {member.name!r} clashes with a directory")
-    source = tar.extractfile(member)
-    if source is None:
-        raise ManifestError(f"tarball member {member.name!r} cannot be read")
-    with source, target.open("xb") as out:
-        target.chmod(0o600)
-        while chunk := source.read(HASH_CHUNK):
-            out.write(chunk)

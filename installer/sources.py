@@ -26,8 +26,8 @@ from installer.package import (
     parse_manifest,
     read_tree,
     sha256_hex,
-    unpack_tarball,
 )
+from installer.packagetar import unpack_tarball
 from installer.parallel import run_parallel
 from installer.progress import Progress
 from installer.repository import (

@@ -27,8 +27,8 @@ from installer.package import (
     manifest_to_dict,
     parse_manifest,
     read_tree,
-    unpack_tarball,
 )
+from installer.packagetar import unpack_tarball
 
 SHA = "a" * 64
 
