@@ -129,6 +129,7 @@ def build(request: BuildRequest) -> BuildResult:
         roots = _user_trees(request, Path(work))
         picked, links = pick_user_files(roots, request.arch)
         modules = scan_modules(request.modules_dir) if request.modules_dir else []
+        _check_contents(request.arch, picked, modules)
         identity = _identity(request, picked, modules)
         destination = _destination(request, identity)
         manifest, data = _write_package(destination, identity, request, picked, links, modules)
@@ -173,6 +174,17 @@ def _user_trees(request: BuildRequest, work: Path) -> list[Path]:
         extract_run(run_file, target)
         roots.append(target)
     return roots
+
+
+def _check_contents(arch: str, picked: list[Picked], modules: list[ModuleInfo]) -> None:
+    """Something of the package's arch was found, and no module is built for another arch."""
+    foreign = [m for m in modules if m.arch != arch]
+    if foreign:
+        raise _fail(f"module {foreign[0].path} is built for {foreign[0].arch or 'an unknown arch'}"
+                    f", not {arch}", remedy="pass --arch to match the modules, or other modules")
+    if not picked and not modules:
+        raise _fail(f"the inputs hold no {arch} driver files (libraries, nvidia-* binaries, "
+                    "firmware, modules)", remedy="check the inputs and --arch")
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,8 @@ ELF_MACHINES = {62: "x86_64", 183: "aarch64"}
 MODULE_ORDER = ("nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm")
 OPTIONAL_MODULES = ("nvidia_peermem",)  # only with Mellanox NICs: shipped, not loaded
 OPEN_LICENSES = ("Dual MIT/GPL", "GPL", "Dual BSD/GPL")
+# in a .run but not part of a node's driver: the installer itself and the X11/GUI tools
+NOT_SHIPPED = ("nvidia-installer", "nvidia-uninstall", "nvidia-settings", "nvidia-xconfig")
 KIND_MODES = {"library": 0o644, "binary": 0o755, "module": 0o644, "firmware": 0o644,
               "config": 0o644}
 COPY_CHUNK = 1024 * 1024
@@ -58,6 +60,7 @@ class ModuleInfo:
     kernel_release: str | None
     version: str | None
     license: str | None
+    arch: str | None = None
 
 
 def _fail(message: str, remedy: str | None = None) -> PackageBuildError:
@@ -126,9 +129,12 @@ def elf_machine(path: Path) -> str | None:
     """The ELF's architecture (x86_64/aarch64), or None when not an ELF we know."""
     try:
         with path.open("rb") as handle:
-            head = handle.read(20)
+            return _machine(handle.read(20))
     except OSError:
         return None
+
+
+def _machine(head: bytes) -> str | None:
     if len(head) < 20 or head[:4] != b"\x7fELF" or head[5] != 1:
         return None
     return ELF_MACHINES.get(int.from_bytes(head[18:20], "little"))
@@ -144,7 +150,8 @@ def classify(path: Path, relative: Path, arch: str) -> str | None:
         return None
     if ".so" in path.name:
         return "library"
-    if path.name.startswith("nvidia-") and os.access(path, os.X_OK):
+    if (path.name.startswith("nvidia-") and path.name not in NOT_SHIPPED
+            and os.access(path, os.X_OK)):
         return "binary"
     return None
 
@@ -210,7 +217,7 @@ def read_module(path: Path) -> ModuleInfo:
     name = (info.get("name") or [kmod.module_name(path.name)])[0]
     return ModuleInfo(kmod.normalize(name), path, kmod.modinfo_depends(data),
                       vermagic[0] if vermagic else None,
-                      _first(info, "version"), _first(info, "license"))
+                      _first(info, "version"), _first(info, "license"), _machine(data[:20]))
 
 
 def _first(info: dict[str, list[str]], key: str) -> str | None:

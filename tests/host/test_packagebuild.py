@@ -181,6 +181,42 @@ class TestFromRunFile:
         assert tarballs[0] == tarballs[1]
 
 
+class TestSelection:
+    """What a driver tree holds that a node does not need stays out of the package."""
+
+    def test_installer_and_foreign_arch_binaries_are_left_out(self, tmp_path: Path) -> None:
+        tree = tmp_path / "tree"
+        tree.mkdir()
+        source = tmp_path / "main.c"
+        source.write_text("int main(void) { return 0; }\n")
+        for name in ("nvidia-installer", "nvidia-settings", "nvidia-persistenced"):
+            subprocess.run(["gcc", "-o", str(tree / name), str(source)], check=True)
+        (tree / "nvidia-bug-report.sh").write_text("#!/bin/sh\n")
+        (tree / "nvidia-bug-report.sh").chmod(0o755)
+        code, out, err = build([f"--tree={tree}", f"--modules={make_modules(tmp_path / 'm')}",
+                                f"--out-dir={tmp_path / 'out'}", "--output=json"])
+        assert code == 0, err
+        paths = {f["path"] for f in json.loads(out)["manifest"]["files"]}
+        assert "bin/nvidia-persistenced" in paths
+        assert not paths & {"bin/nvidia-installer", "bin/nvidia-settings",
+                            "bin/nvidia-bug-report.sh"}
+
+    def test_nothing_of_the_arch_or_a_foreign_module_is_refused(self, tmp_path: Path) -> None:
+        tree = tmp_path / "tree"
+        tree.mkdir()
+        source = tmp_path / "main.c"
+        source.write_text("int main(void) { return 0; }\n")
+        subprocess.run(["gcc", "-o", str(tree / "nvidia-smi"), str(source)], check=True)
+        identity = ["--driver-version=535.261.03", f"--kernel-release={KERNEL}",
+                    "--flavour=proprietary", "--arch=aarch64"]
+        code, _, err = build([f"--tree={tree}", *identity, f"--out-dir={tmp_path / 'a'}"])
+        assert code == 2 and "hold no aarch64 driver files" in err
+        mods = make_modules(tmp_path / "m")
+        code, _, err = build([f"--modules={mods}", *identity, f"--out-dir={tmp_path / 'b'}"])
+        assert code == 2 and "is built for x86_64, not aarch64" in err
+        assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
 class TestRepository:
     """Several packages accumulate in one index; aliases move only when asked."""
 
