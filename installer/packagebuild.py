@@ -131,8 +131,10 @@ def build(request: BuildRequest) -> BuildResult:
         modules = scan_modules(request.modules_dir) if request.modules_dir else []
         _check_contents(request.arch, picked, modules)
         identity = _identity(request, picked, modules)
+        ordered = load_order(modules)  # a cycle is refused before anything is written
         destination = _destination(request, identity)
-        manifest, data = _write_package(destination, identity, request, picked, links, modules)
+        manifest, data = _write_package(destination, identity, request, picked, links,
+                                        modules, ordered)
     digest = sha256_hex(data)
     tarball = _write_tarball(destination, request.tarball) if request.tarball else None
     index, aliases = (_update_index(request, manifest, digest) if request.repo
@@ -244,8 +246,8 @@ def _destination(request: BuildRequest, identity: _Identity) -> Path:
 
 
 def _write_package(destination: Path, identity: _Identity, request: BuildRequest,
-                   picked: list[Picked], links: list[LinkEntry], modules: list[ModuleInfo]
-                   ) -> tuple[Manifest, bytes]:
+                   picked: list[Picked], links: list[LinkEntry], modules: list[ModuleInfo],
+                   ordered: list[ModuleInfo]) -> tuple[Manifest, bytes]:
     """Copy and hash every file into a temp dir beside `destination`, then swap it in."""
     destination.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{destination.name}.", dir=destination.parent))
@@ -254,7 +256,6 @@ def _write_package(destination: Path, identity: _Identity, request: BuildRequest
         module_files = [Picked(f"modules/{m.path.name}", m.path, "module") for m in modules]
         entries = [_copy(item, tmp) for item in sorted(picked + module_files,
                                                        key=lambda p: p.relpath)]
-        ordered = load_order(modules)
         manifest = manifest_from_dict(manifest_to_dict(Manifest(
             1, identity.driver_version, identity.kernel_release, request.arch,
             identity.flavour, request.os, tuple(entries),

@@ -323,6 +323,7 @@ class TestBadInput:
         (["--run={i}/not-a.run", "--out-dir={o}"], "not a makeself .run archive"),
         (["--deb={i}/not-a.deb", "--out-dir={o}"], "not a Debian package"),
         (["--modules={i}/cycle", "--out-dir={o}"], "cycle"),
+        (["--modules={i}/cycle", "--repo={o}/repo"], "cycle"),
         (["--modules={i}/mods", "--driver-version=550.54.14", "--out-dir={o}"],
          "--driver-version 550.54.14 disagrees with the inputs"),
         (["--modules={i}/mods"], "exactly one of --out-dir or --repo"),
