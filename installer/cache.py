@@ -23,16 +23,23 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from installer.errors import StagingError
 from installer.package import (
     HASH_CHUNK,
     FileEntry,
     Manifest,
+    ManifestError,
+    Package,
     blob_relpath,
     hash_file,
+    parse_manifest,
 )
+
+if TYPE_CHECKING:
+    from installer.config import Config
+    from installer.host import Roots
 
 REF_LIMIT = 64 * 1024
 
@@ -258,3 +265,25 @@ class Cache:
             if blob.name not in live:
                 with contextlib.suppress(OSError):
                     blob.unlink()
+
+
+def cached_package(cache: Cache, digest: str, *, verify: bool = True) -> Package | None:
+    """A package the cache holds whole (blobs re-hashed unless just stored), else None."""
+    data = cache.manifest_data(digest)
+    if data is None:
+        return None
+    try:
+        manifest = parse_manifest(data)
+    except ManifestError:
+        cache.forget(digest)
+        return None
+    if verify and cache.missing(manifest.files):
+        return None
+    if not verify and not all(cache.has_blob(e, verify=False) for e in manifest.files):
+        return None
+    return Package(manifest, digest, cache.root, by_hash=True, source=f"cache {cache.root}")
+
+
+def cache_root(config: Config, roots: Roots) -> Path:
+    """The host cache as a path here: `--cache-dir`, else `<install dir>/.cache`."""
+    return roots.node(config.cache_dir or config.install_dir / ".cache")

@@ -37,11 +37,9 @@ def reusable_package(ctx: Context, node: NodeInfo, previous: InstallState | None
 
 def cached(ctx: Context, digest: str, *, verify: bool) -> Package | None:
     """A package the host cache holds whole (rehashed when `verify`), without any network."""
-    from installer.cache import Cache
-    from installer.fetch import cache_root
-    from installer.sources import cached_package
+    from installer.cache import Cache, cache_root, cached_package
 
-    return cached_package(Cache(cache_root(ctx)), digest, verify=verify)
+    return cached_package(Cache(cache_root(ctx.config, ctx.host.roots)), digest, verify=verify)
 
 
 def staged_intact(ctx: Context, package: Package, *, paranoid: bool) -> bool:

@@ -12,11 +12,10 @@ import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from installer import compat
-from installer.cache import Cache
+from installer.cache import Cache, cache_root
 from installer.errors import IncompatibleError, InstallerError, PackageNotFoundError
 from installer.package import DRIVER_VERSION_RE, FLAVOURS, Package, parse_manifest
 from installer.repository import (
@@ -80,17 +79,11 @@ def _node(ctx: Context) -> NodeInfo:
     return node if isinstance(node, NodeInfo) else detect_node(ctx.host)
 
 
-def cache_root(ctx: Context) -> Path:
-    config = ctx.config
-    node_path = config.cache_dir or config.install_dir / ".cache"
-    return ctx.host.roots.node(node_path)
-
-
 @contextmanager
 def _sources(ctx: Context) -> Iterator[tuple[Cache, list[Source]]]:
     """The sources in their order; the downloader (and requests) only when mirrors exist."""
     config = ctx.config
-    cache = Cache(cache_root(ctx))
+    cache = Cache(cache_root(ctx.config, ctx.host.roots))
     requested = config.driver_version
     sources: list[Source] = []
     if config.preloaded_dir is not None:

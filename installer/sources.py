@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from installer.cache import Cache
+from installer.cache import Cache, cached_package
 from installer.errors import DownloadError, IntegrityError, PackageNotFoundError
 from installer.package import (
     MANIFEST_NAME,
@@ -63,23 +63,6 @@ def check_identity(manifest: Manifest, candidate: Candidate, where: str) -> None
     if got != want or (candidate.arch and candidate.arch != manifest.arch):
         raise ManifestError(f"{where}: manifest is for {'/'.join(got)} {manifest.arch}, "
                             f"expected {'/'.join(want)} {candidate.arch or ''}".rstrip())
-
-
-def cached_package(cache: Cache, digest: str, *, verify: bool = True) -> Package | None:
-    """A package the cache holds whole (blobs re-hashed unless just stored), else None."""
-    data = cache.manifest_data(digest)
-    if data is None:
-        return None
-    try:
-        manifest = parse_manifest(data)
-    except ManifestError:
-        cache.forget(digest)
-        return None
-    if verify and cache.missing(manifest.files):
-        return None
-    if not verify and not all(cache.has_blob(e, verify=False) for e in manifest.files):
-        return None
-    return Package(manifest, digest, cache.root, by_hash=True, source=f"cache {cache.root}")
 
 
 def store(cache: Cache, manifest: Manifest, data: bytes, requested: str, source: str
