@@ -17,6 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 NVIDIA_REAL_VERSION = "535.261.03"
+# What a GPU node loads (nvidia-peermem needs Mellanox's stack). nvidia-uvm is most of the
+# ~4 min cold build; package-build tests need the whole set.
+NVIDIA_REAL_MODULES = ("nvidia", "nvidia-uvm", "nvidia-modeset", "nvidia-drm")
 TEST_MODULE_VERSIONS = ("535.261.03", "550.54.14")
 MODULES_SRC = Path(__file__).resolve().parent / "modules"
 NONFREE_COMPONENTS = "main contrib non-free non-free-firmware"
@@ -330,12 +333,12 @@ def build_nvidia_real(kernel: Kernel) -> Path:
     if not matching:
         raise AssetError(f"no nvidia-kernel-source {NVIDIA_REAL_VERSION} in Debian's non-free")
     pkg_version = matching[0]
-    out = kernel.root / f"nvidia-{pkg_version}-proprietary"
+    out = kernel.root / f"nvidia-{pkg_version}-proprietary-{'+'.join(NVIDIA_REAL_MODULES)}"
     with locked(f"nvidia-real-{kernel.release}"):
         if out.is_dir():
             return out
         check_toolchain(kernel)
-        log(f"building NVIDIA {pkg_version} proprietary modules (about 4.5 min on 2 cores)")
+        log(f"building NVIDIA {pkg_version} {', '.join(NVIDIA_REAL_MODULES)} (minutes)")
         with staging(out) as tmp:
             a.download_extract(f"nvidia-kernel-source={pkg_version}", tmp / "pkg")
             tarball = tmp / "pkg" / "usr" / "src" / "nvidia-kernel.tar.xz"
@@ -348,6 +351,7 @@ def build_nvidia_real(kernel: Kernel) -> Path:
                     f"SYSSRC={kernel.headers_common}",
                     f"SYSOUT={kernel.headers}",
                     f"KERNEL_UNAME={kernel.release}",
+                    f"NV_KERNEL_MODULES={' '.join(NVIDIA_REAL_MODULES)}",
                     "modules",
                 ],
                 cwd=src,

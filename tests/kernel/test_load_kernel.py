@@ -19,7 +19,8 @@ from . import guest
 from .assets import Kernel
 from .conftest import REPO
 
-pytestmark = pytest.mark.timeout(900)
+# Cold, the first test also builds NVIDIA's module (minutes on 2 busy cores) in its setup.
+pytestmark = pytest.mark.timeout(1800)
 
 
 def _run_group(kernel: Kernel, out: Path, group: str, args: dict[str, str], *,
