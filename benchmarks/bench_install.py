@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import shutil
 import statistics
 import subprocess
@@ -35,16 +34,18 @@ VERSION = "535.261.03"
 
 
 def timed_install(args: list[str], env: dict[str, str]) -> tuple[float, float]:
-    """Wall seconds and peak RSS (MB) of one `install` process."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    """Wall seconds and peak RSS (MB) of one `install` process (wait4: this child only)."""
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, str(FAKENODE), "install", *args], env=env,
-                          capture_output=True, text=True, check=False)
+    proc = subprocess.Popen([sys.executable, str(FAKENODE), "install", *args], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    err = proc.stderr.read()
+    _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - start
-    if done.returncode != 0:
-        sys.exit(f"install failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    return wall, max(rss, before) / 1024
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        sys.exit(f"install failed ({proc.returncode}):\n{err[-3000:]}")
+    return wall, usage.ru_maxrss / 1024
 
 
 def reboot(proc: Path) -> None:

@@ -80,8 +80,9 @@ def _padding_library(work: Path, dest: Path, size: int) -> None:
     source.write_text("int gni_padding(void) { return 0; }\n")
     subprocess.run(["gcc", "-shared", "-fPIC", "-Wl,-soname,libnvidia-padding.so.1", "-o",
                     str(dest), str(source)], check=True)
-    with dest.open("ab") as handle:
-        handle.write(os.urandom(size))
+    with dest.open("ab") as handle:  # in chunks: keep this process's peak RSS small
+        for offset in range(0, size, 1 << 20):
+            handle.write(os.urandom(min(1 << 20, size - offset)))
 
 
 def standin_env(version: str, gpus: int = 1) -> dict[str, str]:
