@@ -7,8 +7,8 @@ PACKAGES=(
   gcc make binutils
   util-linux mount         # verify tier: unshare -m + tmpfs /dev for NVIDIA's real libraries
   openssl curl             # fetch tier: self-signed TLS mirror; fetch benchmark compares with curl
-  makeself                 # package build: tests make a real makeself .run
   qemu-system-x86 kmod libelf1 gcc-12 xz-utils   # kernel tier: TCG guest, depmod, kbuild objtool, headers' gcc
+  makeself                 # package build: tests make a real makeself .run
   podman runc mmdebstrap   # deploy tier: image build from a local bookworm rootfs
 )
 
