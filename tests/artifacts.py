@@ -1,7 +1,8 @@
 """Real NVIDIA 535 test artifacts from Debian's non-free archive, downloaded once and cached.
 
-apt runs with a private configuration (its own sources list, lists and archive directories
-under the cache), so the machine's apt setup is never changed. Packages are only
+apt runs with a private configuration (the machine's bookworm archives widened to non-free,
+its own lists and archive directories under the cache; see tests/kernel/assets.py), so the
+machine's apt setup is never changed. Packages are only
 downloaded and extracted with `dpkg-deb -x`, never installed.
 
     nvidia_debs()              -> {"libcuda1": Path(.deb), ...} for 535.261.03
@@ -12,7 +13,6 @@ downloaded and extracted with `dpkg-deb -x`, never installed.
 from __future__ import annotations
 
 import fcntl
-import os
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -25,19 +25,15 @@ USER_PACKAGES = ("libcuda1", "libnvidia-ml1", "nvidia-smi", "libnvidia-ptxjitcom
                  "libnvidia-nvvm4")
 SOURCE_PACKAGES = ("nvidia-kernel-source",)
 LIB_DIR = "usr/lib/x86_64-linux-gnu/nvidia/current"
-_SOURCES = """\
-deb http://deb.debian.org/debian bookworm main contrib non-free non-free-firmware
-deb http://deb.debian.org/debian bookworm-updates main contrib non-free non-free-firmware
-deb http://deb.debian.org/debian-security bookworm-security main contrib non-free non-free-firmware
-"""
 
 
 def cache_root() -> Path:
-    """Where big test artifacts live (outside the repo): $GNI_TEST_CACHE or ~/.cache/..."""
-    root = Path(os.environ.get("GNI_TEST_CACHE",
-                               Path.home() / ".cache" / "gpu-node-installer-test"))
-    root.mkdir(parents=True, exist_ok=True)
-    return root
+    """Where big test artifacts live (outside the repo): the kernel tier's cache root."""
+    from kernel.assets import cache_root as root
+
+    path = root()
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 @contextmanager
@@ -48,27 +44,14 @@ def _locked(name: str) -> Iterator[None]:
         yield
 
 
-def _apt_options() -> list[str]:
-    apt = cache_root() / "apt"
-    for sub in ("lists/partial", "cache/archives/partial", "etc"):
-        (apt / sub).mkdir(parents=True, exist_ok=True)
-    (apt / "etc" / "sources.list").write_text(_SOURCES)
-    return ["-o", f"Dir::Etc::SourceList={apt}/etc/sources.list",
-            "-o", "Dir::Etc::SourceParts=/nonexistent",
-            "-o", f"Dir::State::Lists={apt}/lists", "-o", f"Dir::Cache={apt}/cache",
-            "-o", "APT::Sandbox::User=root", "-qq"]
-
-
 def _download(packages: tuple[str, ...], debian_version: str, dest: Path) -> None:
-    options = _apt_options()
-    lists = cache_root() / "apt" / "lists"
-    if not any(lists.glob("*Packages*")):
-        subprocess.run(["apt-get", *options, "update"], check=True)
+    """apt-get download through the kernel tier's private apt (the machine's archives)."""
+    from kernel.assets import apt
+
     tmp = dest.with_name(dest.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    wanted = [f"{name}={debian_version}" for name in packages]
-    subprocess.run(["apt-get", *options, "download", *wanted], cwd=tmp, check=True)
+    apt().download([f"{name}={debian_version}" for name in packages], tmp)
     tmp.rename(dest)
 
 

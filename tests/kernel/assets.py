@@ -172,15 +172,19 @@ class Apt:
         """Every version of a package the private index offers (all suites)."""
         return re.findall(r"^Version: (\S+)", self.query("show", package), re.M)
 
+    def download(self, specs: list[str], dest: Path) -> None:
+        """apt-get download packages (`name=version`) into dest, never installing them."""
+        try:
+            self.update()
+            run(["apt-get", *self.options(), "download", *specs], cwd=dest)
+        except AssetError:
+            self.update(force=True)  # the index may name a version the archive dropped
+            run(["apt-get", *self.options(), "download", *specs], cwd=dest)
+
     def download_extract(self, spec: str, dest: Path) -> None:
         """apt-get download one package and dpkg-deb -x it into dest (never installed)."""
         with tempfile.TemporaryDirectory(dir=self.root) as tmp:
-            try:
-                self.update()
-                run(["apt-get", *self.options(), "download", spec], cwd=Path(tmp))
-            except AssetError:
-                self.update(force=True)  # the index may name a version the archive dropped
-                run(["apt-get", *self.options(), "download", spec], cwd=Path(tmp))
+            self.download([spec], Path(tmp))
             for deb in Path(tmp).glob("*.deb"):
                 run(["dpkg-deb", "-x", str(deb), str(dest)])
 
