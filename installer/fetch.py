@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from installer import compat
+from installer import gpusupport
 from installer.cache import Cache, cache_root
 from installer.errors import IncompatibleError, InstallerError, PackageNotFoundError
 from installer.package import DRIVER_VERSION_RE, FLAVOURS, Package, parse_manifest
@@ -160,7 +160,7 @@ def choose(ctx: Context, node: NodeInfo, offers: list[Offer]) -> Candidate:
     flavours = flavour_order(config.flavour, node)
     candidates = _candidates(offers, node, config.driver_version, flavours or FLAVOURS)
     # GPU/driver compatibility: refuses an unsupported request now, filters default/latest.
-    allowed = compat.guard(config.driver_version, config.flavour, node,
+    allowed = gpusupport.guard(config.driver_version, config.flavour, node,
                            [c for c in candidates if c.kernel_release == node.kernel_release],
                            _aliases(offers))
     choice = resolve(config.driver_version, candidates, node, flavour=config.flavour,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from installer import compat
+from installer import gpusupport
 from installer.cli import cli
 from installer.detect import NodeInfo, detect_node
 from installer.host import RealHost, Roots
@@ -54,74 +54,74 @@ def custom(tmp_path: Path) -> Callable[..., NodeInfo]:
     return make
 
 
-def _allowed(guard: Callable[[compat.Offer], bool]) -> list[tuple[str, str]]:
+def _allowed(guard: Callable[[gpusupport.Offer], bool]) -> list[tuple[str, str]]:
     return [(o.driver_version, o.flavour) for o in OFFERS if guard(o)]
 
 
 class TestRefusedBeforeDownload:
     def test_470_on_h100_node(self, sample: Callable[[str], NodeInfo]) -> None:
         node = sample("rocky9-h100x8")
-        with pytest.raises(compat.DriverUnsupportedGpuError) as info:
-            compat.guard("470.256.02", "auto", node, OFFERS)
+        with pytest.raises(gpusupport.DriverUnsupportedGpuError) as info:
+            gpusupport.guard("470.256.02", "auto", node, OFFERS)
         error = info.value
         assert error.code == 14 and "Hopper" in error.message
         assert error.remedy == ("set --driver-version to 535.261.03, 570.124.06, 580.95.05, "
                                 "595.71.05")
 
     def test_580_on_k80_node(self, custom: Callable[..., NodeInfo]) -> None:
-        with pytest.raises(compat.DriverUnsupportedGpuError) as info:
-            compat.guard("580", "auto", custom(KEPLER_K80), OFFERS)
+        with pytest.raises(gpusupport.DriverUnsupportedGpuError) as info:
+            gpusupport.guard("580", "auto", custom(KEPLER_K80), OFFERS)
         assert "Kepler" in info.value.message
         assert info.value.remedy == "set --driver-version to 470.256.02"
 
     def test_alias_pointing_at_an_unsupported_version(
             self, sample: Callable[[str], NodeInfo]) -> None:
-        with pytest.raises(compat.DriverUnsupportedGpuError) as info:
-            compat.guard("default", "auto", sample("rocky9-h100x8"), OFFERS,
+        with pytest.raises(gpusupport.DriverUnsupportedGpuError) as info:
+            gpusupport.guard("default", "auto", sample("rocky9-h100x8"), OFFERS,
                          aliases={"default": "470.256.02"})
         assert "470.256.02 (the sources' `default`)" in info.value.message
 
     def test_proprietary_on_blackwell(self, custom: Callable[..., NodeInfo]) -> None:
-        with pytest.raises(compat.FlavourUnsupportedError) as info:
-            compat.guard("latest", "proprietary", custom(BLACKWELL_B200), OFFERS)
+        with pytest.raises(gpusupport.FlavourUnsupportedError) as info:
+            gpusupport.guard("latest", "proprietary", custom(BLACKWELL_B200), OFFERS)
         assert info.value.code == 14 and "--flavour open" in info.value.remedy
 
     def test_open_on_volta(self, custom: Callable[..., NodeInfo]) -> None:
-        with pytest.raises(compat.FlavourUnsupportedError):
-            compat.guard("535.261.03", "open", custom(VOLTA_V100), OFFERS)
+        with pytest.raises(gpusupport.FlavourUnsupportedError):
+            gpusupport.guard("535.261.03", "open", custom(VOLTA_V100), OFFERS)
 
     def test_no_offers_still_names_the_branches(self, sample: Callable[[str], NodeInfo]
                                                 ) -> None:
-        with pytest.raises(compat.DriverUnsupportedGpuError) as info:
-            compat.guard("440", "auto", sample("gke-cos-a100x8"), [])
+        with pytest.raises(gpusupport.DriverUnsupportedGpuError) as info:
+            gpusupport.guard("440", "auto", sample("gke-cos-a100x8"), [])
         assert info.value.remedy == "set --driver-version to a driver of branch 450 or newer"
 
 
 class TestDefaultAndLatestNeverPickUnsupported:
     def test_h100_filter_drops_470(self, sample: Callable[[str], NodeInfo]) -> None:
-        guard = compat.guard("latest", "auto", sample("rocky9-h100x8"), OFFERS)
+        guard = gpusupport.guard("latest", "auto", sample("rocky9-h100x8"), OFFERS)
         assert ("470.256.02", "proprietary") not in _allowed(guard)
         assert ("595.71.05", "open") in _allowed(guard)
 
     def test_k80_filter_keeps_only_470_proprietary(self, custom: Callable[..., NodeInfo]
                                                    ) -> None:
-        guard = compat.guard("default", "auto", custom(KEPLER_K80), OFFERS)
+        guard = gpusupport.guard("default", "auto", custom(KEPLER_K80), OFFERS)
         assert _allowed(guard) == [("470.256.02", "proprietary")]
 
     def test_blackwell_filter_keeps_open_from_570(self, custom: Callable[..., NodeInfo]
                                                   ) -> None:
-        guard = compat.guard("latest", "auto", custom(BLACKWELL_B200), OFFERS)
+        guard = gpusupport.guard("latest", "auto", custom(BLACKWELL_B200), OFFERS)
         assert _allowed(guard) == [("570.124.06", "open"), ("580.95.05", "open"),
                                    ("595.71.05", "open")]
 
     def test_t4_accepts_every_offer_but_open_before_515(
             self, sample: Callable[[str], NodeInfo]) -> None:
-        guard = compat.guard("default", "auto", sample("gke-ubuntu-t4"), OFFERS)
+        guard = gpusupport.guard("default", "auto", sample("gke-ubuntu-t4"), OFFERS)
         assert ("470.256.02", "open") not in _allowed(guard)
         assert len(_allowed(guard)) == len(OFFERS) - 1
 
     def test_unknown_gpu_is_not_blocked(self, sample: Callable[[str], NodeInfo]) -> None:
-        guard = compat.guard("latest", "auto", sample("debian12-future-gpu"), OFFERS)
+        guard = gpusupport.guard("latest", "auto", sample("debian12-future-gpu"), OFFERS)
         assert ("595.71.05", "open") in _allowed(guard)
 
 
@@ -132,13 +132,13 @@ class TestFlavourAuto:
         ("debian12-future-gpu", "open")])
     def test_sample_nodes(self, sample: Callable[[str], NodeInfo], name: str,
                           flavour: str) -> None:
-        archs = compat.node_architectures(sample(name))
-        assert compat.pick_flavour("auto", archs, "580.95.05") == flavour
+        archs = gpusupport.node_architectures(sample(name))
+        assert gpusupport.pick_flavour("auto", archs, "580.95.05") == flavour
 
     def test_blackwell_and_kepler(self, custom: Callable[..., NodeInfo]) -> None:
-        assert compat.pick_flavour("auto", compat.node_architectures(
+        assert gpusupport.pick_flavour("auto", gpusupport.node_architectures(
             custom(BLACKWELL_B200))) == "open"
-        assert compat.pick_flavour("auto", compat.node_architectures(
+        assert gpusupport.pick_flavour("auto", gpusupport.node_architectures(
             custom(KEPLER_K80))) == "proprietary"
 
 
@@ -154,7 +154,7 @@ class TestWithRepositoryResolve:
     def _resolve(self, requested: str, node: NodeInfo, flavour: str = "auto",
                  aliases: dict[str, str] | None = None) -> tuple[str, str]:
         candidates = self._candidates(node)
-        allowed = compat.guard(requested, flavour, node, candidates, aliases)
+        allowed = gpusupport.guard(requested, flavour, node, candidates, aliases)
         choice = resolve(requested, candidates, node, flavour=flavour, aliases=aliases,
                          allowed=allowed)
         return choice.driver_version, choice.flavour
@@ -181,7 +181,7 @@ class TestWithRepositoryResolve:
         assert self._resolve("latest", custom(BLACKWELL_B200)) == ("595.71.05", "open")
 
     def test_refusal_comes_before_resolution(self, sample: Callable[[str], NodeInfo]) -> None:
-        with pytest.raises(compat.DriverUnsupportedGpuError):
+        with pytest.raises(gpusupport.DriverUnsupportedGpuError):
             self._resolve("470.256.02", sample("rocky9-h100x8"))
 
 

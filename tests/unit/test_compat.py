@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from installer import compat
+from installer import compat, gpusupport
 from installer.compat_table import (
     ARCHITECTURE_BRANCHES,
     MINOR_VERSION_FLOORS,
@@ -181,12 +181,12 @@ class TestGpuBranches:
         (525, "Hopper", True), (565, "Blackwell", False), (570, "Blackwell", True),
         (390, "unknown", True), (999, "unknown", True)])
     def test_branch_supports(self, branch: int, arch: str, supported: bool) -> None:
-        assert compat.branch_supports(branch, arch) is supported
+        assert gpusupport.branch_supports(branch, arch) is supported
 
     def test_470_on_h100_is_refused_naming_working_versions(self) -> None:
         candidates = ["470.82.01", "535.261.03", "550.127.05", "580.95.05"]
-        with pytest.raises(compat.DriverUnsupportedGpuError) as info:
-            compat.check_driver_for_gpus("470.82.01", ["Hopper"], candidates=candidates)
+        with pytest.raises(gpusupport.DriverUnsupportedGpuError) as info:
+            gpusupport.check_driver_for_gpus("470.82.01", ["Hopper"], candidates=candidates)
         error = info.value
         assert isinstance(error, IncompatibleError) and error.code == 14
         assert "Hopper" in error.message and "525" in error.message
@@ -194,32 +194,32 @@ class TestGpuBranches:
         assert "470.82.01" not in error.remedy
 
     def test_580_on_k80_is_refused(self) -> None:
-        with pytest.raises(compat.DriverUnsupportedGpuError) as info:
-            compat.check_driver_for_gpus("580.95.05", ["Kepler"])
+        with pytest.raises(gpusupport.DriverUnsupportedGpuError) as info:
+            gpusupport.check_driver_for_gpus("580.95.05", ["Kepler"])
         assert "Kepler" in info.value.message and "branch 470 or older" in info.value.remedy
 
     def test_supported_pairs_pass(self) -> None:
-        compat.check_driver_for_gpus("535.261.03", ["Ampere", "Hopper"])
-        compat.check_driver_for_gpus("470", ["Kepler"])
-        compat.check_driver_for_gpus("535.261.03", [])
+        gpusupport.check_driver_for_gpus("535.261.03", ["Ampere", "Hopper"])
+        gpusupport.check_driver_for_gpus("470", ["Kepler"])
+        gpusupport.check_driver_for_gpus("535.261.03", [])
 
     def test_generations_no_branch_drives_together(self) -> None:
-        with pytest.raises(compat.DriverUnsupportedGpuError) as info:
-            compat.check_driver_for_gpus("535.261.03", ["Kepler", "Hopper"])
+        with pytest.raises(gpusupport.DriverUnsupportedGpuError) as info:
+            gpusupport.check_driver_for_gpus("535.261.03", ["Kepler", "Hopper"])
         assert "different nodes" in info.value.remedy
 
     def test_filter_versions_keeps_order_and_drops_junk(self) -> None:
         versions = ["580.95.05", "470.82.01", "junk", "535", "525.60.13", "520.61.05"]
-        assert compat.filter_versions(versions, ["Hopper"]) == [
+        assert gpusupport.filter_versions(versions, ["Hopper"]) == [
             "580.95.05", "535", "525.60.13"]
-        assert compat.filter_versions(versions, ["Kepler"]) == ["470.82.01"]
-        assert compat.filter_versions(versions, ["Volta", "Turing"]) == [
+        assert gpusupport.filter_versions(versions, ["Kepler"]) == ["470.82.01"]
+        assert gpusupport.filter_versions(versions, ["Volta", "Turing"]) == [
             "580.95.05", "470.82.01", "535", "525.60.13", "520.61.05"]
 
     def test_supported_range_in_words(self) -> None:
-        assert compat.describe_range(compat.supported_range(["Volta", "Ada Lovelace"])) == (
+        assert gpusupport.describe_range(gpusupport.supported_range(["Volta", "Ada Lovelace"])) == (
             "branches 525 to 580")
-        assert compat.describe_range(compat.supported_range(["unknown"])) == "any branch"
+        assert gpusupport.describe_range(gpusupport.supported_range(["unknown"])) == "any branch"
 
 
 class TestFlavour:
@@ -229,34 +229,34 @@ class TestFlavour:
         (["Ada Lovelace"], "proprietary"), (["Volta"], "proprietary"),
         (["Kepler"], "proprietary"), (["Ampere", "Hopper"], "open"), ([], "proprietary")])
     def test_auto(self, archs: list[str], expected: str) -> None:
-        assert compat.pick_flavour("auto", archs) == expected
+        assert gpusupport.pick_flavour("auto", archs) == expected
 
     def test_auto_before_open_modules_existed(self) -> None:
-        assert compat.pick_flavour("auto", ["Hopper"], "470.82.01") == "proprietary"
+        assert gpusupport.pick_flavour("auto", ["Hopper"], "470.82.01") == "proprietary"
 
     def test_explicit_flavour_that_works_is_kept(self) -> None:
-        assert compat.pick_flavour("proprietary", ["Hopper"], "535.261.03") == "proprietary"
-        assert compat.pick_flavour("open", ["Ampere"], "535.261.03") == "open"
+        assert gpusupport.pick_flavour("proprietary", ["Hopper"], "535.261.03") == "proprietary"
+        assert gpusupport.pick_flavour("open", ["Ampere"], "535.261.03") == "open"
 
     def test_proprietary_on_blackwell_is_refused(self) -> None:
-        with pytest.raises(compat.FlavourUnsupportedError) as info:
-            compat.pick_flavour("proprietary", ["Blackwell"], "570.124.06")
+        with pytest.raises(gpusupport.FlavourUnsupportedError) as info:
+            gpusupport.pick_flavour("proprietary", ["Blackwell"], "570.124.06")
         assert info.value.code == 14 and "Blackwell" in info.value.message
         assert "--flavour open" in info.value.remedy
 
     def test_open_on_volta_is_refused(self) -> None:
-        with pytest.raises(compat.FlavourUnsupportedError) as info:
-            compat.pick_flavour("open", ["Volta"])
+        with pytest.raises(gpusupport.FlavourUnsupportedError) as info:
+            gpusupport.pick_flavour("open", ["Volta"])
         assert "Volta" in info.value.message and "--flavour proprietary" in info.value.remedy
 
     def test_open_before_515_is_refused(self) -> None:
-        with pytest.raises(compat.FlavourUnsupportedError) as info:
-            compat.pick_flavour("open", ["Turing"], "470.82.01")
+        with pytest.raises(gpusupport.FlavourUnsupportedError) as info:
+            gpusupport.pick_flavour("open", ["Turing"], "470.82.01")
         assert "515" in info.value.message
 
     def test_no_flavour_drives_volta_and_blackwell(self) -> None:
-        with pytest.raises(compat.FlavourUnsupportedError) as info:
-            compat.pick_flavour("auto", ["Volta", "Blackwell"])
+        with pytest.raises(gpusupport.FlavourUnsupportedError) as info:
+            gpusupport.pick_flavour("auto", ["Volta", "Blackwell"])
         assert "different nodes" in info.value.remedy
 
 
