@@ -33,9 +33,9 @@ from installer.package import (
     ManifestError,
     Package,
     blob_relpath,
-    hash_file,
     parse_manifest,
 )
+from installer.packagetree import hash_file
 
 if TYPE_CHECKING:
     from installer.config import Config

@@ -10,7 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from installer.package import Package, hash_file
+from installer.package import Package
+from installer.packagetree import hash_file
 from installer.state import InstallState
 
 if TYPE_CHECKING:

@@ -24,7 +24,8 @@ from installer.errors import (
     SignatureRejectedError,
 )
 from installer.host import Host
-from installer.package import Package, verify_file
+from installer.package import Package
+from installer.packagetree import verify_file
 
 Params = Sequence[ModuleParam]
 MODULE_DIRS = ("lib/modules", "usr/lib/modules")

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from installer import __version__
 from installer.config import Config
 from installer.errors import InstallerError
 from installer.host import Host
@@ -163,7 +164,7 @@ def _install_locked(ctx: Context, root: Path, previous: InstallState | None, *,
         run_stage(ctx, name)
     manifest = package.manifest
     write_state(root, InstallState(
-        installer_version="", requested_version=ctx.config.driver_version,
+        installer_version=__version__, requested_version=ctx.config.driver_version,
         flavour_requested=ctx.config.flavour, kernel_release=manifest.kernel_release,
         driver_version=manifest.driver_version, flavour=manifest.flavour,
         package_digest=package.digest, timings_ms=dict(ctx.timings_ms)))

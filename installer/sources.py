@@ -24,10 +24,10 @@ from installer.package import (
     ManifestError,
     Package,
     parse_manifest,
-    read_tree,
     sha256_hex,
 )
 from installer.packagetar import unpack_tarball
+from installer.packagetree import read_tree
 from installer.parallel import run_parallel
 from installer.progress import Progress
 from installer.repository import (

@@ -13,7 +13,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from installer import __version__
 from installer.host import write_atomic
 
 STATE_FILE = ".state.json"
@@ -52,8 +51,7 @@ def read_state(install_dir: Path) -> InstallState | None:
 
 def write_state(install_dir: Path, state: InstallState) -> None:
     """Atomically record a verified install."""
-    data: dict[str, Any] = {**asdict(state), "installer_version": __version__,
-                            "written_at": time.time()}
+    data: dict[str, Any] = {**asdict(state), "written_at": time.time()}
     write_atomic(install_dir / STATE_FILE, (json.dumps(data, indent=2) + "\n").encode())
 
 

@@ -22,7 +22,8 @@ from pathlib import Path
 
 from installer import kmod
 from installer.host import RealHost, Roots
-from installer.package import Package, read_tree
+from installer.package import Package
+from installer.packagetree import read_tree
 
 # What loading each module makes appear: char devices (None = dynamic major) and procfs.
 CHARDEVS: dict[str, dict[str, int | None]] = {

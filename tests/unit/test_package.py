@@ -26,9 +26,9 @@ from installer.package import (
     manifest_from_dict,
     manifest_to_dict,
     parse_manifest,
-    read_tree,
 )
 from installer.packagetar import unpack_tarball
+from installer.packagetree import read_tree
 
 SHA = "a" * 64
 
