@@ -33,9 +33,10 @@ test-kernel: venv deps ## real-kernel tier alone: Debian's kernel under qemu/TCG
 kernel-assets: venv deps ## fetch/build the kernel tier's cache (kernel, headers, modules; ~6 min cold)
 	$(BIN)/python -m tests.kernel.assets
 
-lint: venv ## ruff and strict mypy
+lint: venv ## ruff, strict mypy and the import contracts (docs/architecture.md)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 demo: venv deps ## the whole install on Debian's kernel under qemu, no GPU needed (~3 min warm)
 	$(BIN)/python scripts/demo.py

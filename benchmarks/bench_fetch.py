@@ -34,8 +34,8 @@ sys.path.insert(0, str(REPO / "tests"))
 from artifacts import cache_root  # noqa: E402
 from httpserver import MirrorServer, write_random  # noqa: E402
 
-from installer.package import FileEntry, Manifest, dump_manifest, sha256_hex  # noqa: E402
-from installer.repository import Candidate, Index, index_to_bytes  # noqa: E402
+from installer.packages.manifest import FileEntry, Manifest, dump_manifest, sha256_hex  # noqa: E402
+from installer.packages.repository import Candidate, Index, index_to_bytes  # noqa: E402
 from installer.testing import SAMPLE_NODES, build_node  # noqa: E402
 
 NODE = "debian12-l4"

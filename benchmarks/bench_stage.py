@@ -25,10 +25,10 @@ from native import build_standins  # noqa: E402
 from native.contexts import make_ctx  # noqa: E402
 from native.packages import standin_tree, tree_package  # noqa: E402
 
-from installer import stage  # noqa: E402
-from installer.elf import read_soname  # noqa: E402
+from installer.node.elf import read_soname  # noqa: E402
+from installer.stages import stage  # noqa: E402
+from installer.stages.verify import verify  # noqa: E402
 from installer.testing import SAMPLE_NODES, build_node  # noqa: E402
-from installer.verify import verify  # noqa: E402
 
 
 def timed(fn: Callable[[], object], reps: int) -> list[float]:
@@ -59,7 +59,7 @@ def main() -> None:
         for hard in (True, False):
             def fresh(hard: bool = hard) -> None:
                 """Stage the version that is not current, after deleting its directory."""
-                current = stage.current_name(install) or ""
+                current = versions.current_name(install) or ""
                 target = versions[1] if current.startswith(versions[0]) else versions[0]
                 for old in (install / ".versions").glob(f"{target}-*"):
                     shutil.rmtree(old)

@@ -26,7 +26,7 @@ from artifacts import LIB_DIR, cache_root, nvidia_tree  # noqa: E402
 from kernel import assets, guest  # noqa: E402
 from native import CUDA_SONAME, NVML_SONAME, build_standins  # noqa: E402
 
-from installer.packagebuild import BuildRequest, build  # noqa: E402
+from installer.packages.build import BuildRequest, build  # noqa: E402
 
 VERSION = "535.261.03"
 FAKE_GPU = "0000:00:1e.0"  # where the test nvidia module lists its one GPU

@@ -12,7 +12,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from installer.docs import exit_code_table, settings_table
+from installer.cli.docs import exit_code_table, settings_table
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 

@@ -17,9 +17,9 @@ from helpers import node_args
 from native import build_standins
 from native.packages import standin_tree
 
-from installer.packagebuild import BuildRequest, build
+from installer.packages.build import BuildRequest, build
 from installer.testing import SAMPLE_NODES, build_node
-from installer.testing_kernel import fake_module_set
+from installer.testing.kernel import fake_module_set
 
 FAKENODE = Path(__file__).resolve().parent / "fakenode.py"
 NODE = "gke-ubuntu-t4"

@@ -15,7 +15,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from installer.cli import cli
-from installer.testing_kernel import FakeKernelHost
+from installer.testing.kernel import FakeKernelHost
 
 if __name__ == "__main__":
     cli.main(args=sys.argv[1:], prog_name="gpu-node-installer",

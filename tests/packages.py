@@ -13,8 +13,14 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
-from installer.package import FileEntry, Manifest, ModuleEntry, dump_manifest
-from installer.repository import Candidate, Index, index_to_bytes, package_path, with_package
+from installer.packages.manifest import FileEntry, Manifest, ModuleEntry, dump_manifest
+from installer.packages.repository import (
+    Candidate,
+    Index,
+    index_to_bytes,
+    package_path,
+    with_package,
+)
 
 KERNEL = "6.1.0-26-cloud-amd64"
 DEFAULT_FILES: dict[str, bytes] = {

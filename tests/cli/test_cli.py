@@ -15,7 +15,7 @@ from helpers import node_args
 
 from installer import __version__
 from installer.cli import cli
-from installer.host import Roots
+from installer.node.host import Roots
 
 NodeMaker = Callable[[str], Path]
 

@@ -1,4 +1,4 @@
-"""The content-addressed cache (installer.cache) and progress reporting (installer.progress)."""
+"""The content-addressed cache (packages.cache) and progress reporting (stages.fetch.progress)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from installer.cache import Cache
-from installer.package import FileEntry, Manifest, dump_manifest, parse_manifest
-from installer.progress import Progress
+from installer.packages.cache import Cache
+from installer.packages.manifest import FileEntry, Manifest, dump_manifest, parse_manifest
+from installer.stages.fetch.progress import Progress
 
 
 def entry(data: bytes, path: str = "lib64/a.so") -> FileEntry:

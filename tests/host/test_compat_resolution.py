@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from installer import gpusupport
 from installer.cli import cli
-from installer.detect import NodeInfo, detect_node
-from installer.host import RealHost, Roots
-from installer.repository import Candidate, Index, index_to_bytes, package_path, resolve
+from installer.compat import gpusupport
+from installer.node.facts import NodeInfo, detect_node
+from installer.node.host import RealHost, Roots
+from installer.packages.repository import Candidate, Index, index_to_bytes, package_path, resolve
 from installer.testing import NodeSpec, PciSpec, build_node
 
 NodeMaker = Callable[[str], Path]

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from installer.detect import NodeInfo, detect_node, require_gpus
 from installer.errors import NoGpuError
-from installer.host import RealHost, Roots
+from installer.node.facts import NodeInfo, detect_node
+from installer.node.host import RealHost, Roots
+from installer.stages.detect import require_gpus
 
 
 def _detect(root: Path) -> NodeInfo:

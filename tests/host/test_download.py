@@ -1,4 +1,4 @@
-"""installer.download against a real HTTP server on 127.0.0.1 with injected faults."""
+"""installer.stages.fetch.download against a real HTTP server on 127.0.0.1 with injected faults."""
 
 from __future__ import annotations
 
@@ -9,15 +9,15 @@ from typing import Any
 
 import pytest
 
-from installer.download import (
+from installer.errors import DownloadError, IntegrityError
+from installer.stages.fetch.download import (
     ChecksumMismatch,
     Downloader,
     DownloadSettings,
     NotOnMirror,
     file_url,
 )
-from installer.errors import DownloadError, IntegrityError
-from installer.parallel import run_parallel
+from installer.stages.fetch.parallel import run_parallel
 from tests.httpserver import Fault, MirrorServer, write_random
 
 SIZE = 3 * 1024 * 1024 + 17

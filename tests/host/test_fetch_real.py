@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from installer import logs
+from installer.cli import logs
 from installer.config import load_config
-from installer.fetch import run as fetch_run
-from installer.host import RealHost, Roots
-from installer.pipeline import Context
+from installer.context import Context
+from installer.node.host import RealHost, Roots
+from installer.stages.fetch import run as fetch_run
 from tests.artifacts import LIB_DIR, nvidia_tree
 from tests.host.test_fetch import invoke, named
 from tests.httpserver import Fault, MirrorServer, self_signed

@@ -161,7 +161,7 @@ class TestConcurrency:
         add_version(scene, V1)
         holder = subprocess.Popen(
             [sys.executable, "-c", "import sys,time; from pathlib import Path; "
-             "from installer.lock import node_lock\n"
+             "from installer.node.lock import node_lock\n"
              f"with node_lock(Path('{scene.install_dir}/.lock'), timeout=5):\n"
              "    print('held', flush=True); time.sleep(60)"],
             stdout=subprocess.PIPE, text=True)

@@ -8,13 +8,15 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from installer import errors, load, modplan
+from installer import errors
 from installer.cli import cli
 from installer.config import ModuleParam
-from installer.host import Roots
-from installer.package import Package
+from installer.node.host import Roots
+from installer.packages.manifest import Package
+from installer.stages import load
+from installer.stages.load import plan as modplan
 from installer.testing import SAMPLE_NODES, build_node
-from installer.testing_kernel import (
+from installer.testing.kernel import (
     FakeKernelHost,
     FakeModule,
     ModuleFile,

@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 
 from installer.errors import LockHeldError
-from installer.lock import holder_pid, node_lock
-from installer.state import InstallState, clear_state, read_state, write_state
+from installer.installdir.state import InstallState, clear_state, read_state, write_state
+from installer.node.lock import holder_pid, node_lock
 
 HOLDER = """
 import sys, time
 from pathlib import Path
-from installer.lock import node_lock
+from installer.node.lock import node_lock
 with node_lock(Path(sys.argv[1]), timeout=5):
     print("held", flush=True)
     time.sleep(float(sys.argv[2]))

@@ -21,8 +21,8 @@ from helpers import node_args, tree_listing
 from httpserver import MirrorServer
 
 from installer.cli import cli
-from installer.package import parse_manifest
-from installer.repository import parse_index
+from installer.packages.manifest import parse_manifest
+from installer.packages.repository import parse_index
 
 VERSION = "535.261.03"
 KERNEL = "6.1.0-26-cloud-amd64"  # the debian12-l4 sample node's kernel

@@ -17,10 +17,10 @@ from native import build_standins, packages
 from native.contexts import make_ctx, node_args
 from native.packages import tree_package
 
-from installer import signal, stage
 from installer.cli import cli
-from installer.package import Package
-from installer.pipeline import run_stages
+from installer.packages.manifest import Package
+from installer.pipeline import runner
+from installer.stages import signal, stage
 from installer.testing import SAMPLE_NODES, build_node
 
 VERSION = "535.261.03"
@@ -150,7 +150,7 @@ class TestReadiness:
                                                standin_package: Package) -> None:
         assert invoke(node, "signal").exit_code == 0
         ctx = make_ctx(node)
-        ctx.results["fetch"] = standin_package
+        ctx.package = standin_package
         stage.run(ctx)
         assert not any(p.exists() for p in ready_files(node))
 
@@ -222,7 +222,12 @@ class TestWaitReady:
 
     def test_returns_once_readiness_appears(self, node: Path) -> None:
         ctx = make_ctx(node)  # not CliRunner: it swaps sys.stdout for the whole process
-        writer = threading.Timer(0.3, run_stages, (ctx, ("detect", "verify", "signal")))
+        def verify_then_signal() -> None:
+            runner.detect(ctx)
+            runner.verify(ctx)
+            runner.signal(ctx)
+
+        writer = threading.Timer(0.3, verify_then_signal)
         writer.start()
         done = invoke(node, "wait-ready", "--timeout", "60", "--interval", "0.05")
         writer.join()

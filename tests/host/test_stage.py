@@ -23,10 +23,11 @@ from click.testing import CliRunner
 from native.contexts import make_ctx
 from native.packages import tree_package
 
-from installer import stage
 from installer.cli import cli
 from installer.errors import StagingError
-from installer.package import Package
+from installer.installdir import layout, versions
+from installer.packages.manifest import Package
+from installer.stages import stage
 
 A, B = "535.261.03", "535.309.01"
 INSTALL = "home/kubernetes/bin/nvidia"
@@ -153,7 +154,7 @@ class TestSwitching:
         assert done.exit_code == 0, done.output
         assert "Rolled back" in done.stdout
         assert version_of(root / INSTALL) == A
-        assert stage.previous_name(root / INSTALL) == f"{B}-6.1.0-26-cloud-amd64-proprietary"
+        assert versions.previous_name(root / INSTALL) == f"{B}-6.1.0-26-cloud-amd64-proprietary"
 
     def test_rollback_without_previous_fails_with_staging_code(
             self, make_node: Callable[[str], Path], packages: dict[str, Package]) -> None:
@@ -210,10 +211,11 @@ class TestSwitching:
 
 _CHILD = """
 import pickle, sys
-from installer import logs, stage
+from installer.cli import logs
+from installer.stages import stage
 from installer.config import load_config
-from installer.host import RealHost, Roots
-from installer.pipeline import Context
+from installer.node.host import RealHost, Roots
+from installer.context import Context
 root, pkg_file, hard = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
 config = load_config({"host_root": root, "proc_root": root + "/proc",
                       "sys_root": root + "/sys", "log_format": "json"}, {})
@@ -272,7 +274,7 @@ def test_sigkill_at_random_points_leaves_old_or_new_complete(
         pkg_files[version].write_bytes(pickle.dumps(package))
         by_sub: dict[str, dict[str, int]] = {"lib64": {}, "bin": {}}
         for entry in package.manifest.files:
-            by_sub[stage.destination(entry).parts[0]][Path(entry.path).name] = entry.size
+            by_sub[layout.destination(entry).parts[0]][Path(entry.path).name] = entry.size
         expected[version] = by_sub
     names = {v: f"{v}-6.1.0-26-cloud-amd64-proprietary" for v in (A, B)}
     durations = {hard: _timed_run(root, pkg_files[A], hard=hard) for hard in (False, True)}

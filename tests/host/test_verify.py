@@ -16,9 +16,10 @@ from native import build_standins, packages
 from native.contexts import make_ctx, node_args
 from native.packages import tree_package
 
-from installer import nvml, stage, verify
 from installer.cli import cli
-from installer.package import Package
+from installer.packages.manifest import Package
+from installer.stages import stage, verify
+from installer.stages.verify import nvml
 from installer.testing import SAMPLE_NODES, NodeSpec, PciSpec, build_node
 
 VERSION = "535.261.03"
@@ -132,7 +133,7 @@ class TestVerifyPasses:
         failures.write_text("3\n")
         monkeypatch.setenv("FAKE_NVML_INIT_FAILURES", str(failures))
         ctx = make_ctx(root)
-        ctx.results["load"] = "loaded just now"
+        ctx.modules_loaded = True
         assert verify.run(ctx).driver_version == VERSION
         assert failures.read_text().strip() == "0"
         failures.write_text("1\n")

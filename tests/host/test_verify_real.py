@@ -17,7 +17,7 @@ import pytest
 from native.contexts import make_ctx, node_args
 from native.packages import tree_package
 
-from installer import stage
+from installer.stages import stage
 from installer.testing import SAMPLE_NODES, build_node
 
 VERSION = "535.261.03"
@@ -75,7 +75,7 @@ def test_signal_with_real_nvml_and_no_kernel_module_fails_and_writes_no_readines
 
 def test_real_libcuda_without_a_driver_reports_no_device(real_node: Path) -> None:
     libcuda = real_node / INSTALL / "lib64" / "libcuda.so.1"
-    code = ("import sys; from pathlib import Path; from installer import cuda\n"
+    code = ("import sys; from pathlib import Path; from installer.stages.verify import cuda\n"
             "try:\n cuda.check_driver(Path(sys.argv[1]), smoke=False)\n"
             "except cuda.CudaError as e:\n print(e.message)")
     done = in_private_dev([sys.executable, "-c", code, str(libcuda)])

@@ -17,12 +17,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from installer import kmod, load
 from installer.config import ModuleParam
 from installer.errors import InstallerError
-from installer.host import RealHost, Roots
-from installer.package import Package
-from installer.testing_kernel import ModuleFile, write_package
+from installer.node import kmod
+from installer.node.host import RealHost, Roots
+from installer.packages.manifest import Package
+from installer.stages import load
+from installer.testing.kernel import ModuleFile, write_package
 
 HOST = RealHost(Roots(Path("/"), Path("/proc"), Path("/sys"), Path("/dev")))
 RELEASE = os.uname().release

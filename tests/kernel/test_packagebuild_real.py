@@ -14,7 +14,7 @@ import artifacts
 from click.testing import CliRunner
 
 from installer.cli import cli
-from installer.package import parse_manifest
+from installer.packages.manifest import parse_manifest
 
 from .assets import Kernel
 

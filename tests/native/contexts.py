@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from installer import logs
+from installer.cli import logs
 from installer.config import load_config
-from installer.host import CommandResult, RealHost, Roots
-from installer.pipeline import Context
+from installer.context import Context
+from installer.node.host import CommandResult, RealHost, Roots
 
 
 class RecordingHost(RealHost):

@@ -11,7 +11,7 @@ import os
 import stat
 from pathlib import Path
 
-from installer.package import FileEntry, Manifest, Package, dump_manifest
+from installer.packages.manifest import FileEntry, Manifest, Package, dump_manifest
 
 LIB_DIR = "usr/lib/x86_64-linux-gnu/nvidia/current"
 SMI = "usr/lib/nvidia/current/nvidia-smi"

@@ -6,15 +6,16 @@ import itertools
 
 import pytest
 
-from installer import compat, gpusupport
-from installer.compat_table import (
+from installer.compat import gpusupport
+from installer.compat import toolkit as compat
+from installer.compat.table import (
     ARCHITECTURE_BRANCHES,
     MINOR_VERSION_FLOORS,
     TOOLKIT_RELEASES,
     ToolkitRelease,
 )
 from installer.errors import ConfigError, IncompatibleError
-from installer.gpus import ARCHITECTURES
+from installer.node.gpus import ARCHITECTURES
 
 
 def _numbers(text: str) -> tuple[int, ...]:
@@ -265,9 +266,9 @@ class TestReadiness:
 
     def test_ready_document_names_the_newest_toolkit(self) -> None:
         from installer.config import Config
-        from installer.pipeline import Context
-        from installer.signal import ready_document
-        from installer.verify import VerifyResult
+        from installer.context import Context
+        from installer.stages.signal import ready_document
+        from installer.stages.verify import VerifyResult
 
         verified = VerifyResult(driver_version="535.261.03", cuda_version="12.2",
                                 kernel_release="6.1.0-26-cloud-amd64", flavour="proprietary",

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from installer import devnodes
-from installer.host import Roots
+from installer.node.host import Roots
+from installer.stages.load import devnodes
 from installer.testing import SAMPLE_NODES, build_node
-from installer.testing_kernel import FakeKernelHost, fake_module_set
+from installer.testing.kernel import FakeKernelHost, fake_module_set
 
 
 @pytest.fixture
@@ -103,7 +103,7 @@ class TestRealHostNodes:
     """RealHost's own mknod and links, where this process may create device nodes."""
 
     def test_mknod_char_exact_mode_and_replace(self, tmp_path: Path) -> None:
-        from installer.host import RealHost
+        from installer.node.host import RealHost
 
         real = RealHost(Roots(tmp_path, tmp_path, tmp_path, tmp_path))
         try:

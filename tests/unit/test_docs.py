@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from installer.docs import exit_code_table, settings_table
+from installer.cli.docs import exit_code_table, settings_table
 from installer.errors import InstallerError, error_table
 
 README = Path(__file__).resolve().parents[2] / "README.md"

@@ -1,4 +1,4 @@
-"""installer.elf: SONAME from the dynamic section, for both ELF classes and byte orders."""
+"""installer.node.elf: SONAME from the dynamic section, for both ELF classes and byte orders."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from installer.elf import ElfError, is_elf, read_soname
+from installer.node.elf import ElfError, is_elf, read_soname
 
 VADDR = 0x400000
 

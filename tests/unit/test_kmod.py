@@ -7,13 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from installer import errors, kmod
-from installer.host import RealHost, Roots
-from installer.testing_kernel import module_file_bytes
+from installer import errors
+from installer.node import kmod, syscalls
+from installer.node.host import RealHost, Roots
+from installer.stages.load import failures
+from installer.testing.kernel import module_file_bytes
 
 
 def _load_error(code: int, **kwargs: object) -> errors.InstallerError:
-    return kmod.load_failure(OSError(code, "x"), "nvidia", **kwargs)  # type: ignore[arg-type]
+    return failures.load_failure(OSError(code, "x"), "nvidia", **kwargs)  # type: ignore[arg-type]
 
 
 class TestLoadErrnoMapping:
@@ -65,7 +67,7 @@ class TestUnloadErrnoMapping:
         (errno.ENOSYS, errors.KernelWithoutModulesError), (errno.EIO, errors.ModuleLoadError),
     ])
     def test_errno(self, code: int, cls: type[errors.InstallerError]) -> None:
-        assert type(kmod.unload_failure(OSError(code, "x"), "nvidia")) is cls
+        assert type(failures.unload_failure(OSError(code, "x"), "nvidia")) is cls
 
 
 class TestProcDevices:
@@ -107,17 +109,17 @@ class TestModuleFiles:
 
 class TestSyscalls:
     def test_numbers_per_arch(self) -> None:
-        assert kmod.SYSCALLS == {"x86_64": (313, 176), "aarch64": (273, 106)}
+        assert syscalls.SYSCALLS == {"x86_64": (313, 176), "aarch64": (273, 106)}
 
     def test_unknown_arch_is_unsupported(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        monkeypatch.setattr(kmod.platform, "machine", lambda: "riscv64")
+        monkeypatch.setattr(syscalls.platform, "machine", lambda: "riscv64")
         with pytest.raises(errors.UnsupportedNodeError, match="riscv64"):
-            kmod.sys_delete_module("nvidia")
+            syscalls.delete_module("nvidia")
 
     def test_delete_of_absent_module_reports_the_kernel_errno(self) -> None:
         """A real syscall: ENOENT (not loaded), or ENOSYS/EPERM where modules are absent."""
         with pytest.raises(OSError) as caught:
-            kmod.sys_delete_module("gni_no_such_module")
+            syscalls.delete_module("gni_no_such_module")
         assert caught.value.errno in (errno.ENOENT, errno.ENOSYS, errno.EPERM)
 
 

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from installer.host import RealHost, Roots
-from installer.osinfo import HostFileError, parse_key_values, read_os_info
+from installer.node.host import RealHost, Roots
+from installer.node.osinfo import HostFileError, parse_key_values, read_os_info
 from installer.testing import COS_LSB_RELEASE, OS_RELEASES
 
 

@@ -1,4 +1,4 @@
-"""Manifest validation and tarball reading (installer.package): each violation, one clear line."""
+"""Manifest validation and tarball reading (packages.manifest): each violation, one clear line."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from installer.errors import IntegrityError
-from installer.package import (
+from installer.packages.manifest import (
     FileEntry,
     Manifest,
     ManifestError,
@@ -27,8 +27,8 @@ from installer.package import (
     manifest_to_dict,
     parse_manifest,
 )
-from installer.packagetar import unpack_tarball
-from installer.packagetree import read_tree
+from installer.packages.tar import unpack_tarball
+from installer.packages.tree import read_tree
 
 SHA = "a" * 64
 

@@ -1,4 +1,4 @@
-"""/proc/modules and /proc/driver/nvidia/version parsing (the read side of installer.kmod)."""
+"""/proc/modules and /proc/driver/nvidia/version parsing (the read side of installer.node.kmod)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from installer.kmod import ProcModulesError, parse_nvrm_version, parse_proc_modules
+from installer.node.kmod import ProcModulesError, parse_nvrm_version, parse_proc_modules
 
 REAL_PROC_MODULES = """\
 nvidia_uvm 1437696 0 - Live 0xffffffffc1a00000 (POE)

@@ -1,4 +1,4 @@
-"""index.json parsing and version resolution (installer.repository)."""
+"""index.json parsing and version resolution (installer.packages.repository)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from installer.detect import NodeInfo, detect_node
 from installer.errors import PackageNotFoundError
-from installer.host import RealHost, Roots
-from installer.repository import (
+from installer.node.facts import NodeInfo, detect_node
+from installer.node.host import RealHost, Roots
+from installer.packages.repository import (
     Candidate,
     Index,
     IndexFormatError,

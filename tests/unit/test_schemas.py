@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from installer.package import ManifestError, manifest_from_dict
-from installer.repository import IndexFormatError, parse_index
+from installer.packages.manifest import ManifestError, manifest_from_dict
+from installer.packages.repository import IndexFormatError, parse_index
 from tests.unit.test_package import BAD_MANIFESTS, mutate, valid
 from tests.unit.test_repository import index_doc
 

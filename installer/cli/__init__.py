@@ -1,0 +1,7 @@
+"""The command line: click commands (`commands`), the log set-up (`logs`) and the README
+tables generated from the code (`docs`). Commands parse, call one pipeline function and
+render; the sequencing lives in `installer.pipeline`."""
+
+from installer.cli.commands import cli, main
+
+__all__ = ["cli", "main"]

@@ -1,0 +1,337 @@
+"""The `gpu-node-installer` command line: parse, build Config and Host, call a stage, render.
+
+Commands hold no logic. Every node-facing command takes the same settings (see
+`installer.config.SETTINGS`); failures are `InstallerError`s, turned into one line on stderr,
+the termination log and the class's exit code here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from installer import __version__
+from installer.cli import logs
+from installer.config import SETTINGS, Config, load_config
+from installer.context import Context
+from installer.errors import InstallerError, error_table
+from installer.node.host import Host, RealHost, Roots
+from installer.pipeline import commands as run
+
+F = TypeVar("F", bound=Callable[..., Any])
+HostFactory = Callable[[Roots], Host]
+
+
+def _epilog() -> str:
+    rows = "\n".join(f"  {cls.code:>3}  {cls.summary}" for cls in error_table())
+    return f"Exit codes:\n\b\n  0  success\n{rows}"
+
+
+class InstallerGroup(click.Group):
+    """Turns InstallerError (and unexpected exceptions) into one line and an exit code."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.Exit, click.ClickException, click.Abort):
+            raise
+        except InstallerError as exc:
+            _report(ctx, exc.one_line())
+            raise click.exceptions.Exit(exc.code) from exc
+        except Exception as exc:
+            line = (f"error(internal): {type(exc).__name__}: {exc}; "
+                    "fix: rerun with --debug and report the traceback")
+            if _debug_enabled(ctx):
+                traceback.print_exc()
+            _report(ctx, line)
+            raise click.exceptions.Exit(1) from exc
+
+
+def _debug_enabled(ctx: click.Context) -> bool:
+    config = _config_of(ctx)
+    if config is not None:
+        return config.debug
+    return os.environ.get("DEBUG", "").lower() in ("1", "true", "yes", "on")
+
+
+def _config_of(ctx: click.Context) -> Config | None:
+    obj = ctx.find_object(dict)
+    return None if obj is None else obj.get("config")
+
+
+def _report(ctx: click.Context, line: str) -> None:
+    """Print the failure line and copy it to the termination log when that is writable."""
+    click.echo(line, err=True)
+    config = _config_of(ctx)
+    target = (config.termination_log if config is not None
+              else Path(os.environ.get("TERMINATION_LOG", "/dev/termination-log")))
+    try:
+        with target.open("w", encoding="utf-8") as handle:
+            handle.write(line + "\n")
+    except OSError:
+        pass
+
+
+def node_options(fn: F) -> F:
+    """Add every setting as an option; hand the command a ready `Context` instead."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        flags = {setting.name: kwargs.pop(setting.name) for setting in SETTINGS}
+        return fn(make_context(flags), *args, **kwargs)
+
+    decorated: Any = wrapper
+    for setting in reversed(SETTINGS):
+        env = f" [env: {setting.envvar}]" if setting.envvar else ""
+        default = f" [default: {setting.default}]" if setting.default else ""
+        decorated = click.option(
+            setting.flag, setting.name, is_flag=setting.is_flag,
+            default=None, multiple=setting.multiple, help=f"{setting.help}{env}{default}",
+        )(decorated)
+    return decorated  # type: ignore[no-any-return]
+
+
+def make_context(flags: dict[str, Any]) -> Context:
+    """Validate settings, configure logs, build the host seam (tests may inject a factory)."""
+    click_ctx = click.get_current_context()
+    obj = click_ctx.find_root().ensure_object(dict)
+    config = load_config(flags, os.environ)
+    obj["config"] = config
+    logs.configure(config.log_format, config.log_level)
+    factory: HostFactory = obj.get("host_factory", RealHost)
+    return Context(config=config, host=factory(Roots.from_config(config)),
+                   log=logs.get_logger())
+
+
+def output_option(fn: F) -> F:
+    """`--output text|json` for commands that report something."""
+    return click.option("--output", "output", type=click.Choice(["text", "json"]),
+                        default="text", show_default=True,
+                        help="human-readable text or JSON")(fn)
+
+
+def emit(result: Any, output: str) -> None:
+    """Print a result as JSON or as its human text (results offer to_json/to_text)."""
+    click.echo(result.to_json() if output == "json" else result.to_text())
+
+
+@click.group(cls=InstallerGroup, epilog=_epilog(),
+             context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="gpu-node-installer")
+def cli() -> None:
+    """Install a matching NVIDIA kernel module and user-mode driver on this node."""
+
+
+@cli.command()
+@node_options
+@output_option
+def detect(ctx: Context, output: str) -> None:
+    """Report the node: OS, kernel, NVIDIA PCI devices, loaded driver, security."""
+    emit(run.detect(ctx), output)
+
+
+def lazy_node_options(fn: F) -> F:
+    """Like `node_options`, but hands the command a zero-argument factory of the `Context`:
+    commands that may not need the node (`compat --driver V`) then run where no host
+    mounts exist, and the settings are validated only when the node is read."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        flags = {setting.name: kwargs.pop(setting.name) for setting in SETTINGS}
+        return fn(functools.partial(make_context, flags), *args, **kwargs)
+
+    decorated: Any = wrapper
+    for setting in reversed(SETTINGS):
+        env = f" [env: {setting.envvar}]" if setting.envvar else ""
+        decorated = click.option(
+            setting.flag, setting.name, is_flag=setting.is_flag, default=None,
+            multiple=setting.multiple, help=f"{setting.help}{env}")(decorated)
+    return decorated  # type: ignore[no-any-return]
+
+
+@cli.command()
+@click.option("--cuda", "cuda", required=True, metavar="X.Y[.Z]",
+              help="CUDA toolkit version the application was built with, e.g. 12.4")
+@click.option("--driver", "driver", default=None, metavar="VERSION",
+              help="driver version to check, e.g. 535.261.03 [default: the loaded driver]")
+@lazy_node_options
+@output_option
+def compat(node: Callable[[], Context], cuda: str, driver: str | None, output: str) -> None:
+    """Does a driver run a CUDA toolkit? Exit 0 yes, 14 no, 2 for a malformed version."""
+    from installer.compat.toolkit import raise_if_incompatible
+
+    verdict = run.compat(cuda, driver, node)
+    emit(verdict, output)
+    raise_if_incompatible(verdict)
+
+
+@cli.command()
+@node_options
+@output_option
+def load(ctx: Context, output: str) -> None:
+    """Fetch the driver package, load its kernel modules, create the device nodes."""
+    emit(run.load(ctx), output)
+
+
+@cli.command()
+@node_options
+@output_option
+def unload(ctx: Context, output: str) -> None:
+    """Unload the NVIDIA kernel modules, refusing (exit 10) while anything uses them."""
+    emit(run.unload(ctx), output)
+
+
+@cli.command()
+@node_options
+@output_option
+def fetch(ctx: Context, output: str) -> None:
+    """Resolve the driver for this node and get its package (preloaded, cache, mirrors)."""
+    emit(run.fetch(ctx), output)
+
+
+@cli.command()
+@node_options
+@output_option
+def versions(ctx: Context, output: str) -> None:
+    """List what each package source offers for this node and what would be chosen."""
+    emit(run.versions(ctx), output)
+
+
+@cli.command()
+@click.option("--rollback", is_flag=True,
+              help="switch back to the previously staged version instead of staging")
+@node_options
+@output_option
+def stage(ctx: Context, output: str, rollback: bool) -> None:
+    """Place the driver's libraries and binaries in the install dir; switch atomically."""
+    emit(run.rollback(ctx) if rollback else run.stage(ctx), output)
+
+
+@cli.command()
+@click.option("--cuda-smoke", is_flag=True,
+              help="also run a vector add on every GPU through the CUDA driver API")
+@click.option("--lib-dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              default=None, help="check the libnvidia-ml.so.1/libcuda.so.1 in this directory "
+              "(e.g. a GPU VM's own driver) instead of the install dir")
+@click.option("--expect-gpus", type=click.IntRange(min=0), default=None,
+              help="GPUs that must be seen [default: the NVIDIA GPUs on the PCI bus]")
+@node_options
+@output_option
+def verify(ctx: Context, output: str, cuda_smoke: bool, lib_dir: Path | None,
+           expect_gpus: int | None) -> None:
+    """Check the staged driver through NVML and CUDA against the node's GPUs."""
+    emit(run.verify(ctx, cuda_smoke=cuda_smoke, lib_dir=lib_dir, gpu_count=expect_gpus),
+         output)
+
+
+@cli.command(name="signal")
+@node_options
+@output_option
+def signal_command(ctx: Context, output: str) -> None:
+    """Verify, then write readiness (and label the node when in a cluster)."""
+    emit(run.signal(ctx), output)
+
+
+@cli.command()
+@node_options
+@output_option
+def status(ctx: Context, output: str) -> None:
+    """Report the node, cache, loaded module, staged versions, readiness, last timings."""
+    emit(run.status(ctx), output)
+
+
+@cli.command(name="wait-ready")
+@click.option("--timeout", type=click.FloatRange(min=0), default=600.0, show_default=True,
+              help="seconds to wait before failing (exit 12)")
+@click.option("--interval", type=click.FloatRange(min=0.05), default=2.0, show_default=True,
+              help="seconds between checks")
+@node_options
+@output_option
+def wait_ready(ctx: Context, output: str, timeout: float, interval: float) -> None:
+    """Block until the node's driver is verified and ready (for init containers)."""
+    emit(run.wait_ready(ctx, timeout=timeout, interval=interval), output)
+
+
+@cli.group()
+def package() -> None:
+    """Make driver packages (see docs/package-format.md)."""
+
+
+_IN_FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
+_IN_DIR = click.Path(exists=True, file_okay=False, path_type=Path)
+_OUT = click.Path(path_type=Path)
+
+
+@package.command(name="build")
+@click.option("--deb", "debs", multiple=True, type=_IN_FILE,
+              help="a Debian NVIDIA package (.deb), repeatable")
+@click.option("--tree", "trees", multiple=True, type=_IN_DIR,
+              help="a tree the .debs were extracted into (dpkg-deb -x), repeatable")
+@click.option("--run", "run_files", multiple=True, type=_IN_FILE,
+              help="NVIDIA's .run installer (makeself), repeatable")
+@click.option("--modules", "modules_dir", type=_IN_DIR,
+              help="directory of kernel modules built for one kernel release")
+@click.option("--driver-version", help="driver version (default: read from the inputs)")
+@click.option("--kernel-release", help="kernel release (default: the modules' vermagic)")
+@click.option("--flavour", type=click.Choice(["open", "proprietary"]),
+              help="module flavour (default: the nvidia module's licence)")
+@click.option("--arch", type=click.Choice(["x86_64", "aarch64"]), default="x86_64",
+              show_default=True, help="architecture of the files to take")
+@click.option("--os-id", help="only for nodes whose os-release ID is this")
+@click.option("--os-version-id", help="only for nodes whose os-release VERSION_ID is this")
+@click.option("--os-build-id", help="only for nodes whose os-release BUILD_ID is this")
+@click.option("--out-dir", "output_dir", type=_OUT, help="write the package directory here")
+@click.option("--repo", type=_OUT,
+              help="write into this repository (<kernel>/<driver>/<flavour>/, index.json)")
+@click.option("--alias", "aliases", multiple=True,
+              help="with --repo: point default, latest or a branch (535) at this version")
+@click.option("--tarball", type=_OUT, help="also write the package as this .tar.gz")
+@click.option("--force", is_flag=True, help="replace an existing package directory")
+@output_option
+def package_build(output: str, os_id: str | None, os_version_id: str | None,
+                  os_build_id: str | None, output_dir: Path | None, **options: Any) -> None:
+    """Make a driver package from .debs/.run and a kernel-modules directory."""
+    from installer.packages.build import BuildRequest, build
+
+    os_match = {key: value for key, value in (("id", os_id), ("version_id", os_version_id),
+                                              ("build_id", os_build_id)) if value}
+    options["debs"], options["trees"] = tuple(options["debs"]), tuple(options["trees"])
+    options["run_files"], options["aliases"] = (tuple(options["run_files"]),
+                                                tuple(options["aliases"]))
+    emit(build(BuildRequest(os=os_match or None, output=output_dir, **options)), output)
+
+
+@cli.command()
+@click.option("--paranoid", is_flag=True,
+              help="on the fast path, rehash every cached and staged file instead of sizes")
+@node_options
+@output_option
+def install(ctx: Context, output: str, paranoid: bool) -> None:
+    """Detect, fetch, load, stage, verify and signal: what the DaemonSet runs."""
+    from installer.pipeline.install import install as install_pipeline
+
+    emit(install_pipeline(ctx, paranoid=paranoid), output)
+
+
+@cli.command()
+@click.option("--keep-cache", is_flag=True, help="keep downloaded packages for a reinstall")
+@node_options
+@output_option
+def uninstall(ctx: Context, output: str, keep_cache: bool) -> None:
+    """Unload the driver and remove what `install` put on the node (refuses while in use)."""
+    emit(run.uninstall(ctx, keep_cache=keep_cache), output)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    cli.main(prog_name="gpu-node-installer")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

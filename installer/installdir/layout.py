@@ -1,0 +1,89 @@
+"""Every name the installer writes on the node, in one place.
+
+    <install>/.versions/<driver>-<kernel>-<flavour>/{lib64,bin,drivers,firmware}/...
+    <install>/.versions/<name>/.staged.json   identity of a complete version directory
+    <install>/.current  -> .versions/<name>   switched by one rename(2)
+    <install>/.previous -> .versions/<older>  kept for rollback
+    <install>/lib64 -> .current/lib64         likewise bin, drivers, firmware
+    <install>/.state.json  .ready.json  .lock  .cache/
+    /etc/ld.so.conf.d/gpu-node-installer.conf  /run/nvidia/validations/driver-ready
+
+Paths here are "as seen in this container": the node's path under the host root.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path, PurePosixPath
+from typing import Protocol
+
+from installer.config import Config
+from installer.errors import IntegrityError
+from installer.node.host import Roots
+
+VERSIONS = ".versions"
+CURRENT = ".current"
+PREVIOUS = ".previous"
+TOP_LINKS = ("lib64", "bin", "drivers", "firmware")
+KIND_DIRS = {"library": "lib64", "binary": "bin", "module": "drivers", "firmware": "firmware",
+             "config": "etc"}
+STAGED_META = ".staged.json"
+STATE_FILE = ".state.json"
+READY_FILE = ".ready.json"
+LOCK_FILE = ".lock"
+CACHE_DIR = ".cache"
+DRIVER_ROOT_DIR = "usr"  # --driver-root-layout's usr/lib/<multiarch>, usr/lib64, usr/bin
+LDCONF_NODE_PATH = PurePosixPath("/etc/ld.so.conf.d/gpu-node-installer.conf")
+VALIDATION_NODE_PATH = PurePosixPath("/run/nvidia/validations/driver-ready")
+
+
+class Identity(Protocol):
+    """What names a version directory (a package manifest has these)."""
+
+    @property
+    def driver_version(self) -> str: ...
+    @property
+    def kernel_release(self) -> str: ...
+    @property
+    def flavour(self) -> str: ...
+
+
+class Placed(Protocol):
+    """A manifest file entry: where it lands depends on its path and kind."""
+
+    @property
+    def path(self) -> str: ...
+    @property
+    def kind(self) -> str: ...
+
+
+def install_root(config: Config, roots: Roots) -> Path:
+    """The install dir as a path in this container."""
+    return roots.node(config.install_dir)
+
+
+def cache_root(config: Config, roots: Roots) -> Path:
+    """The host cache as a path here: `--cache-dir`, else `<install dir>/.cache`."""
+    return roots.node(config.cache_dir or config.install_dir / CACHE_DIR)
+
+
+def lock_path(config: Config, roots: Roots) -> Path:
+    """The node lock every writing command holds (`flock`)."""
+    return install_root(config, roots) / LOCK_FILE
+
+
+def version_name(identity: Identity) -> str:
+    """`<driver>-<kernel>-<flavour>`: one directory per package identity."""
+    return f"{identity.driver_version}-{identity.kernel_release}-{identity.flavour}"
+
+
+def destination(entry: Placed) -> PurePosixPath:
+    """Where a manifest file lands inside a version directory, by its kind."""
+    if entry.kind not in KIND_DIRS:
+        raise IntegrityError(f"manifest file {entry.path} has unknown kind {entry.kind!r}")
+    path = PurePosixPath(entry.path)
+    if path.is_absolute() or ".." in path.parts:
+        raise IntegrityError(f"manifest path {entry.path} escapes the package")
+    if entry.kind == "firmware" and "firmware" in path.parts[:-1]:
+        index = len(path.parts) - 1 - path.parts[::-1].index("firmware")
+        return PurePosixPath("firmware", *path.parts[index + 1:])
+    return PurePosixPath(KIND_DIRS[entry.kind], path.name)

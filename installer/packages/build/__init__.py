@@ -1,0 +1,345 @@
+"""`package build`: make a driver package from NVIDIA's real bits, reproducibly.
+
+The files (see `installer.packages.build.inputs`) are hashed while copied into a new directory,
+listed in a canonical manifest (sorted, fixed modes), and the directory is renamed into
+place only when complete; the same inputs always give the same manifest digest. With
+`--repo` the package goes to `<repo>/<kernel>/<driver>/<flavour>/` and `index.json` is
+updated (atomically) with its manifest digest and any aliases asked for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import hashlib
+import json
+import os
+import shutil
+import tarfile
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from installer.packages.manifest import (
+    ARCHES,
+    DRIVER_VERSION_RE,
+    FLAVOURS,
+    KERNEL_RELEASE_RE,
+    MANIFEST_NAME,
+    FileEntry,
+    LinkEntry,
+    Manifest,
+    ModuleEntry,
+    dump_manifest,
+    manifest_from_dict,
+    manifest_to_dict,
+    sha256_hex,
+)
+from installer.packages.build.inputs import (
+    COPY_CHUNK,
+    KIND_MODES,
+    OPEN_LICENSES,
+    ModuleInfo,
+    PackageBuildError,
+    Picked,
+    extract_deb,
+    extract_run,
+    load_order,
+    pick_user_files,
+    scan_modules,
+)
+from installer.packages.repository import (
+    INDEX_NAME,
+    MAX_INDEX_BYTES,
+    Candidate,
+    Index,
+    index_to_bytes,
+    package_path,
+    parse_index,
+    with_package,
+)
+
+__all__ = ["BuildRequest", "BuildResult", "PackageBuildError", "build"]
+_ALIAS_NAMES = ("default", "latest")
+
+
+@dataclass(frozen=True)
+class BuildRequest:
+    """What to build from, what identity to give it, where to write it."""
+
+    debs: tuple[Path, ...] = ()
+    trees: tuple[Path, ...] = ()
+    run_files: tuple[Path, ...] = ()
+    modules_dir: Path | None = None
+    driver_version: str | None = None
+    kernel_release: str | None = None
+    flavour: str | None = None
+    arch: str = "x86_64"
+    os: dict[str, str] | None = None
+    output: Path | None = None
+    repo: Path | None = None
+    aliases: tuple[str, ...] = ()
+    tarball: Path | None = None
+    force: bool = False
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    """The package written: its manifest, digest and where it went."""
+
+    manifest: Manifest
+    digest: str
+    directory: Path
+    tarball: Path | None = None
+    index: Path | None = None
+    aliases: dict[str, str] = field(default_factory=dict)
+
+    def log_fields(self) -> dict[str, Any]:
+        return {"package": self.manifest.key, "files": len(self.manifest.files),
+                "digest": self.digest[:12]}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"directory": str(self.directory), "digest": self.digest,
+                "tarball": str(self.tarball) if self.tarball else None,
+                "index": str(self.index) if self.index else None, "aliases": self.aliases,
+                "manifest": manifest_to_dict(self.manifest)}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    def to_text(self) -> str:
+        m = self.manifest
+        lines = [f"built {m.driver_version} {m.flavour} for {m.kernel_release} ({m.arch}): "
+                 f"{len(m.files)} files, {m.total_size / 1e6:.1f} MB, modules "
+                 f"{', '.join(x.name for x in m.modules) or 'none'}",
+                 f"directory {self.directory}", f"digest sha256:{self.digest}"]
+        if self.tarball:
+            lines.append(f"tarball {self.tarball}")
+        if self.index:
+            lines.append(f"index {self.index}"
+                         + (f" (aliases {json.dumps(self.aliases)})" if self.aliases else ""))
+        return "\n".join(lines)
+
+
+def build(request: BuildRequest) -> BuildResult:
+    """Validate the request, gather the files, write the package (and index, tarball)."""
+    _check_request(request)
+    with tempfile.TemporaryDirectory(prefix="gni-build-") as work:
+        roots = _user_trees(request, Path(work))
+        picked, links = pick_user_files(roots, request.arch)
+        modules = scan_modules(request.modules_dir) if request.modules_dir else []
+        _check_contents(request.arch, picked, modules)
+        identity = _identity(request, picked, modules)
+        ordered = load_order(modules)  # a cycle is refused before anything is written
+        destination = _destination(request, identity)
+        manifest, data = _write_package(destination, identity, request, picked, links,
+                                        modules, ordered)
+    digest = sha256_hex(data)
+    tarball = _write_tarball(destination, request.tarball) if request.tarball else None
+    index, aliases = (_update_index(request, manifest, digest) if request.repo
+                      else (None, {}))
+    return BuildResult(manifest, digest, destination, tarball, index, aliases)
+
+
+def _fail(message: str, remedy: str | None = None) -> PackageBuildError:
+    return PackageBuildError(message, remedy=remedy)
+
+
+def _check_request(request: BuildRequest) -> None:
+    if not (request.debs or request.trees or request.run_files or request.modules_dir):
+        raise _fail("nothing to build from",
+                    remedy="give --deb, --tree, --run and/or --modules")
+    if (request.output is None) == (request.repo is None):
+        raise _fail("say where to write the package: exactly one of --out-dir or --repo")
+    if request.arch not in ARCHES:
+        raise _fail(f"--arch {request.arch!r} is not one of {', '.join(ARCHES)}")
+    for alias in request.aliases:
+        if alias not in _ALIAS_NAMES and not (alias.isdigit() and 3 <= len(alias) <= 4):
+            raise _fail(f"--alias {alias!r} is not default, latest or a branch like 535")
+    if request.aliases and request.repo is None:
+        raise _fail("--alias needs --repo (aliases live in the repository's index.json)")
+    for path in (*request.debs, *request.trees, *request.run_files):
+        if not path.exists():
+            raise _fail(f"input {path} does not exist")
+
+
+def _user_trees(request: BuildRequest, work: Path) -> list[Path]:
+    """Every user-mode input as a directory tree (debs and .run files unpacked into `work`)."""
+    roots = list(request.trees)
+    for number, deb in enumerate(request.debs):
+        target = work / f"deb{number}"
+        extract_deb(deb, target)
+        roots.append(target)
+    for number, run_file in enumerate(request.run_files):
+        target = work / f"run{number}"
+        extract_run(run_file, target)
+        roots.append(target)
+    return roots
+
+
+def _check_contents(arch: str, picked: list[Picked], modules: list[ModuleInfo]) -> None:
+    """Something of the package's arch was found, and no module is built for another arch."""
+    foreign = [m for m in modules if m.arch != arch]
+    if foreign:
+        raise _fail(f"module {foreign[0].path} is built for {foreign[0].arch or 'an unknown arch'}"
+                    f", not {arch}", remedy="pass --arch to match the modules, or other modules")
+    if not picked and not modules:
+        raise _fail(f"the inputs hold no {arch} driver files (libraries, nvidia-* binaries, "
+                    "firmware, modules)", remedy="check the inputs and --arch")
+
+
+@dataclass(frozen=True)
+class _Identity:
+    driver_version: str
+    kernel_release: str
+    flavour: str
+
+
+def _agree(what: str, given: str | None, found: set[str], flag: str) -> str:
+    """One value for an identity field: the flag, else what the inputs say (all the same)."""
+    if given is not None:
+        found.discard(given)
+        if found:
+            raise _fail(f"{flag} {given} disagrees with the inputs, which say "
+                        f"{', '.join(sorted(found))}")
+        return given
+    if len(found) != 1:
+        raise _fail(f"cannot tell the {what} from the inputs ("
+                    + (f"they say {', '.join(sorted(found))}" if found else "they do not say")
+                    + ")", remedy=f"pass {flag}")
+    return found.pop()
+
+
+def _identity(request: BuildRequest, picked: list[Picked], modules: list[ModuleInfo]
+              ) -> _Identity:
+    versions = {p.relpath.rsplit(".so.", 1)[1] for p in picked
+                if ".so." in p.relpath and DRIVER_VERSION_RE.match(p.relpath.rsplit(".so.", 1)[1])}
+    versions |= {m.version for m in modules if m.version and DRIVER_VERSION_RE.match(m.version)}
+    kernels = {m.kernel_release for m in modules if m.kernel_release}
+    flavours = {"open" if m.license in OPEN_LICENSES else "proprietary"
+                for m in modules if m.name == "nvidia" and m.license}
+    identity = _Identity(
+        _agree("driver version", request.driver_version, versions, "--driver-version"),
+        _agree("kernel release", request.kernel_release, kernels, "--kernel-release"),
+        _agree("module flavour", request.flavour, flavours, "--flavour"))
+    if not DRIVER_VERSION_RE.match(identity.driver_version):
+        raise _fail(f"driver version {identity.driver_version!r} is not like 535.261.03")
+    if not KERNEL_RELEASE_RE.match(identity.kernel_release):
+        raise _fail(f"kernel release {identity.kernel_release!r} is not a kernel release")
+    if identity.flavour not in FLAVOURS:
+        raise _fail(f"flavour {identity.flavour!r} is not one of {', '.join(FLAVOURS)}")
+    return identity
+
+
+def _destination(request: BuildRequest, identity: _Identity) -> Path:
+    if request.repo is not None:
+        target = request.repo / package_path(identity.kernel_release, identity.driver_version,
+                                             identity.flavour)
+    else:
+        assert request.output is not None
+        target = request.output
+    if target.exists() and not request.force and any(target.iterdir()):
+        raise _fail(f"{target} already exists and is not empty",
+                    remedy="pass --force to replace it, or pick another --out-dir")
+    return target
+
+
+def _write_package(destination: Path, identity: _Identity, request: BuildRequest,
+                   picked: list[Picked], links: list[LinkEntry], modules: list[ModuleInfo],
+                   ordered: list[ModuleInfo]) -> tuple[Manifest, bytes]:
+    """Copy and hash every file into a temp dir beside `destination`, then swap it in."""
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{destination.name}.", dir=destination.parent))
+    try:
+        picked = [_firmware_home(item, identity.driver_version) for item in picked]
+        module_files = [Picked(f"modules/{m.path.name}", m.path, "module") for m in modules]
+        entries = [_copy(item, tmp) for item in sorted(picked + module_files,
+                                                       key=lambda p: p.relpath)]
+        manifest = manifest_from_dict(manifest_to_dict(Manifest(
+            1, identity.driver_version, identity.kernel_release, request.arch,
+            identity.flavour, request.os, tuple(entries),
+            tuple(ModuleEntry(m.name, f"modules/{m.path.name}", m.depends, {})
+                  for m in ordered), tuple(links))))
+        data = dump_manifest(manifest)
+        (tmp / MANIFEST_NAME).write_bytes(data)
+        tmp.chmod(0o755)
+        _swap_into_place(tmp, destination)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return manifest, data
+
+
+def _firmware_home(item: Picked, version: str) -> Picked:
+    """GSP firmware goes where the module asks for it: `nvidia/<version>/` (the .run is flat)."""
+    prefix = f"firmware/nvidia/{version}/"
+    if item.kind != "firmware" or item.relpath.startswith(prefix):
+        return item
+    return Picked(prefix + item.relpath.rsplit("/", 1)[-1], item.source, item.kind)
+
+
+def _copy(item: Picked, root: Path) -> FileEntry:
+    """Copy one file while hashing it (one pass) and give it its kind's fixed mode."""
+    target = root / item.relpath
+    target.parent.mkdir(parents=True, exist_ok=True)
+    digest, size = hashlib.sha256(), 0
+    with item.source.open("rb") as source, target.open("wb") as out:
+        while chunk := source.read(COPY_CHUNK):
+            digest.update(chunk)
+            out.write(chunk)
+            size += len(chunk)
+    mode = KIND_MODES[item.kind]
+    target.chmod(mode)
+    return FileEntry(item.relpath, size, digest.hexdigest(), mode, item.kind)
+
+
+def _swap_into_place(tmp: Path, destination: Path) -> None:
+    old = None
+    if destination.exists():
+        old = destination.with_name(f".{destination.name}.old-{os.getpid()}")
+        os.rename(destination, old)
+    os.rename(tmp, destination)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _write_tarball(directory: Path, target: Path) -> Path:
+    """A reproducible tar.gz of the package (sorted names, fixed owner and times)."""
+    def clean(info: tarfile.TarInfo) -> tarfile.TarInfo:
+        info.uid = info.gid = 0
+        info.uname = info.gname = "root"
+        info.mtime = 0
+        return info
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    with tmp.open("wb") as raw, gzip.GzipFile(filename="", mode="wb", compresslevel=1,
+                                               fileobj=raw, mtime=0) as compressed, \
+            tarfile.open(fileobj=compressed, mode="w", format=tarfile.PAX_FORMAT) as archive:
+        for path in sorted(p for p in directory.rglob("*") if p.is_file()):
+            archive.add(path, arcname=path.relative_to(directory).as_posix(), filter=clean)
+    os.replace(tmp, target)
+    return target
+
+
+def _update_index(request: BuildRequest, manifest: Manifest, digest: str
+                  ) -> tuple[Path, dict[str, str]]:
+    """Add the package to `<repo>/index.json` (creating it), set aliases, write atomically."""
+    assert request.repo is not None
+    path = request.repo / INDEX_NAME
+    index = Index()
+    if path.exists():
+        with path.open("rb") as handle:
+            index = parse_index(handle.read(MAX_INDEX_BYTES + 1), str(path))
+    aliases = {name: manifest.driver_version for name in request.aliases}
+    candidate = Candidate(manifest.driver_version, manifest.kernel_release, manifest.arch,
+                          manifest.flavour, manifest.key, digest, manifest.os)
+    tmp = path.with_name(f".{INDEX_NAME}.tmp-{os.getpid()}")
+    try:
+        tmp.write_bytes(index_to_bytes(with_package(index, candidate, aliases)))
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+    return path, aliases

@@ -1,0 +1,266 @@
+"""The inputs of `package build`: .deb files, extracted trees, .run archives, kernel modules.
+
+Debian's NVIDIA packages (`.deb` files, or a tree they were extracted into), NVIDIA's
+`.run` installer (a makeself archive, unpacked with its own `--noexec --target`), and a
+directory of kernel modules built for one kernel (dependencies read from each `.modinfo`).
+User-mode files are picked by what they are (ELF libraries and `nvidia-*` executables of
+the package's arch, firmware under `firmware/`); modules are put in load order from the
+dependencies their `.modinfo` declares. `installer.packages.build` writes the package.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import tarfile
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from installer.node import elf, kmod
+from installer.errors import ConfigError
+from installer.packages.manifest import LinkEntry
+
+MODULE_ORDER = ("nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm")
+OPTIONAL_MODULES = ("nvidia_peermem",)  # only with Mellanox NICs: shipped, not loaded
+OPEN_LICENSES = ("Dual MIT/GPL", "GPL", "Dual BSD/GPL")
+# in a .run but not part of a node's driver: the installer itself and the X11/GUI tools
+NOT_SHIPPED = ("nvidia-installer", "nvidia-uninstall", "nvidia-settings", "nvidia-xconfig")
+KIND_MODES = {"library": 0o644, "binary": 0o755, "module": 0o644, "firmware": 0o644,
+              "config": 0o644}
+COPY_CHUNK = 1024 * 1024
+
+
+class PackageBuildError(ConfigError):
+    """The inputs cannot be made into a package (exit 2: fix the command's inputs)."""
+
+    default_remedy = "check the inputs given to `package build` (see its --help)"
+
+
+@dataclass(frozen=True)
+class Picked:
+    """A file chosen for the package: its package path, where it is now, its kind."""
+
+    relpath: str
+    source: Path
+    kind: str
+
+
+@dataclass(frozen=True)
+class ModuleInfo:
+    """What a module's `.modinfo` says about it."""
+
+    name: str
+    path: Path
+    depends: tuple[str, ...]
+    kernel_release: str | None
+    version: str | None
+    license: str | None
+    arch: str | None = None
+
+
+def _fail(message: str, remedy: str | None = None) -> PackageBuildError:
+    return PackageBuildError(message, remedy=remedy)
+
+
+# ---------------------------------------------------------------- inputs
+
+
+def extract_deb(deb: Path, dest: Path) -> None:
+    """Unpack a .deb's data archive (ar + tar) without dpkg; unsafe members are refused."""
+    try:
+        with deb.open("rb") as handle:
+            if handle.read(8) != b"!<arch>\n":
+                raise _fail(f"{deb} is not a Debian package (no ar header)")
+            for name, size in _ar_members(handle):
+                if name.startswith("data.tar"):
+                    _extract_tar_stream(handle, size, dest, str(deb))
+                    return
+                handle.seek(size + size % 2, os.SEEK_CUR)
+    except OSError as exc:
+        raise _fail(f"cannot read {deb}: {exc.strerror or exc}") from None
+    raise _fail(f"{deb} has no data.tar member")
+
+
+def _ar_members(handle: Any) -> Iterator[tuple[str, int]]:
+    while header := handle.read(60):
+        if len(header) < 60 or header[58:60] != b"`\n":
+            raise _fail(f"{handle.name} has a damaged ar header")
+        yield header[:16].decode("ascii", "replace").strip().rstrip("/"), int(header[48:58])
+
+
+def _extract_tar_stream(handle: Any, size: int, dest: Path, where: str) -> None:
+    with tempfile.TemporaryFile() as spool:
+        remaining = size
+        while remaining and (chunk := handle.read(min(COPY_CHUNK, remaining))):
+            spool.write(chunk)
+            remaining -= len(chunk)
+        spool.seek(0)
+        try:
+            with tarfile.open(fileobj=spool, mode="r:*") as archive:
+                archive.extractall(dest, filter="data")
+        except (tarfile.TarError, EOFError, OSError) as exc:
+            raise _fail(f"{where}: cannot unpack its data archive ({exc})") from None
+
+
+def extract_run(run_file: Path, dest: Path) -> None:
+    """Unpack NVIDIA's .run with its makeself header's `--noexec --target` (installer not run)."""
+    if not run_file.is_file():
+        raise _fail(f"{run_file} does not exist")
+    with run_file.open("rb") as handle:
+        head = handle.read(16384)
+    if not head.startswith(b"#!") or b"makeself" not in head.lower():
+        raise _fail(f"{run_file} is not a makeself .run archive",
+                    remedy="pass NVIDIA's NVIDIA-Linux-<arch>-<version>.run installer")
+    done = subprocess.run(["sh", str(run_file), "--noexec", "--nox11", "--target", str(dest)],
+                          capture_output=True, text=True, timeout=600, check=False,
+                          stdin=subprocess.DEVNULL)
+    if done.returncode != 0:
+        detail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise _fail(f"{run_file} failed to unpack (exit {done.returncode}): {detail[0][:200]}",
+                    remedy="check the .run file is complete (its own checksum failed?)")
+
+
+def elf_machine(path: Path) -> str | None:
+    """The ELF's architecture (x86_64/aarch64), or None when not an ELF we know."""
+    try:
+        with path.open("rb") as handle:
+            return elf.machine(handle.read(20))
+    except OSError:
+        return None
+
+
+def classify(path: Path, relative: Path, arch: str) -> str | None:
+    """The kind of a user-mode file of a driver tree, or None when it is not shipped."""
+    if path.is_symlink() or not path.is_file():
+        return None
+    if "firmware" in relative.parts[:-1] and path.suffix == ".bin":
+        return "firmware"
+    if elf_machine(path) != arch:
+        return None
+    if ".so" in path.name:
+        return "library"
+    if (path.name.startswith("nvidia-") and path.name not in NOT_SHIPPED
+            and os.access(path, os.X_OK)):
+        return "binary"
+    return None
+
+
+def pick_user_files(roots: list[Path], arch: str) -> tuple[list[Picked], list[LinkEntry]]:
+    """Libraries, binaries and firmware of every tree, and the library links beside them."""
+    picked: dict[str, Picked] = {}
+    link_candidates: list[tuple[Path, str]] = []
+    for root in roots:
+        for path in sorted(p for p in root.rglob("*") if p.is_file() or p.is_symlink()):
+            relative = path.relative_to(root)
+            kind = classify(path, relative, arch)
+            if kind is None:
+                if path.is_symlink() and ".so" in path.name:
+                    link_candidates.append((path, "lib64/" + path.name))
+                continue
+            relpath = _package_relpath(kind, relative)
+            if relpath in picked and _digest(picked[relpath].source) != _digest(path):
+                raise _fail(f"two different files would both be {relpath}: "
+                            f"{picked[relpath].source} and {path}")
+            picked[relpath] = Picked(relpath, path, kind)
+    return sorted(picked.values(), key=lambda p: p.relpath), _links(link_candidates, picked)
+
+
+def _package_relpath(kind: str, relative: Path) -> str:
+    if kind == "firmware":
+        parts = relative.parts
+        index = len(parts) - 1 - parts[::-1].index("firmware")
+        return "/".join(("firmware", *parts[index + 1:]))
+    return f"{'lib64' if kind == 'library' else 'bin'}/{relative.name}"
+
+
+def _links(candidates: list[tuple[Path, str]], picked: dict[str, Picked]) -> list[LinkEntry]:
+    """`lib64/libcuda.so.1 -> libcuda.so.535.x`: links whose chain ends at a picked library."""
+    links: dict[str, LinkEntry] = {}
+    for path, relpath in candidates:
+        target = path.resolve()
+        final = f"lib64/{target.name}"
+        if final in picked and final != relpath and relpath not in picked:
+            links[relpath] = LinkEntry(relpath, target.name)
+    return [links[key] for key in sorted(links)]
+
+
+def _digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(COPY_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+# ---------------------------------------------------------------- kernel modules
+
+
+def read_module(path: Path) -> ModuleInfo:
+    """Name, dependencies, kernel release (vermagic), version and licence of one module."""
+    data = _module_bytes(path)
+    try:
+        info = kmod.modinfo(data)
+    except ValueError as exc:
+        raise _fail(f"{path} is not a kernel module: {exc}") from None
+    vermagic = (info.get("vermagic") or [""])[0].split()
+    name = (info.get("name") or [kmod.module_name(path.name)])[0]
+    return ModuleInfo(kmod.normalize(name), path, kmod.modinfo_depends(data),
+                      vermagic[0] if vermagic else None,
+                      _first(info, "version"), _first(info, "license"), elf.machine(data[:20]))
+
+
+def _first(info: dict[str, list[str]], key: str) -> str | None:
+    values = info.get(key)
+    return values[0] if values else None
+
+
+def _module_bytes(path: Path) -> bytes:
+    data = path.read_bytes()
+    if path.name.endswith(".ko.xz"):
+        import lzma
+
+        return lzma.decompress(data)
+    if path.name.endswith(".ko.gz"):
+        import gzip
+
+        return gzip.decompress(data)
+    if path.name.endswith(".ko.zst"):
+        raise _fail(f"{path}: zstd-compressed modules cannot be read here",
+                    remedy="give the uncompressed .ko files (the package may compress later)")
+    return data
+
+
+def scan_modules(directory: Path) -> list[ModuleInfo]:
+    """Every module file under a directory (recursively), as modinfo describes it."""
+    if not directory.is_dir():
+        raise _fail(f"modules directory {directory} does not exist")
+    files = sorted(p for p in directory.rglob("*") if p.is_file() and p.name.endswith(
+        (".ko", ".ko.xz", ".ko.gz", ".ko.zst")))
+    if not files:
+        raise _fail(f"{directory} holds no kernel modules (*.ko)")
+    modules = [read_module(path) for path in files]
+    names = [m.name for m in modules]
+    if len(set(names)) != len(names):
+        raise _fail(f"{directory} holds two modules of the same name")
+    return modules
+
+
+def load_order(modules: list[ModuleInfo]) -> list[ModuleInfo]:
+    """Dependencies first; among ready modules NVIDIA's usual order, then by name."""
+    by_name = {m.name: m for m in modules if m.name not in OPTIONAL_MODULES}
+    rank = {name: i for i, name in enumerate(MODULE_ORDER)}
+    ordered: list[ModuleInfo] = []
+    pending = dict(by_name)
+    while pending:
+        ready = [m for m in pending.values()
+                 if all(d not in pending for d in m.depends)]
+        if not ready:
+            raise _fail(f"modules {sorted(pending)} depend on each other in a cycle")
+        chosen = min(ready, key=lambda m: (rank.get(m.name, len(rank)), m.name))
+        ordered.append(chosen)
+        del pending[chosen.name]
+    return ordered

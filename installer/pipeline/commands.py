@@ -1,0 +1,124 @@
+"""What each node-facing CLI command runs: the stages it needs, in order, under the lock.
+
+`install` (installer.pipeline.install) is the whole job; these are the single-stage and
+debugging commands. A command that writes on the node holds the node lock, so it never
+interleaves with another run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from installer.context import Context
+from installer.installdir.layout import lock_path
+from installer.node.lock import node_lock
+from installer.pipeline import runner
+
+if TYPE_CHECKING:
+    from installer.compat.toolkit import CudaVerdict
+    from installer.installdir.readiness import Readiness
+    from installer.node.facts import NodeInfo
+    from installer.packages.manifest import Package
+    from installer.pipeline.status import StatusReport
+    from installer.pipeline.uninstall import UninstallResult
+    from installer.stages.fetch import Versions
+    from installer.stages.load import LoadResult, UnloadResult
+    from installer.stages.signal import SignalResult
+    from installer.stages.stage import RollbackResult, StageResult
+    from installer.stages.verify import VerifyResult
+
+
+@contextmanager
+def locked(ctx: Context) -> Iterator[None]:
+    """The install dir's lock: a writing command must not interleave with another run."""
+    with node_lock(lock_path(ctx.config, ctx.host.roots), timeout=ctx.config.lock_timeout):
+        yield
+
+
+def detect(ctx: Context) -> NodeInfo:
+    return runner.detect(ctx)
+
+
+def fetch(ctx: Context) -> Package:
+    with locked(ctx):
+        return runner.fetch(ctx)
+
+
+def versions(ctx: Context) -> Versions:
+    from installer.stages.fetch import available
+
+    return runner.run_stage(ctx, "versions", available)
+
+
+def load(ctx: Context) -> LoadResult:
+    with locked(ctx):
+        runner.fetch(ctx)
+        return runner.load(ctx)
+
+
+def unload(ctx: Context) -> UnloadResult:
+    from installer.stages import load as load_stage
+
+    with locked(ctx):
+        return runner.run_stage(ctx, "unload", lambda c: load_stage.unload(c.host))
+
+
+def stage(ctx: Context) -> StageResult:
+    with locked(ctx):
+        runner.detect(ctx)
+        runner.fetch(ctx)
+        return runner.stage(ctx)
+
+
+def rollback(ctx: Context) -> RollbackResult:
+    from installer.stages.stage import rollback_stage
+
+    with locked(ctx):
+        return runner.run_stage(ctx, "stage", rollback_stage)
+
+
+def verify(ctx: Context, *, cuda_smoke: bool, lib_dir: Path | None,
+           gpu_count: int | None) -> VerifyResult:
+    return runner.verify(ctx, cuda_smoke=cuda_smoke, lib_dir=lib_dir, gpu_count=gpu_count)
+
+
+def signal(ctx: Context) -> SignalResult:
+    with locked(ctx):
+        runner.detect(ctx)
+        runner.verify(ctx)
+        return runner.signal(ctx)
+
+
+def status(ctx: Context) -> StatusReport:
+    from installer.pipeline.status import collect
+
+    return collect(ctx)
+
+
+def wait_ready(ctx: Context, *, timeout: float, interval: float) -> Readiness:
+    from installer.installdir.readiness import wait_ready as wait
+
+    return wait(ctx.config, ctx.host, timeout=timeout, interval=interval)
+
+
+def uninstall(ctx: Context, *, keep_cache: bool) -> UninstallResult:
+    from installer.pipeline import uninstall as remove
+
+    with locked(ctx):
+        return runner.run_stage(ctx, "uninstall", lambda c: remove.run(c, keep_cache=keep_cache))
+
+
+def compat(cuda: str, driver: str | None, node: Callable[[], Context]) -> CudaVerdict:
+    """Check a CUDA toolkit against `--driver`, else against the driver the node has loaded
+    (the node's settings are validated only then)."""
+    from installer.compat import toolkit
+    from installer.node import kmod
+
+    def loaded_version() -> str | None:
+        loaded = kmod.loaded_driver(node().host)
+        return loaded.version if loaded else None
+
+    return toolkit.run_check(cuda, driver, loaded_version)

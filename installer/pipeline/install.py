@@ -1,0 +1,127 @@
+"""`install`, the DaemonSet's job: every stage in order under the node lock, never leaving a
+half install, with the reboot fast path and the restore of the previous version on failure.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from installer import __version__
+from installer.context import Context
+from installer.errors import InstallerError
+from installer.installdir.layout import lock_path, version_name
+from installer.installdir.readiness import clear_readiness, ready_paths
+from installer.installdir.state import InstallState, read_state, write_state
+from installer.installdir.versions import current_name, read_staged, switch_to
+from installer.node import kmod
+from installer.node.host import write_atomic
+from installer.node.lock import node_lock
+from installer.pipeline import fastpath, runner
+from installer.stages.detect import require_gpus
+
+
+@dataclass(frozen=True)
+class InstallResult:
+    """What `install` did, for the log, the human report and `--output json`."""
+
+    fast_path: bool
+    driver_version: str
+    kernel_release: str
+    flavour: str
+    package_digest: str
+    timings_ms: dict[str, float]
+
+    def log_fields(self) -> dict[str, Any]:
+        return {"fast_path": self.fast_path, "driver": self.driver_version,
+                "total_ms": round(sum(self.timings_ms.values()), 1)}
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2)
+
+    def to_text(self) -> str:
+        path = "fast path (nothing downloaded or copied)" if self.fast_path else "full install"
+        lines = [f"Installed NVIDIA {self.driver_version} ({self.flavour}) for kernel "
+                 f"{self.kernel_release}: {path}"]
+        lines += [f"  {name:<8} {ms:>9.1f} ms" for name, ms in self.timings_ms.items()]
+        return "\n".join(lines)
+
+
+def install(ctx: Context, *, paranoid: bool = False) -> InstallResult:
+    """Lock, then every stage in order.
+
+    Readiness is withdrawn first and written last; on failure the previous version, when it
+    is still what is staged and loaded, is declared ready again.
+    """
+    require_gpus(runner.detect(ctx))  # read-only: a GPU-less node gets nothing written
+
+    def waiting(pid: int | None) -> None:
+        ctx.log.info("waiting for the node lock", holder_pid=pid)
+
+    roots = ctx.host.roots
+    with node_lock(lock_path(ctx.config, roots), timeout=ctx.config.lock_timeout,
+                   on_wait=waiting):
+        previous = read_state(ctx.install_root)
+        readiness = {path: path.read_bytes() for path in ready_paths(ctx.config, roots)
+                     if path.is_file()}
+        clear_readiness(ctx.config, roots)
+        try:
+            return _install_locked(ctx, previous, paranoid=paranoid)
+        except InstallerError:
+            _restore_previous(ctx, previous, readiness)
+            raise
+
+
+def _install_locked(ctx: Context, previous: InstallState | None, *,
+                    paranoid: bool) -> InstallResult:
+    from installer.stages import stage
+
+    reused = fastpath.reusable_package(ctx, ctx.node_info(), previous, paranoid=paranoid)
+    package = runner.fetch(ctx, reuse=reused)
+    runner.run_stage(ctx, "prepare", lambda c: stage.prepare_version(c, package))
+    runner.load(ctx)
+    runner.stage(ctx)
+    runner.verify(ctx)
+    manifest = package.manifest
+    write_state(ctx.install_root, InstallState(
+        installer_version=__version__, requested_version=ctx.config.driver_version,
+        flavour_requested=ctx.config.flavour, kernel_release=manifest.kernel_release,
+        driver_version=manifest.driver_version, flavour=manifest.flavour,
+        package_digest=package.digest, timings_ms=dict(ctx.timings_ms)))
+    runner.signal(ctx)
+    return InstallResult(reused is not None, manifest.driver_version, manifest.kernel_release,
+                         manifest.flavour, package.digest, dict(ctx.timings_ms))
+
+
+def _restore_previous(ctx: Context, previous: InstallState | None,
+                      readiness: dict[Path, bytes]) -> None:
+    """After a failure, put the old version back in service if it is still intact.
+
+    Possible only while the kernel still runs the old driver and its staged directory is
+    whole: then the links are switched back (if the new version was switched to) and the
+    readiness files that its verified install wrote are restored. NVML is not asked again:
+    a process cannot load a second libnvidia-ml.so.1 once one is loaded.
+    """
+    loaded = kmod.loaded_driver(ctx.host)
+    if (previous is None or not readiness or loaded is None
+            or loaded.version != previous.driver_version):
+        return
+    root = ctx.install_root
+    name = version_name(previous)
+    meta = read_staged(root, name) or {}
+    package = fastpath.cached(ctx, previous.package_digest, verify=False)
+    if (meta.get("digest") != previous.package_digest or package is None
+            or not fastpath.staged_intact(ctx, package, paranoid=False)):
+        ctx.log.warning("previous version not restored", reason="no longer staged intact")
+        return
+    try:
+        if current_name(root) != name:
+            switch_to(root, name)
+        for path, data in readiness.items():
+            write_atomic(path, data)
+    except OSError as exc:
+        ctx.log.warning("previous version not restored", reason=str(exc))
+        return
+    ctx.log.warning("previous version still serving", driver=previous.driver_version)

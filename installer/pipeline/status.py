@@ -1,0 +1,117 @@
+"""`status`: one report of everything an operator asks first about a GPU node.
+
+Read only. Detect's summary, the package cache, the loaded module, the staged versions,
+readiness and the last verified run's stage timings (from `.state.json`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from installer.compat import toolkit as compat
+from installer.context import Context
+from installer.installdir import layout
+from installer.installdir.readiness import check_ready, ready_paths
+from installer.installdir.versions import current_name, previous_name, read_staged
+from installer.node import kmod
+from installer.node.facts import NodeInfo
+
+
+@dataclass(frozen=True)
+class StatusReport:
+    node: NodeInfo
+    install_dir: str
+    cache: dict[str, Any]
+    modules: list[str]
+    staged: dict[str, Any]
+    readiness: dict[str, Any]
+    last_run: dict[str, Any] | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"node": self.node.to_dict(), "install_dir": self.install_dir,
+                "cache": self.cache, "loaded_modules": self.modules, "staged": self.staged,
+                "readiness": self.readiness, "last_run": self.last_run,
+                "cuda": compat.cuda_support(self._driver())}
+
+    def _driver(self) -> str | None:
+        return self.node.loaded_driver.version if self.node.loaded_driver else None
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    def to_text(self) -> str:
+        from installer.node.report import node_text
+
+        staged = self.staged
+        lines = [node_text(self.node),
+                 f"CUDA:            {compat.cuda_support_text(self._driver())}",
+                 f"Loaded modules:  {', '.join(self.modules) or 'none'}",
+                 f"Install dir:     {self.install_dir}",
+                 f"Staged:          {staged['current'] or 'nothing'}"
+                 f" (previous: {staged['previous'] or 'none'})",
+                 f"Cache:           {self.cache['path']}: {self.cache['files']} files, "
+                 f"{self.cache['bytes'] / 2**20:.1f} MiB; packages: "
+                 f"{', '.join(self.cache['packages']) or 'none'}",
+                 f"Ready:           {'yes' if self.readiness['ready'] else 'no'}: "
+                 f"{self.readiness['reason']}"]
+        if self.last_run:
+            timings = self.last_run.get("timings_ms") or {}
+            lines.append("Last run:        " + (", ".join(
+                f"{name} {ms:.0f} ms" for name, ms in timings.items()) or "no timings"))
+        return "\n".join(lines)
+
+
+def collect(ctx: Context) -> StatusReport:
+    """Gather the report (never raises for missing pieces: it says they are missing)."""
+    root = ctx.install_root
+    readiness = check_ready(ctx.config, ctx.host)
+    env_file = ready_paths(ctx.config, ctx.host.roots)[1]
+    return StatusReport(
+        node=ctx.node_info(),
+        install_dir=str(ctx.config.install_dir),
+        cache=_cache(ctx),
+        modules=_nvidia_modules(ctx),
+        staged=_staged(root),
+        readiness={"ready": readiness.ready, "reason": readiness.reason,
+                   "document": readiness.document, "env_file": env_file.is_file()},
+        last_run=_json_file(root / layout.STATE_FILE),
+    )
+
+
+def _cache(ctx: Context) -> dict[str, Any]:
+    """Size of the package cache and the packages it holds completely."""
+    from installer.packages.cache import Cache
+
+    node_path = ctx.config.cache_dir
+    path = layout.cache_root(ctx.config, ctx.host.roots)
+    files = [p for p in path.rglob("*") if p.is_file()] if path.is_dir() else []
+    packages = [f"{r.driver_version}-{r.kernel_release}-{r.flavour}"
+                for r in (Cache(path).refs() if path.is_dir() else [])]
+    return {"path": str(node_path or f"{ctx.config.install_dir}/{layout.CACHE_DIR}"),
+            "files": len(files), "bytes": sum(p.stat().st_size for p in files),
+            "packages": packages}
+
+
+def _nvidia_modules(ctx: Context) -> list[str]:
+    modules = kmod.loaded_modules(ctx.host) or []
+    return [m.name for m in modules if m.name.startswith("nvidia")]
+
+
+def _staged(root: Path) -> dict[str, Any]:
+    current, previous = current_name(root), previous_name(root)
+    versions = root / layout.VERSIONS
+    names = sorted(p.name for p in versions.iterdir()
+                   if p.is_dir() and not p.name.startswith(".")) if versions.is_dir() else []
+    return {"current": current, "previous": previous, "versions": names,
+            "meta": read_staged(root, current) if current else None}
+
+
+def _json_file(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None

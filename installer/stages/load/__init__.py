@@ -1,0 +1,282 @@
+"""The load stage: the package's kernel modules into the running kernel, then the device nodes.
+
+Order of work, so that a refusal never leaves the node worse off: plan (load order, host
+dependencies from modules.dep, parameters), preflight (files verified, signature
+enforcement, GPUs claimed by other drivers, kernel match), only then unload another version
+(if nothing holds it) and load. A failed load unloads what this run loaded.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from installer.context import Context
+from installer.errors import (
+    InstallerError,
+    KernelWithoutModulesError,
+    ModuleAlreadyLoadedError,
+    ModuleInUseError,
+    PackageNotFoundError,
+)
+from installer.node import kmod, syscalls
+from installer.node.host import Host
+from installer.packages.manifest import Package
+from installer.stages.load import devnodes, failures
+from installer.stages.load import plan as modplan
+from installer.stages.load.plan import PlannedModule
+
+# NVIDIA's modules, holders first: what `unload` takes out and a version change replaces.
+NVIDIA_MODULES = ("nvidia_peermem", "nvidia_drm", "nvidia_modeset", "nvidia_uvm", "nvidia")
+FIRMWARE_PARAM = ("module", "firmware_class", "parameters", "path")
+
+
+@dataclass
+class LoadResult:
+    """What the stage found and did; `changed` is False on a second identical run."""
+
+    driver_version: str
+    loaded: list[str] = field(default_factory=list)
+    kept: list[str] = field(default_factory=list)
+    unloaded: list[str] = field(default_factory=list)
+    host_modules: list[str] = field(default_factory=list)
+    nodes: devnodes.NodesResult = field(default_factory=devnodes.NodesResult)
+    firmware_path: str | None = None
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.loaded or self.unloaded or self.nodes.changed)
+
+    def log_fields(self) -> dict[str, Any]:
+        return {"driver_version": self.driver_version, "loaded": self.loaded,
+                "kept": self.kept, "unloaded": self.unloaded, "changed": self.changed}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"driver_version": self.driver_version, "loaded": self.loaded,
+                "kept": self.kept, "unloaded": self.unloaded,
+                "host_modules": self.host_modules, "changed": self.changed,
+                "device_nodes": {"created": self.nodes.created,
+                                 "replaced": self.nodes.replaced, "kept": self.nodes.kept},
+                "firmware_path": self.firmware_path, "warnings": self.warnings}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    def to_text(self) -> str:
+        none = "none"
+        lines = [f"Driver:          {self.driver_version}",
+                 f"Loaded:          {', '.join(self.loaded) or none}",
+                 f"Already loaded:  {', '.join(self.kept) or none}",
+                 f"Unloaded:        {', '.join(self.unloaded) or none}",
+                 f"Device nodes:    {len(self.nodes.created)} created, "
+                 f"{len(self.nodes.replaced)} replaced, {len(self.nodes.kept)} kept"]
+        if self.firmware_path:
+            lines.append(f"Firmware path:   {self.firmware_path}")
+        lines += [f"Warning: {warning}" for warning in self.warnings]
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class UnloadResult:
+    """What `unload` took out of the kernel."""
+
+    unloaded: list[str]
+    removed_nodes: list[str]
+
+    def log_fields(self) -> dict[str, Any]:
+        return {"unloaded": self.unloaded}
+
+    def to_json(self) -> str:
+        return json.dumps({"unloaded": self.unloaded, "removed_nodes": self.removed_nodes},
+                          indent=2)
+
+    def to_text(self) -> str:
+        return f"Unloaded:        {', '.join(self.unloaded) or 'nothing was loaded'}"
+
+
+def run(ctx: Context) -> LoadResult:
+    """Stage entry point: consumes the fetch stage's verified Package."""
+    package = ctx.package
+    if package is None:
+        raise PackageNotFoundError("no driver package to load (the fetch stage did not run)",
+                                   remedy="run `install`, or `load` which fetches first")
+    return load_package(ctx.host, package, params=modplan.operator_params(ctx.config),
+                        force=ctx.config.force_load,
+                        firmware_dir=f"{ctx.config.install_dir}/firmware", log=ctx.log)
+
+
+def load_package(host: Host, package: Package, *, params: modplan.Params = (),
+                 force: bool = False, firmware_dir: str | None = None,
+                 log: Any = None) -> LoadResult:
+    """Plan, preflight, replace another version if free, load, make device nodes."""
+    require_module_support(host)
+    plan = modplan.plan(host, package, params)
+    result = LoadResult(package.manifest.driver_version)
+    result.warnings += modplan.preflight(host, package, plan, force=force)
+    for warning in result.warnings:
+        if log is not None:
+            log.warning("preflight", detail=warning)
+    result.unloaded = replace_other_version(host, package)
+    has_firmware = any(entry.kind == "firmware" for entry in package.manifest.files)
+    if has_firmware and firmware_dir:
+        result.firmware_path = point_firmware_path(host, firmware_dir, result.warnings)
+    load_plan(host, plan, package.manifest.driver_version, result)
+    result.nodes = devnodes.ensure_nodes(host, devnodes.plan(host))
+    return result
+
+
+def require_module_support(host: Host) -> None:
+    """No /proc/modules means a kernel without loadable modules: say so before anything."""
+    if kmod.loaded_modules(host) is None:
+        raise KernelWithoutModulesError(
+            "this kernel cannot load modules (no /proc/modules)",
+            remedy="use a kernel built with CONFIG_MODULES, or check --proc-root")
+
+
+def load_plan(host: Host, plan: list[PlannedModule], version: str, result: LoadResult) -> None:
+    """Load what is not loaded yet, in order; on failure unload what this run loaded."""
+    for module in plan:
+        if _already_loaded(host, module, version):
+            result.kept.append(module.name)
+            continue
+        try:
+            load_one(host, module)
+        except ModuleAlreadyLoadedError:
+            if _already_loaded(host, module, version):  # a concurrent load won the race
+                result.kept.append(module.name)
+                continue
+            raise
+        except InstallerError:
+            rollback(host, result.loaded)
+            result.loaded.clear()
+            raise
+        result.loaded.append(module.name)
+        if module.from_host:
+            result.host_modules.append(module.name)
+
+
+def _already_loaded(host: Host, module: PlannedModule, version: str) -> bool:
+    """A host module counts in any version; a package module only in the package's."""
+    state = kmod.module_state(host, module.name)
+    return state is not None and (module.from_host or state.version == version)
+
+
+def load_one(host: Host, module: PlannedModule) -> None:
+    """finit_module with the module's parameters; errno mapped to a specific error."""
+    flags = syscalls.MODULE_INIT_COMPRESSED_FILE if module.compressed else 0
+    try:
+        host.finit_module(module.path, module.param_string, flags=flags)
+    except OSError as exc:
+        missing = tuple(d for d in module.depends if kmod.module_state(host, d) is None)
+        raise failures.load_failure(exc, module.name, missing=missing,
+                                compressed=module.compressed) from exc
+
+
+def rollback(host: Host, loaded: list[str]) -> None:
+    """Leave the kernel as this run found it: unload, newest first, what it loaded."""
+    for name in reversed(loaded):
+        try:
+            host.delete_module(name)
+        except OSError:
+            continue
+
+
+def replace_other_version(host: Host, package: Package) -> list[str]:
+    """Unload NVIDIA modules of another version, only if nothing but they hold each other."""
+    version = package.manifest.driver_version
+    names = set(NVIDIA_MODULES) | {kmod.normalize(m.name) for m in package.manifest.modules}
+    states = {n: s for n in names if (s := kmod.module_state(host, n)) is not None}
+    driver = kmod.loaded_driver(host) if states else None
+    other_flavour = driver is not None and driver.flavour not in (None,
+                                                                  package.manifest.flavour)
+    if not other_flavour and not any(s.version != version for s in states.values()):
+        return []
+    check_free(host, states, names)
+    devnodes.remove_uvm_nodes(host)
+    return unload_all(host, states)
+
+
+def check_free(host: Host, states: dict[str, kmod.ModuleState], ours: set[str]) -> None:
+    """Refuse (before unloading anything) when a process or a foreign module holds one."""
+    foreign = sorted({f"{h} (holds {n})" for n, s in states.items() for h in s.holders
+                      if kmod.normalize(h) not in ours})
+    busy = sorted(n for n, s in states.items() if s.users_outside_modules > 0)
+    if not foreign and not busy:
+        return
+    pids = processes_using_nvidia(host)
+    users = ", ".join(f"{pid} ({comm})" for pid, comm in pids) or "none found in /proc"
+    detail = "; ".join(filter(None, [
+        f"in use: {', '.join(busy)}" if busy else "",
+        f"held by modules {', '.join(foreign)}" if foreign else ""]))
+    loaded = next((s.version for n, s in states.items() if n == "nvidia"), None)
+    raise ModuleInUseError(
+        f"NVIDIA driver {loaded or 'of another version'} is loaded and in use ({detail}); "
+        f"processes with /dev/nvidia* open: {users}; nothing was unloaded",
+        remedy="drain GPU pods from the node (or stop those processes / reboot), then rerun")
+
+
+def unload_all(host: Host, states: dict[str, kmod.ModuleState]) -> list[str]:
+    """Unload holders before what they hold (the /sys/module holders graph)."""
+    remaining = dict(states)
+    unloaded: list[str] = []
+    while remaining:
+        ready = sorted(n for n, s in remaining.items()
+                       if not any(kmod.normalize(h) in remaining for h in s.holders))
+        if not ready:
+            raise ModuleInUseError(f"cannot order the unload of {', '.join(remaining)}")
+        for name in ready:
+            try:
+                host.delete_module(name)
+            except FileNotFoundError:
+                pass  # already gone
+            except OSError as exc:
+                raise failures.unload_failure(exc, name) from exc
+            unloaded.append(name)
+            del remaining[name]
+    return unloaded
+
+
+def processes_using_nvidia(host: Host) -> list[tuple[int, str]]:
+    """(PID, command) of every process with a /dev/nvidia* file open (scans /proc/*/fd)."""
+    found: list[tuple[int, str]] = []
+    for proc_dir in host.iterdir(host.roots.proc):
+        if not proc_dir.name.isdigit():
+            continue
+        try:
+            fds = list(host.iterdir(proc_dir / "fd"))
+        except OSError:
+            continue  # exited, or not ours to read
+        if any((host.readlink(fd) or "").startswith("/dev/nvidia") for fd in fds):
+            comm = (host.read_text(proc_dir / "comm") or "?").strip()
+            found.append((int(proc_dir.name), comm))
+    return sorted(found)
+
+
+def point_firmware_path(host: Host, firmware_dir: str, warnings: list[str]) -> str | None:
+    """Make the kernel look for GSP firmware in the install dir (a path on the node)."""
+    param = host.roots.sys.joinpath(*FIRMWARE_PARAM)
+    current = (host.read_text(param) or "").strip()
+    if current == firmware_dir:
+        return firmware_dir
+    if not param.exists():
+        warnings.append(f"{param} is missing: the kernel cannot be pointed at the firmware")
+        return None
+    if current:
+        warnings.append(f"firmware search path was {current}; now {firmware_dir}")
+    host.write_sysfs(param, firmware_dir)
+    return firmware_dir
+
+
+def unload(host: Host) -> UnloadResult:
+    """`unload`: take every NVIDIA module out if nothing holds it, uvm nodes first."""
+    require_module_support(host)
+    names = set(NVIDIA_MODULES)
+    states = {n: s for n in names if (s := kmod.module_state(host, n)) is not None}
+    if not states:
+        return UnloadResult([], [])
+    check_free(host, states, names)
+    removed = devnodes.remove_uvm_nodes(host)
+    return UnloadResult(unload_all(host, states), removed)
+

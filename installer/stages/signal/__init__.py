@@ -1,0 +1,131 @@
+"""The signal stage: tell the node (and the cluster) that the driver is ready, or is not.
+
+Readiness is removed at the start of every run and written last, atomically, only from a
+passed verification: `<install dir>/.ready.json` for our own `wait-ready`, and the env file
+`/run/nvidia/validations/driver-ready` that gpu-operator's consumers wait for and source.
+Labels and an Event on the Node are a courtesy: failing to post them is a warning.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from installer import __version__
+from installer.compat.toolkit import max_cuda_for_driver, minor_compat_major
+from installer.context import Context, Verified
+from installer.errors import VerificationError
+from installer.installdir.layout import READY_FILE, VALIDATION_NODE_PATH
+from installer.installdir.readiness import clear_readiness, ready_paths
+from installer.node.host import write_atomic
+
+LABEL_PREFIX = "gpu-node-installer"
+
+
+class NotVerifiedError(VerificationError):
+    """Something asked for readiness before verification passed."""
+
+
+@dataclass(frozen=True)
+class SignalResult:
+    """Where readiness was written and what the cluster was told."""
+
+    ready_file: str
+    env_file: str
+    labels: dict[str, str]
+    warnings: tuple[str, ...]
+
+    def log_fields(self) -> dict[str, Any]:
+        return {"ready_file": self.ready_file, "labels": bool(self.labels),
+                "warnings": len(self.warnings)}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ready_file": self.ready_file, "env_file": self.env_file,
+                "labels": self.labels, "warnings": list(self.warnings)}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    def to_text(self) -> str:
+        lines = [f"Ready:           {self.ready_file}", f"Env file:        {self.env_file}"]
+        lines += [f"Label:           {key}={value}" for key, value in self.labels.items()]
+        lines += [f"Warning: {warning}" for warning in self.warnings]
+        return "\n".join(lines)
+
+
+def run(ctx: Context) -> SignalResult:
+    """Stage entry point: only a passed verification may make the node ready."""
+    verified = ctx.verified
+    if verified is None or not verified.passed:
+        clear_readiness(ctx.config, ctx.host.roots)
+        raise NotVerifiedError("readiness not written: verification has not passed",
+                               remedy="run `verify` (or `install`) and fix what it reports")
+    ready, env_file = ready_paths(ctx.config, ctx.host.roots)
+    write_atomic(ready, json.dumps(ready_document(ctx, verified), indent=2).encode())
+    write_atomic(env_file, env_text(ctx).encode())
+    labels = node_labels(verified)
+    warnings = tuple(_publish(ctx, verified, labels))
+    return SignalResult(str(ctx.config.install_dir / READY_FILE), str(VALIDATION_NODE_PATH),
+                        labels if ctx.config.node_name else {}, warnings)
+
+
+def ready_document(ctx: Context, verified: Verified) -> dict[str, Any]:
+    """What `.ready.json` holds (a contract for `wait-ready` and operators)."""
+    return {
+        "driver_version": verified.driver_version,
+        "cuda_version": verified.cuda_version,
+        "cuda_max_toolkit": max_cuda_for_driver(verified.driver_version),
+        "cuda_minor_version_compat_major": minor_compat_major(verified.driver_version),
+        "kernel_release": verified.kernel_release,
+        "flavour": verified.flavour,
+        "package_digest": verified.digest,
+        "install_dir": str(ctx.config.install_dir),
+        "gpus": [{"index": g.index, "uuid": g.uuid, "name": g.name, "pci_bus_id": g.pci_bus_id}
+                 for g in verified.gpus],
+        "timings_ms": dict(ctx.timings_ms),
+        "installer_version": __version__,
+        "written_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def env_text(ctx: Context) -> str:
+    """gpu-operator's driver-ready env file: the driver root is our install dir."""
+    install_dir = str(ctx.config.install_dir)
+    return (f"IS_HOST_DRIVER=true\nNVIDIA_DRIVER_ROOT={install_dir}\n"
+            f"DRIVER_ROOT_CTR_PATH=/host{install_dir}\nNVIDIA_DEV_ROOT=/\n"
+            f"DEV_ROOT_CTR_PATH=/host\n")
+
+
+def node_labels(verified: Verified) -> dict[str, str]:
+    return {f"{LABEL_PREFIX}/driver-version": verified.driver_version,
+            f"{LABEL_PREFIX}/cuda-version": verified.cuda_version,
+            f"{LABEL_PREFIX}/status": "ready"}
+
+
+def _publish(ctx: Context, verified: Verified, labels: dict[str, str]) -> list[str]:
+    """Label the node and post an Event when running in a cluster; failures are warnings."""
+    node = ctx.config.node_name
+    if not node:
+        return []
+    from installer.stages.signal import kube
+
+    api = kube.api_server(ctx.config.kube_api, ctx.config.service_account_dir, os.environ)
+    if api is None:
+        return [f"node {node} not labelled: no API server URL or service-account token"]
+    message = (f"NVIDIA driver {verified.driver_version} ready on {len(verified.gpus)} GPU(s) "
+               f"(CUDA {verified.cuda_version}, kernel {verified.kernel_release})")
+    warnings = []
+    try:
+        kube.patch_node_labels(api, node, labels)
+    except kube.KubeError as exc:
+        warnings.append(f"could not label the node: {exc}")
+    try:
+        kube.post_node_event(api, node, reason="DriverReady", message=message)
+    except kube.KubeError as exc:
+        warnings.append(f"could not post an Event: {exc}")
+    for warning in warnings:
+        ctx.log.warning("kubernetes API call failed", detail=warning)
+    return warnings
