@@ -14,16 +14,22 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from installer.config.modparams import ModuleParam as ModuleParam
+from installer.config.modparams import parse_module_param as parse_module_param
+from installer.config.modparams import read_params_file
+from installer.config.values import Invalid as _Invalid
+from installer.config.values import decimal, integer, network_url, pem_bundle, visible
 from installer.errors import ConfigError
 
 FLAVOURS = ("auto", "open", "proprietary")
 LOG_FORMATS = ("auto", "json", "console")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 VERSION_ALIASES = ("default", "latest")
-_VERSION_RE = re.compile(r"^(\d{3,4})(\.\d{1,3}){1,2}$")
-_BRANCH_RE = re.compile(r"^\d{3,4}$")
+_VERSION_RE = re.compile(r"^(\d{3,4})(\.\d{1,3}){1,2}$", re.ASCII)
+_BRANCH_RE = re.compile(r"^\d{3,4}$", re.ASCII)
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off", "")
+_SPACES = " \t\n\r\x0b\x0c"  # what separates list items in an env var (ASCII only)
 
 
 @dataclass(frozen=True)
@@ -41,18 +47,14 @@ class Setting:
     multiple: bool = False
 
 
-class _Invalid(ValueError):
-    """Raised by a parser; the message is ignored in favour of the setting's `accepted`."""
-
-
 def _abs_path(value: str) -> Path:
-    if not value.startswith("/"):
+    if not visible(value).startswith("/"):
         raise _Invalid(value)
     return Path(value)
 
 
 def _host_abs_path(value: str) -> PurePosixPath:
-    path = PurePosixPath(value)
+    path = PurePosixPath(visible(value))
     if not path.is_absolute() or ".." in path.parts:
         raise _Invalid(value)
     return path
@@ -73,7 +75,7 @@ def parse_driver_version(value: str) -> str:
     text = value.strip()
     if text.lower() in VERSION_ALIASES:
         return text.lower()
-    if _BRANCH_RE.match(text) or _VERSION_RE.match(text):
+    if _BRANCH_RE.fullmatch(text) or _VERSION_RE.fullmatch(text):
         return text
     raise _Invalid(value)
 
@@ -88,10 +90,7 @@ def _bool(value: str) -> bool:
 
 
 def _positive_float(value: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        raise _Invalid(value) from None
+    number = decimal(value)
     if not number > 0:
         raise _Invalid(value)
     return number
@@ -101,60 +100,52 @@ _NODE_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 
 
 def _node_name(value: str) -> str:
-    if not _NODE_NAME_RE.match(value):
+    if not _NODE_NAME_RE.fullmatch(value):
         raise _Invalid(value)
     return value
 
 
 def _url(value: str) -> str:
-    text = value.strip().rstrip("/")
+    text = visible(value).strip().rstrip("/")
     if not re.match(r"^https?://[^/\s]+", text):
         raise _Invalid(value)
-    return text
+    return network_url(text, ("http", "https"))
 
 
 def _int_range(low: int, high: int) -> Callable[[str], int]:
     def parse(value: str) -> int:
-        text = value.strip()
-        if not text.isdigit() or not low <= int(text) <= high:
+        number = integer(value)
+        if not low <= number <= high:
             raise _Invalid(value)
-        return int(text)
+        return number
 
     return parse
 
 
 def _mirror_url(value: str) -> str:
     """A repository base URL; the trailing slash is dropped so paths join predictably."""
-    text = value.strip().rstrip("/")
+    text = visible(value).strip().rstrip("/")
     scheme, sep, rest = text.partition("://")
     if not sep or scheme.lower() not in ("https", "http", "file") or not rest:
         raise _Invalid(value)
-    if scheme.lower() == "file" and not rest.startswith("/"):
-        raise _Invalid(value)
+    if scheme.lower() == "file":
+        if not rest.startswith("/") or any(c.isspace() for c in rest):
+            raise _Invalid(value)
+    else:
+        network_url(text, ("http", "https"))
     return f"{scheme.lower()}://{rest}"
 
 
-@dataclass(frozen=True)
-class ModuleParam:
-    """`nvidia.NVreg_EnableMSI=0`: one kernel module parameter set by the operator."""
-
-    module: str
-    key: str
-    value: str
+def _ca_bundle(value: str) -> Path:
+    """Checked when the config loads, so a wrong file fails before any download."""
+    return pem_bundle(_abs_path(value))
 
 
-_MODULE_PARAM_RE = re.compile(r"^([A-Za-z0-9_-]{1,55})\.([A-Za-z0-9_]{1,64})=([!#-&(-~]{0,256})$")
-
-
-def parse_module_param(value: str) -> ModuleParam:
-    """`module.key=value`; the module name is normalised ('-' -> '_') as the kernel does.
-
-    Values cannot hold spaces or quotes: the kernel splits its parameter string on them.
-    """
-    match = _MODULE_PARAM_RE.match(value.strip())
-    if not match:
-        raise _Invalid(value)
-    return ModuleParam(match.group(1).replace("-", "_"), match.group(2), match.group(3))
+def _params_file(value: str) -> Path:
+    """Read and checked when the config loads: a bad line fails before anything is written."""
+    path = _abs_path(value)
+    read_params_file(path)
+    return path
 
 
 SETTINGS: tuple[Setting, ...] = (
@@ -206,7 +197,8 @@ SETTINGS: tuple[Setting, ...] = (
             "an integer from 1 to 100", _int_range(1, 100)),
     Setting("ca_bundle", "--ca-bundle", "DRIVER_CA_BUNDLE", None,
             "CA certificates (PEM) to verify https:// mirrors with",
-            "an absolute path to a file", _abs_path),
+            "an absolute path to a readable PEM file with at least one certificate",
+            _ca_bundle),
     Setting("allow_http", "--allow-http", "DRIVER_ALLOW_HTTP", "false",
             "allow plain http:// mirrors (file hashes still checked; index and manifest are "
             "not protected in transit)", "true or false", _bool, is_flag=True),
@@ -241,11 +233,13 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("module_params", "--module-param", "NVIDIA_MODULE_PARAMS", None,
             "kernel module parameter, overriding the package default (flag repeatable; "
             "env: separated by spaces or commas)",
-            "module.key=value naming a module of the package, e.g. nvidia.NVreg_EnableMSI=0",
+            "module.key=value naming a module of the package, e.g. nvidia.NVreg_EnableMSI=0 "
+            "(value: printable ASCII without spaces or quotes)",
             parse_module_param, multiple=True),
     Setting("module_params_file", "--module-params-file", "NVIDIA_MODULE_PARAMS_FILE", None,
             "file of module.key=value lines ('#' starts a comment), applied before "
-            "--module-param", "an absolute path", _abs_path),
+            "--module-param", "an absolute path to a file of module.key=value lines",
+            _params_file),
     Setting("force_load", "--force-load", "FORCE_MODULE_LOAD", "false",
             "load even when preflight predicts a refusal (signature enforcement, GPU bound "
             "to nouveau/vfio-pci, package built for another kernel)", "true or false", _bool,
@@ -314,11 +308,8 @@ def load_config(flags: Mapping[str, Any], environ: Mapping[str, str]) -> Config:
             continue
         try:
             values[setting.name] = setting.parse(raw)
-        except _Invalid:
-            raise ConfigError(
-                f"{source}={raw!r} is invalid",
-                remedy=f"{setting.flag.lstrip('-')} must be {setting.accepted}",
-            ) from None
+        except _Invalid as exc:
+            raise _refusal(setting, source, raw, exc) from None
     values.setdefault("dev_root", values["host_root"] / "dev")
     config = Config(**values)
     _check_roots(config)
@@ -334,19 +325,25 @@ def _parse_many(setting: Setting, flags: Mapping[str, Any], environ: Mapping[str
         flag_values = (flag_values,)
     if flag_values:
         items, source = [str(v) for v in flag_values], setting.flag
-    elif setting.envvar and environ.get(setting.envvar, "").strip():
-        items, source = re.split(r"[,\s]+", environ[setting.envvar].strip()), setting.envvar
+    elif setting.envvar and environ.get(setting.envvar, "").strip(_SPACES):
+        text = environ[setting.envvar].strip(_SPACES)
+        items, source = re.split(r"[,\s]+", text, flags=re.ASCII), setting.envvar
     else:
         return ()
     parsed = []
     for item in (i for i in items if i):
         try:
             parsed.append(setting.parse(item))
-        except _Invalid:
-            raise ConfigError(f"{source}={item!r} is invalid",
-                              remedy=f"{setting.flag.lstrip('-')} must be {setting.accepted}"
-                              ) from None
+        except _Invalid as exc:
+            raise _refusal(setting, source, item, exc) from None
     return tuple(parsed)
+
+
+def _refusal(setting: Setting, source: str, raw: str, exc: _Invalid) -> ConfigError:
+    """One line: the flag or env var as given, the value (repr: controls stay visible), why."""
+    why = f": {exc.reason}" if exc.reason else ""
+    return ConfigError(f"{source}={raw!r} is invalid{why}",
+                       remedy=f"{setting.flag.lstrip('-')} must be {setting.accepted}")
 
 
 def _check_mirrors(config: Config) -> None:

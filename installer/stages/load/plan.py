@@ -12,11 +12,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from installer.config import Config, ModuleParam, parse_module_param
+from installer.config import Config, ModuleParam
+from installer.config import modparams as grammar
+from installer.config.values import Invalid
 from installer.errors import (
     ConfigError,
     GpuClaimedError,
     InstallerError,
+    IntegrityError,
     ModuleDependencyError,
     ModuleLoadError,
     SignatureRejectedError,
@@ -69,29 +72,26 @@ def operator_params(config: Config) -> list[ModuleParam]:
 
 
 def read_params_file(path: Path) -> list[ModuleParam]:
-    """`module.key=value` lines; blank lines and '#' comments are ignored."""
+    """`module.key=value` lines; blank lines and '#' comments are ignored.
+
+    The config already read the file once; it is read again here, where it is used.
+    """
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"--module-params-file {path}: {exc.strerror}",
-                          remedy="mount the file or drop the setting") from None
-    params = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        item = line.split("#", 1)[0].strip()
-        if not item:
-            continue
-        try:
-            params.append(parse_module_param(item))
-        except ValueError:
-            raise ConfigError(f"--module-params-file {path} line {number}: {item!r} is invalid",
-                              remedy="write module.key=value (no spaces or quotes in the value)"
-                              ) from None
-    return params
+        return grammar.read_params_file(path)
+    except Invalid as exc:
+        raise ConfigError(f"--module-params-file {path}: {exc.reason}",
+                          remedy="mount the file or drop the setting; write module.key=value "
+                                 "(no spaces or quotes in the value)") from None
 
 
 def merged_params(package: Package, params: Params) -> dict[str, dict[str, str]]:
-    """Package defaults overridden by the operator's; an unknown module is a config error."""
-    merged = {kmod.normalize(m.name): dict(m.params) for m in package.manifest.modules}
+    """Package defaults overridden by the operator's; an unknown module is a config error.
+
+    The package's defaults pass the same kernel syntax as the operator's: a package carrying
+    `NVreg_X=1 NVreg_Y=2` as one value would smuggle a second parameter (integrity, exit 7).
+    """
+    merged = {kmod.normalize(m.name): _defaults(package, m.name, m.params)
+              for m in package.manifest.modules}
     for param in params:
         if param.module not in merged:
             raise ConfigError(
@@ -100,6 +100,18 @@ def merged_params(package: Package, params: Params) -> dict[str, dict[str, str]]
                 remedy="name one of the package's modules (e.g. nvidia.NVreg_EnableMSI=0)")
         merged[param.module][param.key] = param.value
     return merged
+
+
+def _defaults(package: Package, module: str, params: dict[str, str]) -> dict[str, str]:
+    for key, value in params.items():
+        try:
+            grammar.check_param(key, value)
+        except Invalid as exc:
+            raise IntegrityError(
+                f"package {package.source}: default parameter {module}.{key} is refused: "
+                f"{exc.reason}", remedy="republish the package with parameters the kernel "
+                "parses as one key=value each (no spaces or quotes)") from None
+    return dict(params)
 
 
 def kernel_release(host: Host) -> str:

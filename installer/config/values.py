@@ -1,0 +1,129 @@
+"""What a setting's text may hold: visible characters, ASCII numbers, URLs that parse one way.
+
+A value reaches host files (ld.so.conf.d, the termination log), log lines, URLs and the
+kernel. So a value is refused (exit 2 by the caller) unless it is what it looks like: no
+control, format or line-separator character, numbers in ASCII digits that Python and a
+person read alike ('²', '١٢', '1_000', 'nan', '1e999' are not numbers here), and URLs whose
+host and port every client parses the same way. Only the standard library's light modules are
+imported: this runs at CLI start for every command.
+"""
+
+from __future__ import annotations
+
+import binascii
+import re
+import unicodedata
+from pathlib import Path
+
+# Cc: C0, DEL and C1 controls; Cf: format (bidi overrides, zero-width); Cs: lone surrogates
+# (non-UTF-8 bytes in the environment); Zl, Zp: line and paragraph separators.
+_HIDDEN = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+_DECIMAL = re.compile(r"[0-9]{1,9}(?:\.[0-9]{0,9})?|\.[0-9]{1,9}")
+_INTEGER = re.compile(r"[0-9]{1,9}")
+_HOSTNAME = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9._-]{0,252}[A-Za-z0-9_])?\.?")
+_PORT = re.compile(r"[0-9]{0,5}")
+_PEM = re.compile(rb"-----BEGIN CERTIFICATE-----([A-Za-z0-9+/=\s]+)-----END CERTIFICATE-----")
+PEM_LIMIT = 16 << 20  # a full CA store is about 250 KiB
+
+
+class Invalid(ValueError):
+    """Raised by a parser; `reason`, when given, is added to the setting's `accepted` text."""
+
+    def __init__(self, value: str, reason: str | None = None) -> None:
+        super().__init__(value)
+        self.reason = reason
+
+
+def visible(value: str) -> str:
+    """`value` itself, or Invalid when it holds a character that is not what it looks like."""
+    if value.isascii() and value.isprintable():
+        return value
+    hidden = next((c for c in value if unicodedata.category(c) in _HIDDEN), None)
+    if hidden is not None:
+        raise Invalid(value, f"it holds the control character U+{ord(hidden):04X}")
+    return value
+
+
+def decimal(value: str) -> float:
+    """A number of ASCII digits with an optional fraction: `300`, `0.5`, `.5`, `2.`."""
+    text = value.strip()
+    if not _DECIMAL.fullmatch(text):
+        raise Invalid(value)
+    return float(text)
+
+
+def integer(value: str) -> int:
+    """ASCII digits only (at most nine: `int()` would take '١٢', '1_0' and 5000 digits)."""
+    text = value.strip()
+    if not _INTEGER.fullmatch(text):
+        raise Invalid(value)
+    return int(text)
+
+
+def check_authority(url: str, authority: str) -> None:
+    """`[user@]host[:port]`: a DNS name, IPv4 or bracketed IPv6 host and a port 1-65535."""
+    hostport = authority.rpartition("@")[2]
+    if hostport.startswith("["):
+        inside, bracket, port = hostport[1:].partition("]")
+        if not bracket or not _ipv6(inside) or (port and not port.startswith(":")):
+            raise Invalid(url, f"{hostport!r} is not a bracketed IPv6 address and port")
+        host, port = inside, port[1:]
+    else:
+        host, _, port = hostport.partition(":")
+        if not _HOSTNAME.fullmatch(host):
+            raise Invalid(url, f"{host!r} is not a host name or address")
+    if not _PORT.fullmatch(port) or (port and not 0 < int(port) < 65536):
+        raise Invalid(url, f"port {port!r} is not a number from 1 to 65535")
+
+
+def _ipv6(text: str) -> bool:
+    import ipaddress  # only for bracketed hosts: keeps CLI start light
+
+    address = text.partition("%")[0]  # a zone index (fe80::1%eth0) is the client's business
+    try:
+        ipaddress.IPv6Address(address)
+    except ValueError:
+        return False
+    return True
+
+
+def network_url(value: str, schemes: tuple[str, ...]) -> str:
+    """`scheme://authority[/rest]` with a scheme in `schemes`, a valid authority, no spaces."""
+    scheme, sep, rest = value.partition("://")
+    if not sep or scheme.lower() not in schemes:
+        raise Invalid(value)
+    if any(c.isspace() for c in value):
+        raise Invalid(value, "it holds a space")
+    authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
+    if not authority:
+        raise Invalid(value, "it has no host")
+    check_authority(value, authority)
+    return value
+
+
+def pem_bundle(path: Path) -> Path:
+    """A readable file of PEM certificates, at least one whose body decodes to DER.
+
+    Cheap on purpose (no ssl import at CLI start): catches the usual mistakes (a directory,
+    a DER file, a key, an empty or truncated file) before a download fails on them.
+    """
+    try:
+        with path.open("rb") as handle:
+            data = handle.read(PEM_LIMIT + 1)
+    except IsADirectoryError:
+        raise Invalid(str(path), "it is a directory") from None
+    except OSError as exc:
+        raise Invalid(str(path), f"it cannot be read ({exc.strerror})") from None
+    if len(data) > PEM_LIMIT:
+        raise Invalid(str(path), f"it is larger than {PEM_LIMIT >> 20} MiB")
+    if not any(_der(match.group(1)) for match in _PEM.finditer(data)):
+        raise Invalid(str(path), "it holds no PEM certificate (-----BEGIN CERTIFICATE-----)")
+    return path
+
+
+def _der(body: bytes) -> bool:
+    try:
+        der = binascii.a2b_base64(b"".join(body.split()), strict_mode=True)
+    except (binascii.Error, ValueError):
+        return False
+    return len(der) > 64 and der[0] == 0x30  # an X.509 certificate is an ASN.1 SEQUENCE
