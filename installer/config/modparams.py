@@ -41,7 +41,7 @@ class ModuleParam:
 
 def parse_module_param(value: str) -> ModuleParam:
     """`module.key=value`; the module name is normalised ('-' -> '_') as the kernel does."""
-    match = _PARAM_RE.fullmatch(visible(value).strip())
+    match = _PARAM_RE.fullmatch(visible(value).strip(" "))
     if not match:
         raise Invalid(value)
     return ModuleParam(match.group(1).replace("-", "_"), match.group(2), match.group(3))

@@ -11,6 +11,7 @@ imported: this runs at CLI start for every command.
 from __future__ import annotations
 
 import binascii
+import ipaddress  # already loaded by pathlib (urllib.parse)
 import re
 import unicodedata
 from pathlib import Path
@@ -77,8 +78,6 @@ def check_authority(url: str, authority: str) -> None:
 
 
 def _ipv6(text: str) -> bool:
-    import ipaddress  # only for bracketed hosts: keeps CLI start light
-
     address = text.partition("%")[0]  # a zone index (fe80::1%eth0) is the client's business
     try:
         ipaddress.IPv6Address(address)

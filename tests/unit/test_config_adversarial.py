@@ -1,0 +1,407 @@
+"""Settings a careless or hostile operator might give (issue 12 items 7, 8, 9): refused, exit 2.
+
+Module parameters are checked against a faithful re-implementation of the kernel's own
+next_arg()/parse_args(): whatever the installer accepts, the kernel splits back into exactly
+the pairs the operator meant. hypothesis feeds every parser and load_config as a whole random
+text: only the installer's own ConfigError may come out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import string
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from httpserver import self_signed
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from installer.config import SETTINGS, SETTINGS_BY_NAME, ModuleParam, load_config
+from installer.config.modparams import check_param, parse_module_param, read_params_file
+from installer.config.values import Invalid
+from installer.errors import ConfigError, IntegrityError
+from installer.stages.load import plan
+from installer.stages.load.plan import PlannedModule
+
+# --- the kernel's parser, line for line (lib/cmdline.c next_arg, kernel/params.c parse_args)
+
+_KERNEL_SPACE = frozenset(b"\t\n\v\f\r \xa0")  # lib/ctype.c: _S for 9-13, 32 and 160
+
+
+def next_arg(buf: bytearray, args: int) -> tuple[int, int | None, int]:
+    """next_arg() on a NUL-terminated buffer: (param, val or None, next), as offsets."""
+    in_quote = quoted = False
+    if buf[args] == ord('"'):
+        args += 1
+        in_quote = quoted = True
+    i = equals = 0
+    while buf[args + i]:
+        if buf[args + i] in _KERNEL_SPACE and not in_quote:
+            break
+        if equals == 0 and buf[args + i] == ord("="):
+            equals = i
+        if buf[args + i] == ord('"'):
+            in_quote = not in_quote
+        i += 1
+    val: int | None = None
+    if equals:
+        buf[args + equals] = 0
+        val = args + equals + 1
+        if buf[val] == ord('"'):  # don't include quotes in value
+            val += 1
+            if buf[args + i - 1] == ord('"'):
+                buf[args + i - 1] = 0
+    if quoted and i > 0 and buf[args + i - 1] == ord('"'):
+        buf[args + i - 1] = 0
+    if buf[args + i]:
+        buf[args + i] = 0
+        nxt = args + i + 1
+    else:
+        nxt = args + i
+    while buf[nxt] in _KERNEL_SPACE:  # skip_spaces()
+        nxt += 1
+    return args, val, nxt
+
+
+def _cstr(buf: bytearray, at: int) -> str:
+    return bytes(buf[at:buf.index(0, at)]).decode("latin-1")
+
+
+def parse_args(args: str | bytes) -> list[tuple[str, str | None]]:
+    """Every (param, value) parse_args() hands to the module's parameter setters."""
+    buf = bytearray(args.encode() if isinstance(args, str) else args) + b"\0"
+    pos, pairs = 0, []
+    while buf[pos] in _KERNEL_SPACE:
+        pos += 1
+    while buf[pos]:
+        param, val, pos = next_arg(buf, pos)
+        if val is None and _cstr(buf, param) == "--":
+            break
+        pairs.append((_cstr(buf, param), None if val is None else _cstr(buf, val)))
+    return [(k, v if v is None else v.encode("latin-1").decode()) for k, v in pairs]
+
+
+class TestTheKernelParserItself:
+    """The re-implementation must behave as the kernel documents, or it proves nothing."""
+
+    @pytest.mark.parametrize(("text", "pairs"), [
+        ("a=1 b=2", [("a", "1"), ("b", "2")]),
+        ('k="a b"', [("k", "a b")]),
+        ('"k=a b" c=1', [("k", "a b"), ("c", "1")]),
+        ("k=a=b", [("k", "a=b")]),
+        ("k=1\tj=2\nz", [("k", "1"), ("j", "2"), ("z", None)]),
+        ('k=x"y z" w=1', [("k", 'x"y z"'), ("w", "1")]),
+        ("  k=1  j=2 ", [("k", "1"), ("j", "2")]),
+        ("k= -- j=1", [("k", "")]),
+        ("=x k", [("=x", None), ("k", None)]),
+        ('k=""', [("k", "")]),
+    ])
+    def test_documented_behaviour(self, text: str, pairs: list[tuple[str, str | None]]
+                                  ) -> None:
+        assert parse_args(text) == pairs
+
+    def test_latin1_nbsp_is_a_kernel_space(self) -> None:
+        assert parse_args(b"k=1\xa0j=2") == [("k", "1"), ("j", "2")]
+
+
+# --- module parameters: accepted ones parse back to exactly what was meant
+
+_VALUES = st.text(alphabet=st.characters(codec="utf-8"), max_size=40)
+_NAMES = st.text(alphabet=string.ascii_letters + string.digits + "_", min_size=1, max_size=12)
+
+
+def _param_string(params: dict[str, str]) -> str:
+    return PlannedModule("m", Path("/m.ko"), "m.ko", False, (), params).param_string
+
+
+class TestModuleParams:
+    @pytest.mark.parametrize("text", [
+        "nvidia.NVreg_X=1 nvidia_uvm.uvm_perf=0", 'nvidia.k="a b"', 'nvidia.k="1"',
+        "nvidia.k=it's", "nvidia.k=a\tb", "nvidia.k=1\nnvidia.j=2", "nvidia.k=1\x00",
+        "nvidia.k=\u00a0", "nvidia.k=caf\u00e9", "nvi dia.k=1", "nvidia.k-j=1", "nvidia.=1",
+        ".k=1", "nvidia.k", "nvidia k=1", "nvidia.k.j=1", "nvidia.k=" + "x" * 257,
+        "n" * 56 + ".k=1", "nvidia.k\u0131=1", "nvidia.k=1\u2028",
+    ])
+    def test_refused(self, text: str) -> None:
+        with pytest.raises(Invalid):
+            parse_module_param(text)
+
+    @pytest.mark.parametrize(("text", "param"), [
+        ("nvidia.NVreg_EnableMSI=0", ModuleParam("nvidia", "NVreg_EnableMSI", "0")),
+        ("nvidia-uvm.uvm_perf=1", ModuleParam("nvidia_uvm", "uvm_perf", "1")),
+        ("nvidia.NVreg_RegistryDwords=PowerMizerEnable=0x1;PerfLevelSrc=0x2222",
+         ModuleParam("nvidia", "NVreg_RegistryDwords", "PowerMizerEnable=0x1;PerfLevelSrc=0x2222")),
+        ("nvidia.k=", ModuleParam("nvidia", "k", "")),
+        ("  nvidia.k=a,b  ", ModuleParam("nvidia", "k", "a,b")),
+    ])
+    def test_accepted(self, text: str, param: ModuleParam) -> None:
+        assert parse_module_param(text) == param
+        assert parse_args(_param_string({param.key: param.value})) == [(param.key, param.value)]
+
+    @settings(max_examples=400)
+    @given(st.dictionaries(_NAMES, _VALUES, max_size=5))
+    def test_what_is_accepted_reaches_the_kernel_as_given(self, params: dict[str, str]
+                                                          ) -> None:
+        accepted = {}
+        for key, value in params.items():
+            try:
+                param = parse_module_param(f"nvidia.{key}={value}")
+            except Invalid:
+                with pytest.raises(Invalid):
+                    check_param(key, value)
+                continue
+            check_param(param.key, param.value)
+            accepted[param.key] = param.value
+        assert parse_args(_param_string(accepted)) == list(accepted.items())
+
+    @settings(max_examples=300)
+    @given(st.text(max_size=80))
+    def test_random_text_is_a_param_or_invalid(self, text: str) -> None:
+        try:
+            param = parse_module_param(text)
+        except Invalid:
+            return
+        assert parse_args(_param_string({param.key: param.value})) == [
+            (param.key, param.value)]
+
+    def test_a_package_default_that_smuggles_is_integrity(self) -> None:
+        module = SimpleNamespace(name="nvidia", params={"NVreg_X": "1 NVreg_Y=2"})
+        package = SimpleNamespace(source="file:///repo/x",
+                                  manifest=SimpleNamespace(modules=[module]))
+        with pytest.raises(IntegrityError) as info:
+            plan.merged_params(package, [])  # type: ignore[arg-type]
+        assert "file:///repo/x" in info.value.message
+        assert "nvidia.NVreg_X" in info.value.message and info.value.code == 7
+
+    @pytest.mark.parametrize(("key", "value"), [("NV X", "1"), ("k", 'a"b'), ("k", "a b"),
+                                                ("", "1"), ("k", "\n")])
+    def test_check_param(self, key: str, value: str) -> None:
+        with pytest.raises(Invalid):
+            check_param(key, value)
+
+
+class TestParamsFile:
+    @pytest.mark.parametrize(("data", "line"), [
+        (b"nvidia.k=1\nnvidia.j=1 nvidia.z=2\n", 2),
+        (b"# c\n\nnvidia.k=\"a b\"\n", 3),
+        (b"nvidia.k=1\x0bnvidia.j=2\n", 1),
+        (b"nvidia.k=1\r\nnvidia.j=a\x85b\n", None),
+    ])
+    def test_bad_line_names_the_line(self, tmp_path: Path, data: bytes, line: int | None
+                                     ) -> None:
+        path = tmp_path / "params.conf"
+        path.write_bytes(data)
+        with pytest.raises(Invalid) as info:
+            read_params_file(path)
+        if line is not None:
+            assert f"line {line}:" in str(info.value.reason)
+
+    def test_not_utf8(self, tmp_path: Path) -> None:
+        path = tmp_path / "params.conf"
+        path.write_bytes(b"nvidia.k=\xff\n")
+        with pytest.raises(Invalid) as info:
+            read_params_file(path)
+        assert "not UTF-8" in str(info.value.reason)
+
+    def test_crlf_and_comments_are_fine(self, tmp_path: Path) -> None:
+        path = tmp_path / "params.conf"
+        path.write_bytes(b"# x\r\nnvidia.k=1 # y\r\n")
+        assert read_params_file(path) == [ModuleParam("nvidia", "k", "1")]
+
+
+# --- every setting through load_config
+
+
+@pytest.fixture
+def roots(tmp_path: Path) -> dict[str, str]:
+    for name in ("proc", "sys"):
+        (tmp_path / name).mkdir()
+    return {"host_root": str(tmp_path), "proc_root": str(tmp_path / "proc"),
+            "sys_root": str(tmp_path / "sys")}
+
+
+def _refused(roots: dict[str, str], name: str, value: str, *, env: bool) -> str:
+    setting = SETTINGS_BY_NAME[name]
+    assert setting.envvar is not None
+    others = {key: root for key, root in roots.items() if key != name}
+    flags = others if env else {**others, name: (value,) if setting.multiple else value}
+    with pytest.raises(ConfigError) as info:
+        load_config(flags, {setting.envvar: value} if env else {})
+    line = info.value.one_line()
+    assert "\n" not in line and "\r" not in line and info.value.code == 2
+    assert (setting.envvar if env else setting.flag) in line
+    return line
+
+
+PATHS = ["host_root", "proc_root", "sys_root", "dev_root", "install_dir", "termination_log",
+         "preloaded_dir", "cache_dir", "ca_bundle", "service_account_dir", "module_params_file"]
+CONTROLS = ["\n", "\x00", "\x7f", "\x85", "\x1b[31m", "\r", "\u2028", "\u202e", "\udcff", "\t"]
+
+
+class TestPaths:
+    @pytest.mark.parametrize("name", PATHS)
+    @pytest.mark.parametrize("control", CONTROLS)
+    def test_control_characters(self, roots: dict[str, str], name: str, control: str) -> None:
+        value = f"{roots['host_root']}/a{control}b"
+        line = _refused(roots, name, value, env=True)
+        assert repr(value) in line
+        _refused(roots, name, value, env=False)
+
+    def test_newline_in_install_dir_names_it(self, roots: dict[str, str]) -> None:
+        line = _refused(roots, "install_dir", "/opt/nvidia\n/etc", env=True)
+        assert "NVIDIA_INSTALL_DIR_HOST='/opt/nvidia\\n/etc' is invalid" in line
+        assert "U+000A" in line
+
+    @pytest.mark.parametrize("value", ["/opt/nvidia", "/opt/nvidia driver", "/opt/nvídia",
+                                       "/opt/nv~1/x-y_z.d", "/opt/日本"])
+    def test_ordinary_paths_stay_valid(self, roots: dict[str, str], value: str) -> None:
+        config = load_config(roots, {"NVIDIA_INSTALL_DIR_HOST": value,
+                                     "DRIVER_CACHE_DIR": value})
+        assert str(config.install_dir) == value and str(config.cache_dir) == value
+
+
+NUMBERS = {
+    "lock_timeout": "LOCK_TIMEOUT", "connect_timeout": "DOWNLOAD_CONNECT_TIMEOUT",
+    "read_timeout": "DOWNLOAD_READ_TIMEOUT", "download_deadline": "DOWNLOAD_DEADLINE",
+    "cache_keep": "DRIVER_CACHE_KEEP", "download_retries": "DOWNLOAD_RETRIES",
+    "download_parallel": "DOWNLOAD_PARALLEL",
+}
+BAD_NUMBERS = ["²", "\u0661\u0662", "1_000", "nan", "NaN", "inf", "-inf", "1e999", "1e3", "0x10",
+               "+5", "-1", "", " ", "5 5", "9" * 5000, "1." * 3, "\u0661", "\uff15", "0", "0.0",
+               "1,5"]
+
+
+class TestNumbers:
+    @pytest.mark.parametrize("name", list(NUMBERS))
+    @pytest.mark.parametrize("value", BAD_NUMBERS)
+    def test_refused(self, roots: dict[str, str], name: str, value: str) -> None:
+        _refused(roots, name, value, env=True)
+        if value.strip():
+            _refused(roots, name, value, env=False)
+
+    @pytest.mark.parametrize(("value", "number"), [("300", 300.0), ("0.5", 0.5), (".5", 0.5),
+                                                   ("2.", 2.0), (" 30 ", 30.0), ("007", 7.0)])
+    def test_decimals_stay_valid(self, roots: dict[str, str], value: str, number: float
+                                 ) -> None:
+        assert load_config(roots, {"LOCK_TIMEOUT": value}).lock_timeout == number
+
+    def test_integers_stay_valid(self, roots: dict[str, str]) -> None:
+        config = load_config(roots, {"DOWNLOAD_RETRIES": " 6", "DRIVER_CACHE_KEEP": "100"})
+        assert (config.download_retries, config.cache_keep) == (6, 100)
+
+
+BAD_URLS = ["http://[::1", "https://h:99999/", "https://h:x/", "https://h:0/", "https://:443/",
+            "https:///x", "https://h]/", "https://[::1]x/", "https://[zz]/", "https://h /x",
+            "https://h/a b", "https://a:b:c/", "https://h:-1/", "https://h:+1/", "https://h\x00/",
+            "https://h\n/", "https://ħ/", "https://[::1]:99999/", "https://u@/", "https://h:٨٠/"]
+GOOD_URLS = ["https://mirror.example.com", "https://h:8443/repo/", "http://127.0.0.1:9/",
+             "https://[::1]:8443/x", "https://[fe80::1%25eth0]/", "https://user:tok@h/p?q=1#f",
+             "https://h:/", "https://my_host.internal./nvidia"]
+
+
+class TestUrls:
+    @pytest.mark.parametrize("value", BAD_URLS)
+    def test_bad_mirror(self, roots: dict[str, str], value: str) -> None:
+        _refused(roots, "mirrors", value, env=False)
+        if not any(c in value for c in " \n"):  # the env var splits on whitespace
+            _refused(roots, "mirrors", value, env=True)
+
+    @pytest.mark.parametrize("value", BAD_URLS)
+    def test_bad_kube_api(self, roots: dict[str, str], value: str) -> None:
+        _refused(roots, "kube_api", value, env=True)
+        _refused(roots, "kube_api", value, env=False)
+
+    @pytest.mark.parametrize("value", GOOD_URLS)
+    def test_good_urls_stay_valid(self, roots: dict[str, str], value: str) -> None:
+        config = load_config({**roots, "mirrors": (value,), "allow_http": True},
+                             {"KUBE_API_URL": value})
+        assert config.mirrors == (value.rstrip("/"),)
+        assert config.kube_api == value.rstrip("/")
+
+    @pytest.mark.parametrize("value", ["file:///srv/repo", "FILE:///srv/a%20b/"])
+    def test_file_mirrors_stay_valid(self, roots: dict[str, str], value: str) -> None:
+        assert load_config({**roots, "mirrors": (value,)}, {}).mirrors[0].startswith("file:///")
+
+    def test_env_list_still_splits_on_ascii_whitespace_and_commas(
+            self, roots: dict[str, str]) -> None:
+        config = load_config(roots, {"DRIVER_MIRRORS": "https://a,\n\thttps://b  https://c"})
+        assert config.mirrors == ("https://a", "https://b", "https://c")
+
+    def test_unicode_separator_is_not_a_separator(self, roots: dict[str, str]) -> None:
+        _refused(roots, "mirrors", "https://a\x85https://b", env=True)
+
+
+class TestCaBundle:
+    def test_a_real_certificate(self, roots: dict[str, str], tmp_path: Path) -> None:
+        cert, _ = self_signed(tmp_path)
+        assert load_config(roots, {"DRIVER_CA_BUNDLE": str(cert)}).ca_bundle == cert
+
+    @pytest.mark.parametrize(("content", "why"), [
+        (b"", "no PEM certificate"),
+        (b"not a certificate\n", "no PEM certificate"),
+        (b"-----BEGIN CERTIFICATE-----\n!!!!\n-----END CERTIFICATE-----\n", "no PEM"),
+        (b"-----BEGIN CERTIFICATE-----\nMIIB\n", "no PEM certificate"),
+        (b"-----BEGIN PRIVATE KEY-----\nMIIBVQIBADANBgkqhkiG9w0BAQEFAASC\n"
+         b"-----END PRIVATE KEY-----", "no PEM certificate"),
+        (b"\x30\x82\x01\x0a" + bytes(300), "no PEM certificate"),
+    ])
+    def test_not_pem(self, roots: dict[str, str], tmp_path: Path, content: bytes, why: str
+                     ) -> None:
+        path = tmp_path / "ca.pem"
+        path.write_bytes(content)
+        line = _refused(roots, "ca_bundle", str(path), env=True)
+        assert str(path) in line and why in line
+        _refused(roots, "ca_bundle", str(path), env=False)
+
+    def test_directory(self, roots: dict[str, str], tmp_path: Path) -> None:
+        line = _refused(roots, "ca_bundle", str(tmp_path), env=False)
+        assert "is a directory" in line
+
+    def test_missing(self, roots: dict[str, str], tmp_path: Path) -> None:
+        line = _refused(roots, "ca_bundle", str(tmp_path / "absent.pem"), env=True)
+        assert "cannot be read" in line
+
+    def test_the_check_imports_nothing_heavy(self) -> None:
+        import subprocess
+        import sys
+
+        code = ("import sys, installer.config; "
+                "print(sorted(m for m in ('ssl', 'requests', 'pynvml') "
+                "if m in sys.modules))")
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              check=True)
+        assert done.stdout.strip() == "[]"
+
+
+# --- hypothesis: nothing but ConfigError out of any setting
+
+_TEXT = st.text(max_size=30) | st.sampled_from(
+    ["/", "/x", "1", "0.5", "http://[::1", "https://h:99999", "file:///x", "nvidia.k=1", "\n",
+     "true", "535", "\udcff", "\x00", "9" * 400])
+
+
+@settings(max_examples=300)
+@given(st.sampled_from([s for s in SETTINGS]), _TEXT)
+def test_every_parser_raises_only_invalid(setting: object, text: str) -> None:
+    with contextlib.suppress(Invalid):
+        setting.parse(text)  # type: ignore[attr-defined]
+
+
+@settings(max_examples=150, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(env=st.dictionaries(st.sampled_from([s.envvar for s in SETTINGS if s.envvar]), _TEXT),
+       flags=st.dictionaries(st.sampled_from([s.name for s in SETTINGS]), _TEXT),
+       keep_roots=st.booleans())
+def test_load_config_raises_only_config_error(roots: dict[str, str], env: dict[str, str],
+                                              flags: dict[str, str], keep_roots: bool) -> None:
+    given_flags: dict[str, object] = {
+        name: ((value,) if SETTINGS_BY_NAME[name].multiple else value)
+        for name, value in flags.items()}
+    if keep_roots:
+        given_flags.update(roots)
+    try:
+        load_config(given_flags, env)
+    except ConfigError as exc:
+        assert "\n" not in exc.one_line() and exc.code == 2
