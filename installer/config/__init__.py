@@ -136,16 +136,10 @@ def _mirror_url(value: str) -> str:
     return f"{scheme.lower()}://{rest}"
 
 
-def _ca_bundle(value: str) -> Path:
-    """Checked when the config loads, so a wrong file fails before any download."""
-    return pem_bundle(_abs_path(value))
-
-
-def _params_file(value: str) -> Path:
-    """Read and checked when the config loads: a bad line fails before anything is written."""
-    path = _abs_path(value)
-    read_params_file(path)
-    return path
+# Files read when the config loads, so a wrong one fails before anything is written or
+# downloaded; kept out of the parsers, which stay pure functions of their text.
+_FILE_CHECKS: dict[str, Callable[[Path], object]] = {
+    "ca_bundle": pem_bundle, "module_params_file": read_params_file}
 
 
 SETTINGS: tuple[Setting, ...] = (
@@ -198,7 +192,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("ca_bundle", "--ca-bundle", "DRIVER_CA_BUNDLE", None,
             "CA certificates (PEM) to verify https:// mirrors with",
             "an absolute path to a readable PEM file with at least one certificate",
-            _ca_bundle),
+            _abs_path),
     Setting("allow_http", "--allow-http", "DRIVER_ALLOW_HTTP", "false",
             "allow plain http:// mirrors (file hashes still checked; index and manifest are "
             "not protected in transit)", "true or false", _bool, is_flag=True),
@@ -239,7 +233,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("module_params_file", "--module-params-file", "NVIDIA_MODULE_PARAMS_FILE", None,
             "file of module.key=value lines ('#' starts a comment), applied before "
             "--module-param", "an absolute path to a file of module.key=value lines",
-            _params_file),
+            _abs_path),
     Setting("force_load", "--force-load", "FORCE_MODULE_LOAD", "false",
             "load even when preflight predicts a refusal (signature enforcement, GPU bound "
             "to nouveau/vfio-pci, package built for another kernel)", "true or false", _bool,
@@ -308,6 +302,8 @@ def load_config(flags: Mapping[str, Any], environ: Mapping[str, str]) -> Config:
             continue
         try:
             values[setting.name] = setting.parse(raw)
+            if setting.name in _FILE_CHECKS:
+                _FILE_CHECKS[setting.name](values[setting.name])
         except _Invalid as exc:
             raise _refusal(setting, source, raw, exc) from None
     values.setdefault("dev_root", values["host_root"] / "dev")

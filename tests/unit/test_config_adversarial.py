@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from installer.config import SETTINGS, SETTINGS_BY_NAME, ModuleParam, load_config
 from installer.config.modparams import check_param, parse_module_param, read_params_file
-from installer.config.values import Invalid
+from installer.config.values import Invalid, pem_bundle
 from installer.errors import ConfigError, IntegrityError
 from installer.stages.load import plan
 from installer.stages.load.plan import PlannedModule
@@ -405,3 +405,16 @@ def test_load_config_raises_only_config_error(roots: dict[str, str], env: dict[s
         load_config(given_flags, env)
     except ConfigError as exc:
         assert "\n" not in exc.one_line() and exc.code == 2
+
+
+@settings(max_examples=150, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.binary(max_size=400) | st.sampled_from([
+    b"-----BEGIN CERTIFICATE-----\n" + b"A" * 200 + b"\n-----END CERTIFICATE-----\n",
+    b"nvidia.k=1\nnvidia.j=\"x\"\n", b"-----BEGIN CERTIFICATE-----" * 50]))
+def test_file_checks_raise_only_invalid(tmp_path: Path, data: bytes) -> None:
+    """The CA bundle and the params file, whatever bytes they hold."""
+    path = tmp_path / "file"
+    path.write_bytes(data)
+    for check in (pem_bundle, read_params_file):
+        with contextlib.suppress(Invalid):
+            check(path)
