@@ -18,7 +18,7 @@ import click
 
 from installer import __version__
 from installer.cli import logs
-from installer.config import SETTINGS, Config, load_config
+from installer.config import SETTINGS, SETTINGS_BY_NAME, Config, load_config
 from installer.context import Context
 from installer.errors import InstallerError, error_table
 from installer.node.host import Host, RealHost, Roots
@@ -69,13 +69,23 @@ def _report(ctx: click.Context, line: str) -> None:
     """Print the failure line and copy it to the termination log when that is writable."""
     click.echo(line, err=True)
     config = _config_of(ctx)
-    target = (config.termination_log if config is not None
-              else Path(os.environ.get("TERMINATION_LOG", "/dev/termination-log")))
+    target = config.termination_log if config is not None else _early_termination_log()
+    if target is None:
+        return
     try:
         with target.open("w", encoding="utf-8") as handle:
             handle.write(line + "\n")
     except OSError:
         pass
+
+
+def _early_termination_log() -> Path | None:
+    """Before the config loaded: $TERMINATION_LOG only once it passes its own check."""
+    value = os.environ.get("TERMINATION_LOG", "/dev/termination-log")
+    try:
+        return Path(SETTINGS_BY_NAME["termination_log"].parse(value))
+    except ValueError:
+        return None
 
 
 def node_options(fn: F) -> F:

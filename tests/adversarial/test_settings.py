@@ -143,6 +143,16 @@ def test_host_root_with_a_newline(arena: Arena, how: str) -> None:
     assert_untouched(before, arena.snapshot())
 
 
+def test_termination_log_env_with_a_newline_is_not_written(arena: Arena) -> None:
+    """The refusal is not copied to a path that failed its own check."""
+    bad = f"{arena.outside}/etc/termination\nlog"
+    before = arena.snapshot()
+    done = arena.run("install", *arena.args()[:-2], "--mirror", f"file://{arena.scene.repo}",
+                     env={"TERMINATION_LOG": bad})
+    assert_refused(done, 2, "TERMINATION_LOG=", "U+000A")
+    assert_untouched(before, arena.snapshot())
+
+
 # --- the module-params file, checked when the config loads
 
 
