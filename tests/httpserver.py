@@ -9,7 +9,11 @@ with '/'): `drop` closes after N body bytes; `status` answers a code (503, 404, 
 `retry_after` answers 429 with a Retry-After header; `stall` sends N bytes then sleeps;
 `corrupt` flips one byte (same length); `truncate` announces and sends only N bytes;
 `change` serves other bytes under another ETag, then drops after N bytes (a file replaced
-upstream between requests). Every request is recorded for assertions.
+upstream between requests); `trickle` sends N bytes, then one byte every `seconds` (a
+mirror that never trips a per-recv read timeout); `slow_headers` sends its status line and
+headers one byte every `seconds`; `redirect` answers `status` (3xx) with `other` as the
+Location; `serve` answers 200 with `other` as the body (a hostile or broken document).
+Every request is recorded for assertions (with its query and Authorization header).
 """
 
 from __future__ import annotations
@@ -51,6 +55,8 @@ class Request:
     range: str | None
     if_range: str | None
     status: int
+    query: str = ""
+    authorization: str | None = None
 
 
 def etag_of(path: Path) -> str:
@@ -149,7 +155,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _record(self, status: int) -> None:
         self.server_state.record(Request(self._path(), self.headers.get("Range"),
-                                         self.headers.get("If-Range"), status))
+                                         self.headers.get("If-Range"), status,
+                                         self.path.partition("?")[2],
+                                         self.headers.get("Authorization")))
 
     def _serve(self, *, head: bool) -> None:
         state = self.server_state
@@ -162,10 +170,14 @@ class _Handler(BaseHTTPRequestHandler):
             return self._answer(fault.status)
         if fault and fault.kind == "retry_after":
             return self._answer(429, {"Retry-After": str(fault.retry_after)})
+        if fault and fault.kind == "redirect":
+            return self._answer(fault.status, {"Location": fault.other.decode()})
+        if fault and fault.kind == "slow_headers":
+            return self._slow_headers(fault)
         target = (state.root / path.lstrip("/")).resolve()
         if not target.is_relative_to(state.root.resolve()) or not target.is_file():
             return self._answer(404)
-        if fault and fault.kind == "change":
+        if fault and fault.kind in ("change", "serve"):
             data, etag = fault.other, f'"changed-{hashlib.sha256(fault.other).hexdigest()[:8]}"'
         else:
             data, etag = None, etag_of(target)
@@ -187,6 +199,15 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if not head:
             self._body(target, data, start, length, fault)
+
+    def _trickle(self, rest: bytes, seconds: float) -> None:
+        _send_slowly(self, rest, seconds)
+
+    def _slow_headers(self, fault: Fault) -> None:
+        self._record(200)
+        head = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-Slow: " + b"x" * 64 + b"\r\n\r\n{}"
+        _send_slowly(self, head, fault.seconds)
+        self.close_connection = True
 
     def _range(self, size: int, etag: str) -> tuple[int, int, int]:
         header = self.headers.get("Range")
@@ -212,16 +233,31 @@ class _Handler(BaseHTTPRequestHandler):
         if kind == "corrupt" and body:
             spot = min(fault.after if fault else 0, len(body) - 1)
             body = body[:spot] + bytes([body[spot] ^ 0xFF]) + body[spot + 1:]
-        cut = fault.after if kind in ("drop", "change", "stall") and fault else len(body)
+        cut = (fault.after if kind in ("drop", "change", "stall", "trickle") and fault
+               else len(body))
         self.wfile.write(body[:cut])
         self.wfile.flush()
         if kind == "stall" and fault:
             time.sleep(fault.seconds)
             self.wfile.write(body[cut:])
             return
+        if kind == "trickle" and fault:
+            self._trickle(body[cut:], fault.seconds)
+            return
         if kind in ("drop", "change"):
             self.connection.shutdown(socket.SHUT_RDWR)
             self.close_connection = True
+
+
+def _send_slowly(handler: BaseHTTPRequestHandler, data: bytes, seconds: float) -> None:
+    """One byte every `seconds`, until done or the client hangs up."""
+    try:
+        for value in data:
+            handler.wfile.write(bytes([value]))
+            handler.wfile.flush()
+            time.sleep(seconds)
+    except OSError:
+        handler.close_connection = True
 
 
 def _read_range(path: Path, start: int, length: int) -> bytes:

@@ -72,7 +72,7 @@ def test_https_mirror_needs_its_ca(make_node: Callable[[str], Path], tmp_path: P
         accepted = invoke(host, "fetch", "--mirror", server.url, "--ca-bundle", str(cert),
                           "--output", "json")
     assert refused.exit_code == 6, refused.stderr
-    assert "TLS error" in refused.stderr and "--ca-bundle" in refused.stderr
+    assert "TLS verification failed" in refused.stderr and "--ca-bundle" in refused.stderr
     assert accepted.exit_code == 0, accepted.stderr
     assert json.loads(accepted.stdout)["source"] == f"mirror {server.url}"
     assert not named(accepted, "source unavailable")

@@ -30,6 +30,7 @@ from installer.packages.repository import (
     package_path,
     resolve,
 )
+from installer.stages.fetch.failures import DeadlineExpired, SourceFailure, combined
 from installer.stages.fetch.sources import CacheSource, MirrorSource, Offer, PreloadedSource
 
 
@@ -68,7 +69,17 @@ def _local_exact(ctx: Context, node: NodeInfo, sources: list[Source]) -> Package
 
 def _resolve_and_get(ctx: Context, node: NodeInfo, sources: list[Source]) -> Package:
     offers = gather(sources, ctx.log)
-    choice = choose(ctx, node, offers)
+    try:
+        choice = choose(ctx, node, offers)
+    except PackageNotFoundError as exc:  # perhaps because a source failed: say which, why
+        failed = [SourceFailure(o.source, o.failure) for o in offers if o.failure is not None]
+        if not failed:
+            raise
+        answered = any(o.index.packages for o in offers if o.failure is None)
+        what = exc.message if answered else (
+            f"no source could list driver {ctx.config.driver_version} for kernel "
+            f"{node.kernel_release}")
+        raise combined(what, failed) from None
     return get_first(sources, offers, choice, ctx.log)
 
 
@@ -106,15 +117,19 @@ def _sources(ctx: Context) -> Iterator[tuple[Cache, list[Source]]]:
 
 
 def gather(sources: list[Source], log: Any) -> list[Offer]:
-    """Ask every source what it offers; one that cannot answer is noted, not fatal."""
+    """Ask every source what it offers; one that cannot answer is noted, not fatal (unless
+    the download deadline passed: then nothing more can be asked)."""
     offers = []
     for source in sources:
         try:
             offer = source.offers()
+        except DeadlineExpired as exc:
+            log.warning("source unavailable", source=source.name, reason=exc.message)
+            raise
         except InstallerError as exc:
             reason = "no index.json" if isinstance(exc, PackageNotFoundError) else exc.message
             offer = Offer(source.name, Index(), error=reason,
-                          exhaustive=not isinstance(source, MirrorSource))
+                          exhaustive=not isinstance(source, MirrorSource), failure=exc)
         if offer.error:
             log.warning("source unavailable", source=source.name, reason=offer.error)
         offers.append(offer)
@@ -166,23 +181,24 @@ def choose(ctx: Context, node: NodeInfo, offers: list[Offer]) -> Candidate:
 
 def get_first(sources: list[Source], offers: list[Offer], choice: Candidate, log: Any
               ) -> Package:
-    """The first source that lists the choice and delivers it intact."""
-    failures: list[InstallerError] = []
+    """The first source that lists the choice and delivers it intact; when none does, one
+    error naming each source's cause, coded by the most telling one (`failures.py`)."""
+    failures: list[SourceFailure] = []
     for source, offer in zip(sources, offers, strict=True):
         listed = [c for c in offer.index.packages if _same(c, choice)]
         if not listed and offer.exhaustive:
             continue
+        if offer.failure is not None:
+            failures.append(SourceFailure(source.name, offer.failure))
         try:
             return source.get(listed[0] if listed else choice)
         except InstallerError as exc:
             log.warning("source failed", source=source.name, error=exc.slug,
                         reason=exc.message)
-            failures.append(exc)
-    real = [f for f in failures if not isinstance(f, PackageNotFoundError)]
-    if real:
-        raise real[-1]
-    raise PackageNotFoundError(f"no source delivered {choice.path}: "
-                               + "; ".join(f.message for f in failures))
+            if isinstance(exc, DeadlineExpired):
+                raise
+            failures.append(SourceFailure(source.name, exc))
+    raise combined(f"no source delivered {choice.path}", failures)
 
 
 def _same(a: Candidate, b: Candidate) -> bool:

@@ -1,21 +1,20 @@
 """HTTP(S) and file:// downloads: stream to a temp file while hashing, resume, retry, deadline.
 
-The only module that imports `requests` (start-up time matters: `import installer.cli` must
-stay light). A download is one pass: each chunk is hashed and written as it arrives; after a
-drop the next attempt asks for the rest with `Range` and `If-Range` (the ETag, else the
-Last-Modified date), and a server that answers 200 instead makes it start over, never
-splice. Retries (tenacity) cover connection errors, timeouts, 408, 429 (honouring
-Retry-After) and 5xx, bounded by attempts and by one deadline for the whole run.
+With its helpers (`responses`, `watchdog`), the only module that imports `requests`
+(start-up time matters: `import installer.cli` must stay light). A download is one pass:
+each chunk is hashed and written as it arrives; after a drop the next attempt asks for the
+rest with `Range` and `If-Range` (the ETag, else the Last-Modified date), and a server that
+answers 200 instead makes it start over, never splice. Retries (tenacity) cover connection
+errors, timeouts, 408, 429 (honouring Retry-After) and 5xx, bounded by attempts and by one
+deadline for the whole run; the watchdog makes that deadline, and a minimum rate per
+read-timeout window, hold against a mirror that trickles. No message carries a URL's
+credentials or query.
 """
 
 from __future__ import annotations
 
-import email.utils
 import hashlib
-import os
-import queue
 import re
-import threading
 import time
 import urllib.parse
 from collections.abc import Callable
@@ -25,33 +24,39 @@ from typing import Any, TypeVar
 
 import requests
 import tenacity
-import urllib3
 
-from installer.errors import ConfigError, DownloadError, IntegrityError, PackageNotFoundError
+from installer.errors import ConfigError, DownloadError, IntegrityError
+from installer.stages.fetch.failures import (
+    ChecksumMismatch,
+    DeadlineExpired,
+    NotOnMirror,
+    RetryAfterBeyondDeadline,
+)
+from installer.stages.fetch.local import file_url, local_path, open_local, read_local
 from installer.stages.fetch.progress import Progress
-from installer.stages.fetch.urls import safe
+from installer.stages.fetch.responses import (
+    NETWORK_ERRORS,
+    HashPipe,
+    Retryable,
+    check_status,
+    tls_error,
+    validator,
+)
+from installer.stages.fetch.urls import safe, scrub
+from installer.stages.fetch.watchdog import STALL_BYTES, Watch, Watchdog, WatchedAdapter
+
+__all__ = [
+    "ChecksumMismatch",
+    "DownloadSettings",
+    "Downloader",
+    "NotOnMirror",
+    "file_url",
+    "local_path",
+]
 
 T = TypeVar("T")
 _CONTENT_RANGE_RE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
-_NETWORK_ERRORS = (requests.ConnectionError, requests.Timeout,
-                   requests.exceptions.ChunkedEncodingError, urllib3.exceptions.HTTPError,
-                   ConnectionError, TimeoutError)
 
-
-class NotOnMirror(PackageNotFoundError):
-    """The mirror answered 404, 403 or 410: the next mirror is tried."""
-
-
-class ChecksumMismatch(IntegrityError):
-    """A downloaded file's size or sha256 differs from its manifest entry."""
-
-
-class Retryable(Exception):
-    """A transient failure: another attempt may succeed (after `retry_after` if given)."""
-
-    def __init__(self, reason: str, retry_after: float | None = None) -> None:
-        super().__init__(reason)
-        self.retry_after = retry_after
 
 
 @dataclass(frozen=True)
@@ -113,10 +118,11 @@ class Downloader:
         self.log = log
         self.progress = progress
         self.deadline = Deadline(settings.deadline)
+        self.watchdog = Watchdog()
         self.session = requests.Session()
         # passed on each request: a session-level value loses to REQUESTS_CA_BUNDLE (requests)
         self.verify: str | bool = str(settings.ca_bundle) if settings.ca_bundle else True
-        adapter = requests.adapters.HTTPAdapter(pool_maxsize=max(4, settings.parallel))
+        adapter = WatchedAdapter(pool_maxsize=max(4, settings.parallel))
         self.session.mount("https://", adapter)
         self.session.mount("http://", adapter)
 
@@ -125,8 +131,8 @@ class Downloader:
     def fetch_bytes(self, url: str, limit: int) -> bytes:
         """A small document (index.json, manifest.json), at most `limit` bytes."""
         if url.startswith("file://"):
-            return _read_local(url, limit)
-        return self._retry(url, lambda: self._get_small(url, limit))
+            return read_local(url, limit)
+        return self._retry(url, lambda watch: self._get_small(url, limit, watch))
 
     def fetch_file(self, url: str, dest: Path, *, size: int, sha256: str) -> None:
         """Download `url` into `dest` and check size and sha256 (ChecksumMismatch if not)."""
@@ -135,24 +141,62 @@ class Downloader:
         if url.startswith("file://"):
             self._copy_local(url, partial)
         else:
-            self._retry(url, lambda: self._attempt(url, partial))
+            self._retry(url, lambda watch: self._attempt(url, partial, watch))
         self._check(url, partial, sha256)
 
     def close(self) -> None:
+        self.watchdog.close()
         self.session.close()
 
     # ------------------------------------------------------------ retries
 
-    def _retry(self, url: str, attempt: Callable[[], T]) -> T:
+    def _retry(self, url: str, attempt: Callable[[Watch], T]) -> T:
         retrying = tenacity.Retrying(
             retry=tenacity.retry_if_exception_type(Retryable),
             stop=tenacity.stop_after_attempt(self.settings.attempts)
             | tenacity.stop_when_event_set(_Expired(self.deadline)),  # type: ignore[arg-type]
             wait=self._wait, before_sleep=self._log_retry(url), reraise=True)
         try:
-            return retrying(attempt)
+            return retrying(lambda: self._watched(url, attempt))
         except Retryable as exc:
+            if self.deadline.remaining() <= 0:
+                raise self._expired(url, f"last error: {exc}") from None
             raise DownloadError(f"GET {safe(url)} failed after retries: {exc}") from None
+
+    def _watched(self, url: str, attempt: Callable[[Watch], T]) -> T:
+        """One attempt under the watchdog; a fired bound replaces whatever the read saw."""
+        with self.watchdog.watch(self.deadline.end, self.settings.read_timeout) as watch:
+            try:
+                result = attempt(watch)
+            except Exception as exc:
+                if watch.fired:
+                    raise self._fired(url, watch) from None
+                if isinstance(exc, Retryable):
+                    self._refuse_long_wait(url, exc)
+                raise
+            if watch.fired:
+                raise self._fired(url, watch)
+            return result
+
+    def _fired(self, url: str, watch: Watch) -> Exception:
+        if watch.fired == "deadline":
+            return self._expired(url, "the mirror was still sending")
+        return Retryable(f"less than {STALL_BYTES // 1024} KiB arrived in "
+                         f"{self.settings.read_timeout:g} s (--read-timeout): the mirror "
+                         "stalls or trickles")
+
+    def _expired(self, url: str, detail: str) -> DeadlineExpired:
+        return DeadlineExpired(f"the download deadline of {self.settings.deadline:g} s "
+                               f"(--download-deadline) passed during GET {safe(url)}: {detail}")
+
+    def _refuse_long_wait(self, url: str, exc: Retryable) -> None:
+        """A Retry-After the deadline cannot honour ends this mirror's attempts now."""
+        remaining = self.deadline.remaining()
+        if exc.retry_after is not None and exc.retry_after > remaining:
+            raise RetryAfterBeyondDeadline(
+                f"mirror asked to wait {exc.retry_after:.0f} s, beyond the download deadline "
+                f"({max(0.0, remaining):.0f} s left of {self.settings.deadline:g} s) for "
+                f"GET {safe(url)} ({exc})")
 
     def _wait(self, state: tenacity.RetryCallState) -> float:
         exc = state.outcome.exception() if state.outcome else None
@@ -168,49 +212,63 @@ class Downloader:
         def log(state: tenacity.RetryCallState) -> None:
             exc = state.outcome.exception() if state.outcome else None
             self.log.warning("download retry", url=safe(url), attempt=state.attempt_number,
-                             reason=str(exc),
+                             reason=scrub(str(exc), url),
                              sleep_s=round(state.next_action.sleep, 2) if state.next_action
                              else 0)
         return log
 
     # ------------------------------------------------------------ one attempt
 
-    def _timeout(self) -> tuple[float, float]:
+    def _timeout(self, url: str) -> tuple[float, float]:
         remaining = self.deadline.remaining()
         if remaining <= 0:
-            raise DownloadError("download deadline passed",
-                                remedy="raise --download-deadline or use a closer mirror")
+            raise self._expired(url, "no time left to start it")
         return (min(self.settings.connect_timeout, remaining),
                 min(self.settings.read_timeout, remaining))
 
     def _get(self, url: str, headers: dict[str, str]) -> requests.Response:
         try:
             response = self.session.get(url, headers={"Accept-Encoding": "identity", **headers},
-                                        stream=True, timeout=self._timeout(),
-                                        verify=self.verify)
+                                        stream=True, timeout=self._timeout(url),
+                                        verify=self.verify,
+                                        hooks={"response": [self._no_downgrade]})
         except requests.exceptions.SSLError as exc:
-            raise DownloadError(f"TLS error for {safe(url)}: {exc}",
-                                remedy="pass --ca-bundle with the mirror's CA") from None
-        except _NETWORK_ERRORS as exc:
-            raise Retryable(f"{type(exc).__name__}: {exc}") from None
-        if response.url.startswith("http://") and not self.settings.allow_http:
-            response.close()
-            raise DownloadError(f"{safe(url)} redirected to plain http://",
-                                remedy="fix the mirror or pass --allow-http")
+            raise tls_error(url, exc) from None
+        except NETWORK_ERRORS as exc:
+            raise Retryable(scrub(f"{type(exc).__name__}: {exc}", url)) from None
+        except (requests.RequestException, ValueError) as exc:
+            raise DownloadError(scrub(f"GET {safe(url)} failed: {type(exc).__name__}: {exc}",
+                                      url)) from None
         return response
 
-    def _get_small(self, url: str, limit: int) -> bytes:
+    def _no_downgrade(self, response: requests.Response, *args: Any, **kwargs: Any) -> None:
+        """Checked on every response, before requests follows a redirect."""
+        if not response.is_redirect or self.settings.allow_http:
+            return
+        target = urllib.parse.urljoin(response.url, response.headers.get("location", ""))
+        if not target.lower().startswith("https://"):
+            response.close()
+            raise DownloadError(f"{safe(response.url)} redirected to plain http:// "
+                                f"({safe(target)}); refused",
+                                remedy="fix the mirror or pass --allow-http")
+
+    def _get_small(self, url: str, limit: int, watch: Watch) -> bytes:
         with self._get(url, {}) as response:
-            _check_status(response, url)
+            check_status(response, url)
+            read = getattr(response.raw, "read1", response.raw.read)
+            data = bytearray()
             try:
-                data = response.raw.read(limit + 1)
-            except _NETWORK_ERRORS as exc:
-                raise Retryable(f"{type(exc).__name__}: {exc}") from None
+                while len(data) <= limit and (chunk := read(min(STALL_BYTES,
+                                                                limit + 1 - len(data)))):
+                    data += chunk
+                    watch.progress(len(chunk))
+            except NETWORK_ERRORS as exc:
+                raise Retryable(scrub(f"{type(exc).__name__}: {exc}", url)) from None
         if len(data) > limit:
             raise IntegrityError(f"{safe(url)} is larger than the {limit} bytes allowed")
-        return data
+        return bytes(data)
 
-    def _attempt(self, url: str, partial: _Partial) -> None:
+    def _attempt(self, url: str, partial: _Partial, watch: Watch) -> None:
         headers = {}
         if partial.received:
             headers["Range"] = f"bytes={partial.received}-"
@@ -219,11 +277,11 @@ class Downloader:
         with self._get(url, headers) as response:
             if response.status_code == 416 and partial.received == partial.size:
                 return
-            _check_status(response, url)
+            check_status(response, url)
             self._position(response, partial, url)
             try:
-                self._stream(response, partial)
-            except _NETWORK_ERRORS as exc:
+                self._stream(response, partial, watch)
+            except NETWORK_ERRORS as exc:
                 raise Retryable(f"connection dropped after {partial.received} bytes "
                                 f"({type(exc).__name__})") from None
         if partial.size is not None and partial.received < partial.size:
@@ -246,13 +304,13 @@ class Downloader:
             if self.progress:
                 self.progress.advance(-partial.received)
             partial.reset()
-        partial.validator = _validator(response)
+        partial.validator = validator(response)
 
-    def _stream(self, response: requests.Response, partial: _Partial) -> None:
+    def _stream(self, response: requests.Response, partial: _Partial, watch: Watch) -> None:
         # read1: what has arrived, so a timeout mid-chunk loses nothing already received
         read = getattr(response.raw, "read1", response.raw.read)
         chunk_size, progress = self.settings.chunk_size, self.progress
-        with partial.path.open("ab", buffering=0) as out, _HashPipe(partial.hasher) as hasher:
+        with partial.path.open("ab", buffering=0) as out, HashPipe(partial.hasher) as hasher:
             while chunk := read(chunk_size):
                 partial.received += len(chunk)
                 if partial.size is not None and partial.received > partial.size:
@@ -260,25 +318,24 @@ class Downloader:
                                            f"{partial.size} bytes its manifest lists")
                 hasher.put(chunk)
                 out.write(chunk)
+                watch.progress(len(chunk))
                 if progress:
                     progress.advance(len(chunk))
 
     def _copy_local(self, url: str, partial: _Partial) -> None:
-        path = _local_path(url)
         limit = partial.size if partial.size is not None else 1 << 40
-        try:
-            with path.open("rb", buffering=0) as source, partial.path.open("ab") as out:
-                while chunk := source.read(min(self.settings.chunk_size,
-                                               limit + 1 - partial.received)):
-                    partial.received += len(chunk)
-                    partial.hasher.update(chunk)
-                    out.write(chunk)
-                    if self.progress:
-                        self.progress.advance(len(chunk))
-                    if partial.received > limit:
-                        break
-        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
-            raise NotOnMirror(f"{url} does not exist") from None
+        with open_local(url) as source, partial.path.open("ab") as out:
+            while chunk := source.read(min(self.settings.chunk_size,
+                                           limit + 1 - partial.received)):
+                if self.deadline.remaining() <= 0:
+                    raise self._expired(url, f"{partial.received} bytes copied")
+                partial.received += len(chunk)
+                partial.hasher.update(chunk)
+                out.write(chunk)
+                if self.progress:
+                    self.progress.advance(len(chunk))
+                if partial.received > limit:
+                    break
 
     def _check(self, url: str, partial: _Partial, sha256: str) -> None:
         actual = partial.hasher.hexdigest()
@@ -292,35 +349,6 @@ class Downloader:
 # ---------------------------------------------------------------- helpers
 
 
-class _HashPipe:
-    """Hashes chunks on a second thread while the first receives and writes the next ones.
-
-    hashlib, recv and write all release the GIL, so on two cores the hash costs no wall
-    time. Leaving the block waits until every queued chunk is hashed: the hash then covers
-    exactly the bytes written, which a resume relies on.
-    """
-
-    def __init__(self, hasher: Any, depth: int = 8) -> None:
-        self.hasher = hasher
-        self.queue: queue.Queue[bytes | None] = queue.Queue(maxsize=depth)
-        self.thread = threading.Thread(target=self._run, name="sha256", daemon=True)
-
-    def _run(self) -> None:
-        while (chunk := self.queue.get()) is not None:
-            self.hasher.update(chunk)
-
-    def put(self, chunk: bytes) -> None:
-        self.queue.put(chunk)
-
-    def __enter__(self) -> _HashPipe:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.queue.put(None)
-        self.thread.join()
-
-
 class _Expired:
     """Quacks like threading.Event for tenacity.stop_when_event_set."""
 
@@ -331,53 +359,3 @@ class _Expired:
         return self.deadline.remaining() <= 0
 
 
-def _check_status(response: requests.Response, url: str) -> None:
-    status = response.status_code
-    if status in (200, 206):
-        return
-    if status in (403, 404, 410):
-        raise NotOnMirror(f"{safe(url)} answered {status}")
-    if status == 429 or status == 408 or status >= 500:
-        raise Retryable(f"HTTP {status}", _retry_after(response.headers.get("Retry-After")))
-    raise DownloadError(f"{safe(url)} answered HTTP {status}",
-                        remedy="check the mirror URL and its access rules")
-
-
-def _retry_after(value: str | None) -> float | None:
-    """Retry-After in seconds, from either of its two forms."""
-    if not value:
-        return None
-    if value.strip().isdigit():
-        return float(value.strip())
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when.timestamp() - time.time())
-
-
-def _validator(response: requests.Response) -> str | None:
-    """A strong ETag, else Last-Modified: what If-Range may carry."""
-    etag = response.headers.get("ETag")
-    if etag and not etag.startswith("W/"):
-        return etag
-    return response.headers.get("Last-Modified")
-
-
-def _local_path(url: str) -> Path:
-    return Path(urllib.parse.unquote(urllib.parse.urlsplit(url).path))
-
-
-def _read_local(url: str, limit: int) -> bytes:
-    try:
-        with _local_path(url).open("rb") as handle:
-            data = handle.read(limit + 1)
-    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
-        raise NotOnMirror(f"{url} does not exist") from None
-    if len(data) > limit:
-        raise IntegrityError(f"{url} is larger than the {limit} bytes allowed")
-    return data
-
-
-def file_url(path: Path) -> str:
-    return "file://" + urllib.parse.quote(str(os.path.abspath(path)))

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from installer.errors import DownloadError, IntegrityError, PackageNotFoundError
+from installer.errors import InstallerError, IntegrityError, PackageNotFoundError
 from installer.packages.cache import Cache, cached_package
 from installer.packages.manifest import (
     MANIFEST_NAME,
@@ -37,9 +37,11 @@ from installer.packages.repository import (
 )
 from installer.packages.tar import unpack_tarball
 from installer.packages.tree import read_tree
+from installer.stages.fetch.failures import DeadlineExpired
+from installer.stages.fetch.local import contained_url, mirror_root
 from installer.stages.fetch.parallel import run_parallel
 from installer.stages.fetch.progress import Progress
-from installer.stages.fetch.urls import redact
+from installer.stages.fetch.urls import check_relpath, join, safe
 
 if TYPE_CHECKING:
     from installer.stages.fetch.download import Downloader
@@ -54,6 +56,7 @@ class Offer:
     error: str | None = None
     exhaustive: bool = True
     remembered: dict[str, str] = field(default_factory=dict)
+    failure: InstallerError | None = field(default=None, compare=False)
 
 
 def check_identity(manifest: Manifest, candidate: Candidate, where: str) -> None:
@@ -166,10 +169,17 @@ class MirrorSource:
         self.others = others
         self.parallel = parallel
         self.log = log
-        self.name = f"mirror {redact(self.base)}"
+        self.name = f"mirror {safe(self.base)}"
+        self._root: Path | None = None
 
     def url(self, relpath: str) -> str:
-        return f"{self.base}/{relpath}"
+        """The URL of `relpath`; refused (UnsafePathError) if its decoded form climbs out."""
+        if self.base.startswith("file://"):
+            if self._root is None:
+                self._root = mirror_root(self.base)
+            return contained_url(self._root, relpath, self.name)
+        check_relpath(relpath, self.name)
+        return join(self.base, relpath)
 
     def offers(self) -> Offer:
         data = self.downloader.fetch_bytes(self.url(INDEX_NAME), MAX_INDEX_BYTES)
@@ -182,7 +192,9 @@ class MirrorSource:
             raise ManifestError(f"{self.name}: {candidate.path}/{MANIFEST_NAME} differs from "
                                 "the digest index.json gives for it")
         manifest = parse_manifest(data)
-        check_identity(manifest, candidate, self.url(candidate.path))
+        check_identity(manifest, candidate, f"{self.name} {candidate.path}")
+        for entry in manifest.files:  # every path checked before a byte is fetched
+            self.url(f"{candidate.path}/{entry.path}")
         self._download_missing(manifest, candidate.path)
         return store(self.cache, manifest, data, self.requested, self.name)
 
@@ -198,10 +210,9 @@ class MirrorSource:
         progress.finish()
 
     def _one(self, entry: FileEntry, path: str) -> None:
-        """This mirror first, then the others: a 404, a bad checksum or a mirror that keeps
-        failing (retries spent) moves this file to the next."""
-        from installer.stages.fetch.download import ChecksumMismatch, NotOnMirror
-
+        """This mirror first, then the others: a 404, a bad checksum, a refused path or a
+        mirror that keeps failing (retries spent) moves this file to the next; a passed
+        deadline ends it."""
         mirrors = [self, *(m for m in self.others() if m is not self)]
         failure: Exception | None = None
         for mirror in mirrors:
@@ -209,8 +220,11 @@ class MirrorSource:
             try:
                 mirror.downloader.fetch_file(mirror.url(f"{path}/{entry.path}"), temp,
                                              size=entry.size, sha256=entry.sha256)
-            except (ChecksumMismatch, NotOnMirror, DownloadError) as exc:
-                self.log.warning("file failed on mirror", mirror=mirror.base,
+            except DeadlineExpired:
+                temp.unlink(missing_ok=True)
+                raise
+            except InstallerError as exc:
+                self.log.warning("file failed on mirror", mirror=mirror.name,
                                  file=entry.path, error=exc.message)
                 temp.unlink(missing_ok=True)
                 failure = exc

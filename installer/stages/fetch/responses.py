@@ -1,0 +1,105 @@
+"""HTTP answers and transfer helpers of the downloader: status codes, Retry-After, TLS
+failures, resume validators, and the hashing thread."""
+
+from __future__ import annotations
+
+import email.utils
+import queue
+import re
+import threading
+import time
+from typing import Any
+
+import requests
+import urllib3
+
+from installer.errors import DownloadError
+from installer.stages.fetch.failures import NotOnMirror, TlsError
+from installer.stages.fetch.urls import safe, scrub
+
+NETWORK_ERRORS = (requests.ConnectionError, requests.Timeout,
+                   requests.exceptions.ChunkedEncodingError, urllib3.exceptions.HTTPError,
+                   ConnectionError, TimeoutError)
+
+
+class Retryable(Exception):
+    """A transient failure: another attempt may succeed (after `retry_after` if given)."""
+
+    def __init__(self, reason: str, retry_after: float | None = None) -> None:
+        super().__init__(reason)
+        self.retry_after = retry_after
+
+
+class HashPipe:
+    """Hashes chunks on a second thread while the first receives and writes the next ones.
+
+    hashlib, recv and write all release the GIL, so on two cores the hash costs no wall
+    time. Leaving the block waits until every queued chunk is hashed: the hash then covers
+    exactly the bytes written, which a resume relies on.
+    """
+
+    def __init__(self, hasher: Any, depth: int = 8) -> None:
+        self.hasher = hasher
+        self.queue: queue.Queue[bytes | None] = queue.Queue(maxsize=depth)
+        self.thread = threading.Thread(target=self._run, name="sha256", daemon=True)
+
+    def _run(self) -> None:
+        while (chunk := self.queue.get()) is not None:
+            self.hasher.update(chunk)
+
+    def put(self, chunk: bytes) -> None:
+        self.queue.put(chunk)
+
+    def __enter__(self) -> HashPipe:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.queue.put(None)
+        self.thread.join()
+
+
+def check_status(response: requests.Response, url: str) -> None:
+    status = response.status_code
+    if status in (200, 206):
+        return
+    if status in (403, 404, 410):
+        raise NotOnMirror(f"{safe(url)} answered {status}")
+    if status == 429 or status == 408 or status >= 500:
+        raise Retryable(f"HTTP {status}", retry_after(response.headers.get("Retry-After")))
+    raise DownloadError(f"{safe(url)} answered HTTP {status}",
+                        remedy="check the mirror URL and its access rules")
+
+
+def retry_after(value: str | None) -> float | None:
+    """Retry-After in seconds, from either of its two forms."""
+    if not value:
+        return None
+    if value.strip().isascii() and value.strip().isdigit():
+        return min(float(value.strip()), 1e9)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+def validator(response: requests.Response) -> str | None:
+    """A strong ETag, else Last-Modified: what If-Range may carry."""
+    etag = response.headers.get("ETag")
+    if etag and not etag.startswith("W/"):
+        return etag
+    return response.headers.get("Last-Modified")
+
+
+_TLS_REASON_RE = re.compile(r"certificate verify failed: ([^'\"()]+)|(hostname [^'\"()]+)")
+
+
+def tls_error(url: str, exc: Exception) -> TlsError:
+    """One line for a TLS failure: verification (with the reason) or another handshake error."""
+    text = str(exc)
+    match = _TLS_REASON_RE.search(text)
+    if match or "CERTIFICATE_VERIFY_FAILED" in text:
+        reason = (match.group(1) or match.group(2)).strip() if match else "untrusted certificate"
+        return TlsError(f"TLS verification failed for mirror {safe(url)}: {reason}")
+    return TlsError(scrub(f"TLS handshake with mirror {safe(url)} failed: {text[-300:]}", url))

@@ -1,0 +1,507 @@
+"""Mirrors and downloads that cannot be turned against the run (issue 12, items 5, 6, 8, 9, 10).
+
+Each case runs the real CLI against real mirrors on 127.0.0.1 (tests/httpserver.py, TLS
+included) or file:// trees, and asserts the exit code (or success), the one line naming
+the cause, no traceback, and that nothing outside the installer's own area changed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import time
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+from e2e import INSTALL_DIR, KERNEL
+from httpserver import Fault, MirrorServer, self_signed
+
+from adversarial.harness import (
+    VERSION,
+    WORK_AREA,
+    Arena,
+    Entry,
+    Result,
+    assert_refused,
+)
+
+PKG = f"{KERNEL}/{VERSION}/proprietary"
+LIB = f"{PKG}/lib64/libcuda.so.{VERSION}"
+PARENTS = ("node/home", "node/home/kubernetes", "node/home/kubernetes/bin", f"node/{INSTALL_DIR}",
+           f"node/{INSTALL_DIR}/.cache")
+CACHE = (f"node/{INSTALL_DIR}/.cache/", f"node/{INSTALL_DIR}/.lock")
+# the simulated kernel's own state (FakeKernelHost keeps it in the tree), not the installer's
+SIMULATED = ("node/proc/.fake-kernel.json", "node/proc/devices")
+
+
+# ---------------------------------------------------------------- helpers
+
+
+@pytest.fixture(scope="module")
+def tls(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 (also its own CA bundle) and its key."""
+    return self_signed(tmp_path_factory.mktemp("tls"))
+
+
+def copy_repo(arena: Arena, name: str) -> Path:
+    """A copy of the good repository to spoil (inside the arena, before the snapshot)."""
+    target = arena.base / name
+    shutil.copytree(arena.scene.repo, target, symlinks=True)
+    return target
+
+
+def edit_manifest(repo: Path, change: Callable[[dict[str, Any]], Any]) -> None:
+    """Change the manifest and make the index vouch for the result (so the manifest's own
+    checks are what must catch it)."""
+    path = repo / PKG / "manifest.json"
+    doc = json.loads(path.read_text())
+    change(doc)
+    set_manifest_bytes(repo, json.dumps(doc).encode())
+
+
+def set_manifest_bytes(repo: Path, data: bytes) -> None:
+    (repo / PKG / "manifest.json").write_bytes(data)
+    index = json.loads((repo / "index.json").read_text())
+    for entry in index["packages"]:
+        entry["manifest_sha256"] = hashlib.sha256(data).hexdigest()
+    (repo / "index.json").write_text(json.dumps(index))
+
+
+def add_file(doc: dict[str, Any], path: str, data: bytes) -> None:
+    doc["files"].append({"path": path, "size": len(data), "kind": "config", "mode": 0o644,
+                         "sha256": hashlib.sha256(data).hexdigest()})
+
+
+def fetch(arena: Arena, *mirrors: str, extra: tuple[str, ...] = (), timeout: float = 60
+          ) -> Result:
+    flags = [arg for mirror in mirrors for arg in ("--mirror", mirror)]
+    return arena.run("fetch", *arena.args(*flags, "--download-retries", "2", *extra),
+                     timeout=timeout)
+
+
+def good(arena: Arena) -> str:
+    return f"file://{arena.scene.repo}"
+
+
+def assert_fetched(result: Result) -> None:
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert result.code == 0, result.stderr[-3000:]
+    assert f"{VERSION}" in result.stdout
+
+
+def assert_only(before: Mapping[str, Entry], after: Mapping[str, Entry],
+                prefixes: tuple[str, ...] = WORK_AREA) -> None:
+    """Nothing changed in the arena but the install dir's parents (created empty), the
+    given prefixes and the work dir."""
+    changed = {p for p in before.keys() | after.keys() if before.get(p) != after.get(p)}
+    stray = {p for p in changed if p not in (*PARENTS, *SIMULATED) and not p.startswith("work/")
+             and not any(p == x.rstrip("/") or p.startswith(x) for x in prefixes)}
+    assert not stray, {p: (before.get(p), after.get(p)) for p in sorted(stray)}
+
+
+def warned(result: Result, source_part: str) -> bool:
+    """A log event says that a source (its name containing `source_part`) failed."""
+    kinds = ("source unavailable", "source failed", "file failed on mirror")
+    return any(event.get("event") in kinds and source_part in json.dumps(event)
+               for event in result.events)
+
+
+@pytest.fixture
+def http_bad(arena: Arena) -> Iterator[tuple[MirrorServer, Path]]:
+    """A spoilable copy of the repository served over plain http."""
+    repo = copy_repo(arena, "bad")
+    with MirrorServer(repo) as server:
+        yield server, repo
+
+
+# ---------------------------------------------------------------- one bad mirror, one good
+
+
+def _index_junk(repo: Path) -> None:
+    (repo / "index.json").write_bytes(b"{not json")
+
+
+def _index_huge(repo: Path) -> None:
+    (repo / "index.json").write_bytes(b" " * (17 * 1024**2) + b"{}")
+
+
+def _index_traversal(repo: Path) -> None:
+    index = json.loads((repo / "index.json").read_text())
+    index["packages"][0]["path"] = f"%2e%2e%2f%2e%2e%2f{PKG}"
+    (repo / "index.json").write_text(json.dumps(index))
+
+
+def _manifest_wrong_hash(repo: Path) -> None:
+    path = repo / PKG / "manifest.json"
+    path.write_bytes(path.read_bytes().replace(b'"os": null', b'"os": {"id": "debian"}'))
+
+
+def _manifest_wrong_identity(repo: Path) -> None:
+    edit_manifest(repo, lambda doc: doc.update(driver_version="535.999.99"))
+
+
+def _manifest_junk(repo: Path) -> None:
+    set_manifest_bytes(repo, b'{"schema_version": 1, "files": [')
+
+
+def _manifest_huge(repo: Path) -> None:
+    set_manifest_bytes(repo, b" " * (9 * 1024**2) + b"{}")
+
+
+def _file_corrupt(repo: Path) -> None:
+    lib = repo / LIB
+    data = bytearray(lib.read_bytes())
+    data[100] ^= 0xFF
+    lib.write_bytes(bytes(data))
+
+
+def _empty(repo: Path) -> None:
+    shutil.rmtree(repo)
+    repo.mkdir()
+
+
+SPOILED = {
+    "index not JSON": (_index_junk, "not valid JSON"),
+    "index oversize": (_index_huge, "more than the"),
+    "index path climbs out": (_index_traversal, "path"),
+    "manifest differs from the index's digest": (_manifest_wrong_hash, "differs from the digest"),
+    "manifest of another version": (_manifest_wrong_identity, "manifest is for"),
+    "manifest not JSON": (_manifest_junk, "not valid JSON"),
+    "manifest oversize": (_manifest_huge, "bytes allowed"),
+    "file with the wrong sha256": (_file_corrupt, "sha256"),
+    "mirror holds nothing (404)": (_empty, "404"),
+}
+
+
+@pytest.mark.parametrize("case", list(SPOILED))
+def test_a_spoiled_first_mirror_falls_through_to_a_good_one(
+        arena: Arena, http_bad: tuple[MirrorServer, Path], case: str) -> None:
+    server, repo = http_bad
+    spoil, _cause = SPOILED[case]
+    spoil(repo)
+    before = arena.snapshot()
+    done = fetch(arena, server.url, good(arena), extra=("--allow-http",))
+    assert_fetched(done)
+    assert warned(done, server.url), done.stderr[-3000:]
+    assert_only(before, arena.snapshot(), CACHE)
+
+
+@pytest.mark.parametrize("case", ["index not JSON", "manifest of another version",
+                                  "manifest oversize", "file with the wrong sha256",
+                                  "mirror holds nothing (404)", "index path climbs out"])
+def test_a_spoiled_only_mirror_names_its_cause(
+        arena: Arena, http_bad: tuple[MirrorServer, Path], case: str) -> None:
+    server, repo = http_bad
+    spoil, cause = SPOILED[case]
+    spoil(repo)
+    before = arena.snapshot()
+    done = fetch(arena, server.url, extra=("--allow-http",))
+    code = 5 if "404" in case else 7
+    assert_refused(done, code, f"mirror {server.url}", cause)
+    assert "package-not-found" not in done.lines[0] or code == 5
+    assert_only(before, arena.snapshot(), CACHE if "sha256" in case else WORK_AREA)
+
+
+def test_server_errors_on_the_first_mirror_fall_through(
+        arena: Arena, http_bad: tuple[MirrorServer, Path]) -> None:
+    server, _repo = http_bad
+    server.fault("/", Fault("status", status=500, times=0))
+    before = arena.snapshot()
+    done = fetch(arena, server.url, good(arena), extra=("--allow-http",))
+    assert_fetched(done)
+    assert_only(before, arena.snapshot(), CACHE)
+
+
+def test_a_hostile_index_document_falls_through(
+        arena: Arena, http_bad: tuple[MirrorServer, Path]) -> None:
+    server, _repo = http_bad
+    server.fault("/index.json", Fault("serve", other=b'{"schema_version": 1, "packages": 7}'))
+    done = fetch(arena, server.url, good(arena), extra=("--allow-http",))
+    assert_fetched(done)
+    assert warned(done, "must be a list")
+
+
+def test_tls_failure_on_the_first_mirror_falls_through(arena: Arena,
+                                                       tls: tuple[Path, Path]) -> None:
+    with MirrorServer(copy_repo(arena, "tls"), tls=tls) as server:
+        before = arena.snapshot()
+        done = fetch(arena, server.url, good(arena))
+    assert_fetched(done)
+    assert warned(done, "TLS verification failed")
+    assert_only(before, arena.snapshot(), CACHE)
+
+
+def test_a_redirect_to_plain_http_falls_through(arena: Arena, tls: tuple[Path, Path],
+                                                http_bad: tuple[MirrorServer, Path]) -> None:
+    plain, _repo = http_bad
+    with MirrorServer(copy_repo(arena, "tls"), tls=tls) as server:
+        server.fault("/index.json", Fault("redirect", status=302, times=0,
+                                          other=f"{plain.url}/index.json".encode()))
+        done = fetch(arena, server.url, good(arena), extra=("--ca-bundle", str(tls[0])))
+    assert_fetched(done)
+    assert warned(done, "redirected to plain http")
+    assert not plain.requests, "the plain-http target must never be contacted"
+
+
+def test_a_trickling_first_mirror_is_dropped_after_the_read_timeout(
+        arena: Arena, http_bad: tuple[MirrorServer, Path]) -> None:
+    server, _repo = http_bad
+    server.fault("/index.json", Fault("trickle", after=1, seconds=0.5, times=0))
+    started = time.monotonic()
+    done = fetch(arena, server.url, good(arena),
+                 extra=("--allow-http", "--read-timeout", "1", "--download-retries", "1"))
+    assert_fetched(done)
+    assert time.monotonic() - started < 10
+    assert warned(done, "trickles")
+
+
+def test_retry_after_beyond_the_deadline_moves_to_the_next_mirror(
+        arena: Arena, http_bad: tuple[MirrorServer, Path]) -> None:
+    server, _repo = http_bad
+    server.fault("/index.json", Fault("retry_after", retry_after=3600, times=0))
+    started = time.monotonic()
+    done = fetch(arena, server.url, good(arena),
+                 extra=("--allow-http", "--download-deadline", "60"))
+    assert_fetched(done)
+    assert time.monotonic() - started < 10
+    assert warned(done, "asked to wait 3600 s")
+
+
+# ---------------------------------------------------------------- every mirror bad
+
+
+def test_tls_unknown_ca_says_so_and_points_at_the_ca_bundle(arena: Arena,
+                                                            tls: tuple[Path, Path]) -> None:
+    with MirrorServer(copy_repo(arena, "tls"), tls=tls) as server:
+        before = arena.snapshot()
+        done = fetch(arena, server.url)
+    assert_refused(done, 6, "TLS verification failed for mirror", server.url, "--ca-bundle",
+                   "DRIVER_CA_BUNDLE")
+    assert "package-not-found" not in done.lines[0]
+    assert_only(before, arena.snapshot())
+
+
+def test_all_bad_each_cause_named_integrity_outranks_tls(
+        arena: Arena, tls: tuple[Path, Path], http_bad: tuple[MirrorServer, Path]) -> None:
+    plain, repo = http_bad
+    _index_junk(repo)
+    with MirrorServer(copy_repo(arena, "tls"), tls=tls) as secure:
+        before = arena.snapshot()
+        done = fetch(arena, secure.url, plain.url, extra=("--allow-http",))
+    assert_refused(done, 7, f"mirror {secure.url}: TLS verification failed",
+                   f"mirror {plain.url}", "not valid JSON")
+    assert_only(before, arena.snapshot())
+
+
+def test_all_bad_server_error_and_404_is_a_download_failure(
+        arena: Arena, http_bad: tuple[MirrorServer, Path]) -> None:
+    server, _repo = http_bad
+    server.fault("/", Fault("status", status=503, times=0))
+    empty = arena.base / "empty"
+    empty.mkdir()
+    done = fetch(arena, server.url, f"file://{empty}", extra=("--allow-http",))
+    assert_refused(done, 6, "HTTP 503", "does not exist", f"mirror file://{empty}")
+
+
+def test_all_missing_is_package_not_found_naming_each(arena: Arena) -> None:
+    first, second = arena.base / "m1", arena.base / "m2"
+    first.mkdir()
+    second.mkdir()
+    done = fetch(arena, f"file://{first}", f"file://{second}")
+    assert_refused(done, 5, f"mirror file://{first}", f"mirror file://{second}")
+
+
+def test_only_a_redirect_to_http_is_refused(arena: Arena, tls: tuple[Path, Path],
+                                            http_bad: tuple[MirrorServer, Path]) -> None:
+    plain, _repo = http_bad
+    with MirrorServer(copy_repo(arena, "tls"), tls=tls) as server:
+        server.fault("/", Fault("redirect", status=301, times=0,
+                                other=f"{plain.url}/index.json".encode()))
+        done = fetch(arena, server.url, extra=("--ca-bundle", str(tls[0]),
+                                               "--driver-version", VERSION))
+    assert_refused(done, 6, "redirected to plain http://", "--allow-http")
+    assert not plain.requests
+
+
+def test_retry_after_beyond_the_deadline_says_so(
+        arena: Arena, http_bad: tuple[MirrorServer, Path]) -> None:
+    server, _repo = http_bad
+    server.fault("/", Fault("retry_after", retry_after=900, times=0))
+    started = time.monotonic()
+    done = fetch(arena, server.url, extra=("--allow-http", "--download-deadline", "30"))
+    assert_refused(done, 6, "mirror asked to wait 900 s, beyond the download deadline")
+    assert "package-not-found" not in done.lines[0]
+    assert time.monotonic() - started < 10
+
+
+# ---------------------------------------------------------------- the deadline mid-stream
+
+DEADLINE = 3.0
+
+
+@pytest.mark.parametrize("where", ["library body", "index body", "response headers"])
+def test_a_trickling_mirror_cannot_outlast_the_deadline(
+        arena: Arena, http_bad: tuple[MirrorServer, Path], where: str) -> None:
+    server, _repo = http_bad
+    if where == "library body":
+        server.fault(f"/{LIB}", Fault("trickle", after=4096, seconds=1.0, times=0))
+    elif where == "index body":
+        server.fault("/index.json", Fault("trickle", after=10, seconds=1.0, times=0))
+    else:
+        server.fault("/index.json", Fault("slow_headers", seconds=1.0, times=0))
+    before = arena.snapshot()
+    started = time.monotonic()
+    done = fetch(arena, server.url, extra=("--allow-http", "--download-deadline", str(DEADLINE),
+                                           "--read-timeout", "30"), timeout=30)
+    took = time.monotonic() - started
+    assert_refused(done, 6, f"download deadline of {DEADLINE:g} s", server.url)
+    assert took < DEADLINE + 2, took
+    assert_only(before, arena.snapshot(), CACHE)
+
+
+def test_the_deadline_is_for_the_whole_run_not_per_mirror(
+        arena: Arena, http_bad: tuple[MirrorServer, Path]) -> None:
+    server, _repo = http_bad
+    server.fault(f"/{LIB}", Fault("trickle", after=4096, seconds=1.0, times=0))
+    started = time.monotonic()
+    done = fetch(arena, server.url, good(arena),
+                 extra=("--allow-http", "--download-deadline", str(DEADLINE)), timeout=30)
+    assert_refused(done, 6, "download deadline")
+    assert time.monotonic() - started < DEADLINE + 2
+
+
+# ---------------------------------------------------------------- no secrets in output
+
+SECRET_USER, SECRET_PASS, TOKEN = "opsbot", "hunter2pass", "tok3nSECRETvalue"
+
+
+def secret_url(url: str) -> str:
+    scheme, rest = url.split("://", 1)
+    return f"{scheme}://{SECRET_USER}:{SECRET_PASS}@{rest}/repo?token={TOKEN}"
+
+
+def assert_no_secret(arena: Arena, *results: Result) -> None:
+    """Neither the password, the user nor the token in any output or file of the node."""
+    files = [p for p in [*arena.root.rglob("*"), arena.termination_log] if p.is_file()]
+    for secret in (SECRET_USER, SECRET_PASS, TOKEN):
+        for result in results:
+            assert secret not in result.stdout and secret not in result.stderr, secret
+        for path in files:
+            assert secret.encode() not in path.read_bytes(), (secret, path)
+
+
+@pytest.fixture
+def secret_mirror(arena: Arena, tls: tuple[Path, Path]) -> Iterator[MirrorServer]:
+    """The good repository under /repo on an https mirror that is given credentials."""
+    top = arena.base / "served"
+    top.mkdir()
+    shutil.copytree(arena.scene.repo, top / "repo")
+    with MirrorServer(top, tls=tls) as server:
+        yield server
+
+
+def test_credentials_and_token_work_and_never_show(arena: Arena, tls: tuple[Path, Path],
+                                                   secret_mirror: MirrorServer) -> None:
+    mirror = secret_url(secret_mirror.url)
+    common = ("--mirror", mirror, "--ca-bundle", str(tls[0]))
+    installed = arena.run("install", *arena.args(*common))
+    assert installed.code == 0, installed.stderr[-3000:]
+    status = arena.run("status", *arena.args(*common))
+    versions = arena.run("versions", *arena.args(*common))
+    as_json = arena.run("versions", *arena.args(*common, "--output", "json"))
+    assert versions.code == 0 and VERSION in versions.stdout, versions.stderr[-2000:]
+    assert_no_secret(arena, installed, status, versions, as_json)
+    assert (arena.install_dir / ".ready.json").is_file()
+    seen = secret_mirror.requests_for("/repo/index.json")
+    assert seen and all(r.query == f"token={TOKEN}" and r.authorization for r in seen)
+
+
+@pytest.mark.parametrize("fault", ["tls", "404", "refused", "corrupt", "trickle"])
+def test_failures_never_show_credentials_or_token(arena: Arena, tls: tuple[Path, Path],
+                                                  secret_mirror: MirrorServer,
+                                                  fault: str) -> None:
+    extra: tuple[str, ...] = ("--ca-bundle", str(tls[0]), "--download-retries", "1")
+    mirror = secret_url(secret_mirror.url)
+    if fault == "tls":
+        extra = ("--download-retries", "1")
+    elif fault == "404":
+        secret_mirror.fault("/repo/", Fault("status", status=404, times=0))
+    elif fault == "refused":
+        mirror = secret_url("https://127.0.0.1:9")
+    elif fault == "corrupt":
+        secret_mirror.fault(f"/repo/{LIB}", Fault("corrupt", after=10, times=0))
+    else:
+        secret_mirror.fault("/repo/index.json", Fault("trickle", after=2, seconds=0.5, times=0))
+        extra = (*extra, "--read-timeout", "1")
+    done = arena.run("install", *arena.args("--mirror", mirror, *extra))
+    code = {"tls": 6, "404": 5, "refused": 6, "corrupt": 7, "trickle": 6}[fault]
+    assert_refused(done, code)
+    assert_no_secret(arena, done)
+
+
+# ---------------------------------------------------------------- file:// paths cannot climb out
+
+
+@pytest.mark.parametrize("base", ["{repo}/%2e%2e/outside", "{repo}/..%2foutside",
+                                  "{repo}%00/x", "{repo}/%2E%2E"])
+def test_a_file_mirror_base_with_encoded_traversal_is_refused(arena: Arena, base: str) -> None:
+    before = arena.snapshot()
+    url = "file://" + base.format(repo=arena.scene.repo)
+    done = fetch(arena, url)
+    assert_refused(done, 7, "is refused")
+    assert_only(before, arena.snapshot())
+
+
+@pytest.mark.parametrize("path", [
+    "lib64/%2e%2e%2f%2e%2e%2f%2e%2e%2f%2e%2e%2f%2e%2e%2foutside%2fetc%2fsentinel.conf",
+    "lib64/%2E%2E/%2E%2E/%2E%2E/%2E%2E/%2E%2E/outside/etc/sentinel.conf",
+    "lib64/sentinel%00.conf",
+])
+def test_a_manifest_path_that_decodes_out_of_the_mirror_is_refused(arena: Arena,
+                                                                   path: str) -> None:
+    repo = copy_repo(arena, "hostile")
+    sentinel = (arena.outside / "etc" / "sentinel.conf").read_bytes()
+    edit_manifest(repo, lambda doc: add_file(doc, path, sentinel))
+    before = arena.snapshot()
+    done = fetch(arena, f"file://{repo}")
+    assert_refused(done, 7, "is refused", path[:40])
+    assert_only(before, arena.snapshot())
+
+
+def test_a_hostile_manifest_path_on_the_first_mirror_falls_through(arena: Arena) -> None:
+    repo = copy_repo(arena, "hostile")
+    sentinel = (arena.outside / "etc" / "sentinel.conf").read_bytes()
+    edit_manifest(repo, lambda doc: add_file(
+        doc, "lib64/%2e%2e%2f%2e%2e%2f%2e%2e%2f%2e%2e%2f%2e%2e%2foutside%2fetc%2fsentinel.conf",
+        sentinel))
+    done = fetch(arena, f"file://{repo}", good(arena))
+    assert_fetched(done)
+    assert warned(done, "is refused")
+    blobs = arena.install_dir / ".cache" / "blobs"
+    digest = hashlib.sha256(sentinel).hexdigest()
+    assert not list(blobs.rglob(digest)), "a file from outside the mirror entered the cache"
+
+
+def test_a_symlink_out_of_a_file_mirror_is_refused(arena: Arena) -> None:
+    repo = copy_repo(arena, "linked")
+    sentinel = arena.outside / "etc" / "sentinel.conf"
+    edit_manifest(repo, lambda doc: add_file(doc, "lib64/sentinel.conf", sentinel.read_bytes()))
+    (repo / PKG / "lib64" / "sentinel.conf").symlink_to(sentinel)
+    before = arena.snapshot()
+    done = fetch(arena, f"file://{repo}")
+    assert_refused(done, 7, "outside the mirror root", "lib64/sentinel.conf")
+    assert_only(before, arena.snapshot())
+
+
+def test_a_fifo_in_a_file_mirror_cannot_block_the_run(arena: Arena) -> None:
+    repo = copy_repo(arena, "fifo")
+    (repo / "index.json").unlink()
+    import os
+
+    os.mkfifo(repo / "index.json")
+    done = fetch(arena, f"file://{repo}", good(arena), timeout=20)
+    assert_fetched(done)
+    assert warned(done, "not a regular file")
