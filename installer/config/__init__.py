@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from installer.config import values
 from installer.config.modparams import ModuleParam as ModuleParam
 from installer.config.modparams import parse_module_param as parse_module_param
 from installer.config.modparams import read_params_file
@@ -200,7 +201,8 @@ SETTINGS: tuple[Setting, ...] = (
             "seconds to wait for a mirror connection", "a positive number of seconds",
             _positive_float),
     Setting("read_timeout", "--read-timeout", "DOWNLOAD_READ_TIMEOUT", "30",
-            "seconds without a byte before a download is retried",
+            "seconds per window in which a mirror must send 64 KiB, else the request is "
+            "retried",
             "a positive number of seconds", _positive_float),
     Setting("download_deadline", "--download-deadline", "DOWNLOAD_DEADLINE", "1800",
             "total seconds allowed for all downloads of one run, retries included",
@@ -335,10 +337,14 @@ def _parse_many(setting: Setting, flags: Mapping[str, Any], environ: Mapping[str
     return tuple(parsed)
 
 
+_URL_SETTINGS = ("mirrors", "kube_api")  # may carry credentials or tokens: never shown
+
+
 def _refusal(setting: Setting, source: str, raw: str, exc: _Invalid) -> ConfigError:
     """One line: the flag or env var as given, the value (repr: controls stay visible), why."""
     why = f": {exc.reason}" if exc.reason else ""
-    return ConfigError(f"{source}={raw!r} is invalid{why}",
+    shown = values.shown_url(raw) if setting.name in _URL_SETTINGS else raw
+    return ConfigError(f"{source}={shown!r} is invalid{why}",
                        remedy=f"{setting.flag.lstrip('-')} must be {setting.accepted}")
 
 
@@ -346,7 +352,7 @@ def _check_mirrors(config: Config) -> None:
     """Plain http:// lets an index or manifest be altered in transit: opt in explicitly."""
     for url in config.mirrors:
         if url.startswith("http://") and not config.allow_http:
-            raise ConfigError(f"mirror {url} uses plain http://",
+            raise ConfigError(f"mirror {values.shown_url(url)} uses plain http://",
                               remedy="use https:// or pass --allow-http (DRIVER_ALLOW_HTTP=1)")
 
 

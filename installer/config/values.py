@@ -126,3 +126,14 @@ def _der(body: bytes) -> bool:
     except (binascii.Error, ValueError):
         return False
     return len(der) > 64 and der[0] == 0x30  # an X.509 certificate is an ASN.1 SEQUENCE
+
+
+def shown_url(raw: str) -> str:
+    """A URL as a message may show it: no user, password, query or fragment (tokens live
+    there). Plain string work, so a malformed URL is shown as safely as a good one."""
+    scheme, sep, rest = raw.partition("://")
+    cut = re.split(r"[?#]", rest if sep else raw, maxsplit=1)[0]
+    if not sep:
+        return cut
+    authority, slash, path = cut.partition("/")
+    return f"{scheme}://{authority.rpartition('@')[2]}{slash}{path}"

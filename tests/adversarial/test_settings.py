@@ -251,3 +251,17 @@ def test_legitimate_values_still_install(arena: Arena, tmp_path: Path) -> None:
     assert kernel["modules"]["nvidia"]["params"] == (
         "NVreg_RegistryDwords=PowerMizerEnable=0x1;Perf=0x2")
     assert kernel["modules"]["nvidia_uvm"]["params"] == "uvm_perf_prefetch_enable=0"
+
+
+@pytest.mark.parametrize("flag_value", [
+    "https://user:hunter2@h:99999/repo?token=s3cret",
+    "http://user:hunter2@mirror.example/repo?token=s3cret",
+])
+def test_a_refused_mirror_url_never_shows_its_credentials(arena: Arena, flag_value: str) -> None:
+    before = arena.snapshot()
+    done = arena.run("fetch", *arena.args("--mirror", flag_value))
+    assert_refused(done, 2, "mirror", "://")
+    log = arena.termination_log.read_text() if arena.termination_log.exists() else ""
+    for secret in ("hunter2", "s3cret", "user:"):
+        assert secret not in done.stderr and secret not in done.stdout and secret not in log
+    assert_untouched(before, arena.snapshot())
