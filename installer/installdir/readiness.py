@@ -18,6 +18,10 @@ from installer.errors import VerificationError
 from installer.installdir.layout import READY_FILE, VALIDATION_NODE_PATH
 from installer.node import kmod
 from installer.node.host import Host, Roots
+from installer.packages.documents import DocumentError, read_document
+
+MAX_READY_BYTES = 256 * 1024
+READY_FREE_TEXT = ("name",)  # a GPU's product name, as NVML reports it
 
 
 class NotReadyError(VerificationError):
@@ -36,15 +40,25 @@ def clear_readiness(config: Config, roots: Roots) -> None:
 
 
 def read_ready(config: Config, host: Host) -> dict[str, Any] | None:
-    """The current `.ready.json`, or None when the node is not ready."""
-    text = host.read_text(ready_paths(config, host.roots)[0])
-    if text is None:
-        return None
+    """The current `.ready.json`, or None when the node is not ready (absent or malformed)."""
     try:
-        document = json.loads(text)
-    except ValueError:
+        return load_ready(config, host)
+    except DocumentError:
         return None
-    return document if isinstance(document, dict) else None
+
+
+def load_ready(config: Config, host: Host) -> dict[str, Any] | None:
+    """`.ready.json` decoded (bounded, strict), None when absent; DocumentError when it is
+    malformed or unreadable, so `check_ready` can say why the node is not ready."""
+    path = ready_paths(config, host.roots)[0]
+    try:
+        data = host.read_bytes(path, MAX_READY_BYTES + 1)
+    except OSError as exc:
+        raise DocumentError(f"{READY_FILE} at {path} cannot be read: {exc.strerror}") from None
+    if data is None:
+        return None
+    return read_document(data, name=READY_FILE, source=str(path), limit=MAX_READY_BYTES,
+                         free_text=READY_FREE_TEXT)
 
 
 @dataclass(frozen=True)
@@ -65,17 +79,22 @@ class Readiness:
 
 def check_ready(config: Config, host: Host) -> Readiness:
     """Ready means: `.ready.json` exists and names the driver version the kernel has loaded."""
-    document = read_ready(config, host)
+    try:
+        document = load_ready(config, host)
+    except DocumentError as exc:
+        return Readiness(False, f"{exc.message} (treated as not ready)", None)
     if document is None:
         return Readiness(False, f"no {READY_FILE} in {config.install_dir}", None)
     loaded = kmod.loaded_driver(host)
     if loaded is None:
         return Readiness(False, "no NVIDIA kernel module is loaded", document)
     if loaded.version != document.get("driver_version"):
-        return Readiness(False, f"readiness is for driver {document.get('driver_version')} "
+        named = str(document.get("driver_version"))[:40]
+        return Readiness(False, f"readiness is for driver {named} "
                          f"but the kernel has {loaded.version} loaded", document)
+    gpus = document.get("gpus")
     return Readiness(True, f"driver {loaded.version} verified on "
-                     f"{len(document.get('gpus') or [])} GPU(s)", document)
+                     f"{len(gpus) if isinstance(gpus, list) else 0} GPU(s)", document)
 
 
 def wait_ready(config: Config, host: Host, *, timeout: float,

@@ -7,7 +7,7 @@ readiness and the last verified run's stage timings (from `.state.json`).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +15,7 @@ from installer.compat import toolkit as compat
 from installer.context import Context
 from installer.installdir import layout
 from installer.installdir.readiness import check_ready, ready_paths
+from installer.installdir.state import read_state
 from installer.installdir.versions import current_name, previous_name, read_staged
 from installer.node import kmod
 from installer.node.facts import NodeInfo
@@ -77,7 +78,7 @@ def collect(ctx: Context) -> StatusReport:
         staged=_staged(root),
         readiness={"ready": readiness.ready, "reason": readiness.reason,
                    "document": readiness.document, "env_file": env_file.is_file()},
-        last_run=_json_file(root / layout.STATE_FILE),
+        last_run=_last_run(root),
     )
 
 
@@ -109,9 +110,7 @@ def _staged(root: Path) -> dict[str, Any]:
             "meta": read_staged(root, current) if current else None}
 
 
-def _json_file(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
+def _last_run(root: Path) -> dict[str, Any] | None:
+    """The last verified run's state for display, or None when absent or malformed."""
+    state = read_state(root)
+    return asdict(state) if state is not None else None
