@@ -327,9 +327,11 @@ class TestBadInput:
 
     @pytest.mark.parametrize("data", [b"{not json", b'{"schema_version": 7}', b"[]"])
     def test_bad_index(self, host: Path, repo: Path, data: bytes) -> None:
+        # issue 12: a malformed index is an integrity error naming it, not "not found"
         (repo / "index.json").write_bytes(data)
-        result = self._refused(host, repo, exit_code=5)
+        result = self._refused(host, repo, exit_code=7)
         assert named(result, "source unavailable")
+        assert "index.json from mirror http://127.0.0.1" in result.stderr
 
     def test_manifest_differs_from_index(self, host: Path, repo: Path) -> None:
         path = repo / PKG.lstrip("/") / "manifest.json"

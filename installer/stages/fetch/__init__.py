@@ -16,7 +16,12 @@ from typing import Any, Protocol
 
 from installer.compat import gpusupport
 from installer.context import Context
-from installer.errors import IncompatibleError, InstallerError, PackageNotFoundError
+from installer.errors import (
+    IncompatibleError,
+    InstallerError,
+    IntegrityError,
+    PackageNotFoundError,
+)
 from installer.installdir.layout import cache_root
 from installer.installdir.state import read_state
 from installer.node.facts import NodeInfo
@@ -68,7 +73,13 @@ def _local_exact(ctx: Context, node: NodeInfo, sources: list[Source]) -> Package
 
 def _resolve_and_get(ctx: Context, node: NodeInfo, sources: list[Source]) -> Package:
     offers = gather(sources, ctx.log)
-    choice = choose(ctx, node, offers)
+    try:
+        choice = choose(ctx, node, offers)
+    except PackageNotFoundError:
+        malformed = [offer.malformed for offer in offers if offer.malformed is not None]
+        if malformed:  # the truth is a refused index, not a missing package (exit 7)
+            raise malformed[0] from None
+        raise
     return get_first(sources, offers, choice, ctx.log)
 
 
@@ -113,8 +124,10 @@ def gather(sources: list[Source], log: Any) -> list[Offer]:
             offer = source.offers()
         except InstallerError as exc:
             reason = "no index.json" if isinstance(exc, PackageNotFoundError) else exc.message
-            offer = Offer(source.name, Index(), error=reason,
-                          exhaustive=not isinstance(source, MirrorSource))
+            malformed = exc if isinstance(exc, IntegrityError) else None
+            offer = Offer(source.name, Index(), error=reason, malformed=malformed,
+                          exhaustive=malformed is not None
+                          or not isinstance(source, MirrorSource))
         if offer.error:
             log.warning("source unavailable", source=source.name, reason=offer.error)
         offers.append(offer)
@@ -192,7 +205,7 @@ def _same(a: Candidate, b: Candidate) -> bool:
 
 def _in_use(ctx: Context) -> set[str]:
     """The digest the install dir's state names: never pruned while staged."""
-    state = read_state(ctx.install_root)
+    state = read_state(ctx.install_root, ctx.log)
     return {state.package_digest} if state else set()
 
 

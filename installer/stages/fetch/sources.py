@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from installer.errors import DownloadError, IntegrityError, PackageNotFoundError
+from installer.errors import DownloadError, InstallerError, IntegrityError, PackageNotFoundError
 from installer.packages.cache import Cache, cached_package
 from installer.packages.manifest import (
     MANIFEST_NAME,
@@ -39,7 +39,7 @@ from installer.packages.tar import unpack_tarball
 from installer.packages.tree import read_tree
 from installer.stages.fetch.parallel import run_parallel
 from installer.stages.fetch.progress import Progress
-from installer.stages.fetch.urls import redact
+from installer.stages.fetch.urls import redact, safe
 
 if TYPE_CHECKING:
     from installer.stages.fetch.download import Downloader
@@ -54,6 +54,7 @@ class Offer:
     error: str | None = None
     exhaustive: bool = True
     remembered: dict[str, str] = field(default_factory=dict)
+    malformed: IntegrityError | None = None  # its index was refused: nothing of it is tried
 
 
 def check_identity(manifest: Manifest, candidate: Candidate, where: str) -> None:
@@ -92,6 +93,7 @@ class PreloadedSource:
         self.cache = cache
         self.requested = requested
         self.name = f"preloaded {root}"
+        self._done: dict[str, Package | InstallerError] = {}
 
     def offers(self) -> Offer:
         if not self.root.is_dir():
@@ -103,6 +105,20 @@ class PreloadedSource:
         return Offer(self.name, Index(tuple(scan_tree(self.root, self.name))))
 
     def get(self, candidate: Candidate) -> Package:
+        """The package, verified once per run: a second ask (the offline attempt, then the
+        full resolution) gets the same package or error without unpacking again."""
+        done = self._done.get(candidate.path)
+        if done is None:
+            try:
+                done = self._get(candidate)
+            except InstallerError as exc:
+                done = exc
+            self._done[candidate.path] = done
+        if isinstance(done, InstallerError):
+            raise done
+        return done
+
+    def _get(self, candidate: Candidate) -> Package:
         tree = self.root / candidate.path
         if (tree / MANIFEST_NAME).is_file():
             package = read_tree(tree, source=self.name)
@@ -115,15 +131,12 @@ class PreloadedSource:
         raise PackageNotFoundError(f"{self.name} has no {candidate.path}")
 
     def _from_tarball(self, tarball: Path, candidate: Candidate) -> Package:
+        """Unpacked once: every header (and the member list against the manifest) is
+        checked before a byte is written; then hashed and moved into the cache."""
         unpacked = unpack_tarball(tarball, self.cache.temp_path("unpacked"))
         package = read_tree(unpacked, source=str(tarball))
         check_identity(package.manifest, candidate, str(tarball))
         manifest_bytes = (unpacked / MANIFEST_NAME).read_bytes()
-        listed = {entry.path for entry in package.manifest.files} | {MANIFEST_NAME}
-        extra = sorted(str(p.relative_to(unpacked)) for p in unpacked.rglob("*")
-                       if p.is_file() and str(p.relative_to(unpacked)) not in listed)
-        if extra:
-            raise ManifestError(f"tarball {tarball}: {extra[0]!r} is not in the manifest")
         return _commit_tree(self.cache, package, manifest_bytes, self.requested)
 
 
@@ -173,7 +186,7 @@ class MirrorSource:
 
     def offers(self) -> Offer:
         data = self.downloader.fetch_bytes(self.url(INDEX_NAME), MAX_INDEX_BYTES)
-        return Offer(self.name, parse_index(data, self.name))
+        return Offer(self.name, parse_index(data, f"mirror {safe(self.base)}"))
 
     def get(self, candidate: Candidate) -> Package:
         data = self.downloader.fetch_bytes(self.url(f"{candidate.path}/{MANIFEST_NAME}"),
@@ -181,7 +194,7 @@ class MirrorSource:
         if candidate.manifest_sha256 and sha256_hex(data) != candidate.manifest_sha256:
             raise ManifestError(f"{self.name}: {candidate.path}/{MANIFEST_NAME} differs from "
                                 "the digest index.json gives for it")
-        manifest = parse_manifest(data)
+        manifest = parse_manifest(data, source=f"mirror {safe(self.url(candidate.path))}")
         check_identity(manifest, candidate, self.url(candidate.path))
         self._download_missing(manifest, candidate.path)
         return store(self.cache, manifest, data, self.requested, self.name)
