@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from installer.config import Config
-from installer.errors import VerificationError
+from installer.errors import StagingError, VerificationError
 from installer.installdir.layout import READY_FILE, VALIDATION_NODE_PATH
 from installer.node import kmod
 from installer.node.host import Host, Roots
@@ -36,7 +36,11 @@ def ready_paths(config: Config, roots: Roots) -> tuple[Path, Path]:
 def clear_readiness(config: Config, roots: Roots) -> None:
     """Withdraw readiness: at the start of a run and when verification fails."""
     for path in ready_paths(config, roots):
-        path.unlink(missing_ok=True)
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as exc:  # a directory in its place: not ours to delete
+            raise StagingError(f"cannot withdraw readiness at {path}: {exc.strerror}",
+                               remedy=f"remove {path.name} by hand and rerun") from None
 
 
 def read_ready(config: Config, host: Host) -> dict[str, Any] | None:

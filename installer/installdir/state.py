@@ -13,9 +13,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from installer.errors import StagingError
 from installer.installdir.layout import STATE_FILE
 from installer.node.host import write_atomic
-from installer.packages.documents import DocumentError, read_document
+from installer.packages.documents import DocumentError, read_document, read_file
 
 MAX_STATE_BYTES = 64 * 1024
 
@@ -48,16 +49,15 @@ def read_state(install_dir: Path, log: Any = None) -> InstallState | None:
     with `log`, a warning names the document and why it was refused.
     """
     path = install_dir / STATE_FILE
+    if path.exists() and not path.is_file():  # it could never be rewritten: say so now
+        raise StagingError(f"{path} is not a regular file",
+                           remedy=f"remove {STATE_FILE} from the install dir and rerun")
     try:
-        with path.open("rb") as handle:
-            data = handle.read(MAX_STATE_BYTES + 1)
-        return state_from_bytes(data, str(path))
-    except FileNotFoundError:
-        return None
-    except (OSError, DocumentError) as exc:
-        reason = exc.message if isinstance(exc, DocumentError) else exc.strerror
+        data = read_file(path, MAX_STATE_BYTES)
+        return None if data is None else state_from_bytes(data, str(path))
+    except DocumentError as exc:
         if log is not None:
-            log.warning("install state ignored", path=str(path), reason=reason)
+            log.warning("install state ignored", path=str(path), reason=exc.message)
         return None
 
 

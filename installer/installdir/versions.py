@@ -14,7 +14,7 @@ from typing import Any
 
 from installer.installdir.layout import CURRENT, PREVIOUS, STAGED_META, TOP_LINKS, VERSIONS
 from installer.node.host import fsync_dir, replace_symlink
-from installer.packages.documents import DocumentError, read_document
+from installer.packages.documents import DocumentError, read_document, read_file
 
 MAX_META_BYTES = 64 * 1024
 
@@ -51,11 +51,10 @@ def _read_meta(version_dir: Path) -> dict[str, Any] | None:
     """The metadata, or None when absent or malformed (the version is then rebuilt)."""
     path = version_dir / STAGED_META
     try:
-        with path.open("rb") as handle:
-            data = handle.read(MAX_META_BYTES + 1)
-        return read_document(data, name=STAGED_META, source=str(version_dir),
-                             limit=MAX_META_BYTES)
-    except (OSError, DocumentError):
+        data = read_file(path, MAX_META_BYTES)
+        return None if data is None else read_document(
+            data, name=STAGED_META, source=str(version_dir), limit=MAX_META_BYTES)
+    except DocumentError:
         return None
 
 

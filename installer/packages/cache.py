@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from installer.errors import StagingError
-from installer.packages.documents import DocumentError, read_document
+from installer.packages.documents import DocumentError, read_document, read_file
 from installer.packages.manifest import (
     HASH_CHUNK,
     FileEntry,
@@ -225,9 +225,9 @@ class Cache:
     def _read_ref(path: Path) -> CacheRef | None:
         """A ref, or None when absent or malformed: that package is then fetched again."""
         try:
-            with path.open("rb") as handle:
-                return ref_from_bytes(handle.read(REF_LIMIT + 1), path)
-        except (OSError, DocumentError):
+            data = read_file(path, REF_LIMIT)
+            return None if data is None else ref_from_bytes(data, path)
+        except DocumentError:
             return None
 
     def forget(self, digest: str) -> None:

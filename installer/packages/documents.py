@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import stat
 from collections.abc import Collection
+from pathlib import Path
 from typing import Any, NoReturn
 
 from installer.errors import IntegrityError
@@ -53,6 +56,23 @@ def read_document(data: bytes, *, name: str, source: str = "", limit: int,
     except _Refused as exc:
         where = f"{name} from {source}" if source else name
         raise error(f"{where}: {exc}") from None
+
+
+def read_file(path: Path, limit: int) -> bytes | None:
+    """Up to `limit + 1` bytes of a regular file (so `read_document` sees an oversized one),
+    None when it is absent; DocumentError when it is a directory, FIFO or unreadable (opened
+    non-blocking, so a FIFO planted in its place cannot hang the run)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise DocumentError(f"{path} cannot be read: {exc.strerror}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise DocumentError(f"{path} is not a regular file")
+    with os.fdopen(fd, "rb") as handle:
+        return handle.read(limit + 1)
 
 
 def _decode(data: bytes, limit: int, free_text: frozenset[str]) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from typing import Any
 
 from installer.compat import toolkit as compat
 from installer.context import Context
+from installer.errors import InstallerError
 from installer.installdir import layout
 from installer.installdir.readiness import check_ready, ready_paths
 from installer.installdir.state import read_state
@@ -112,5 +113,8 @@ def _staged(root: Path) -> dict[str, Any]:
 
 def _last_run(root: Path) -> dict[str, Any] | None:
     """The last verified run's state for display, or None when absent or malformed."""
-    state = read_state(root)
+    try:
+        state = read_state(root)
+    except InstallerError:  # not a regular file: status reports, it does not fail
+        return None
     return asdict(state) if state is not None else None
