@@ -7,19 +7,19 @@ readiness and the last verified run's stage timings (from `.state.json`).
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from installer.compat import toolkit as compat
 from installer.context import Context
-from installer.errors import InstallerError
 from installer.installdir import layout
 from installer.installdir.readiness import check_ready, ready_paths
-from installer.installdir.state import read_state
+from installer.installdir.state import MAX_STATE_BYTES
 from installer.installdir.versions import current_name, previous_name, read_staged
 from installer.node import kmod
 from installer.node.facts import NodeInfo
+from installer.packages.documents import DocumentError, read_document, read_file
 
 
 @dataclass(frozen=True)
@@ -60,9 +60,11 @@ class StatusReport:
                  f"Ready:           {'yes' if self.readiness['ready'] else 'no'}: "
                  f"{self.readiness['reason']}"]
         if self.last_run:
-            timings = self.last_run.get("timings_ms") or {}
+            timings = self.last_run.get("timings_ms")
+            shown = timings.items() if isinstance(timings, dict) else ()
             lines.append("Last run:        " + (", ".join(
-                f"{name} {ms:.0f} ms" for name, ms in timings.items()) or "no timings"))
+                f"{name} {ms:.0f} ms" for name, ms in shown
+                if isinstance(ms, int | float)) or "no timings"))
         return "\n".join(lines)
 
 
@@ -112,9 +114,12 @@ def _staged(root: Path) -> dict[str, Any]:
 
 
 def _last_run(root: Path) -> dict[str, Any] | None:
-    """The last verified run's state for display, or None when absent or malformed."""
+    """`.state.json` as written, for display (bounded reader); None when absent, malformed
+    or not a regular file: status reports, it does not fail."""
+    path = root / layout.STATE_FILE
     try:
-        state = read_state(root)
-    except InstallerError:  # not a regular file: status reports, it does not fail
+        data = read_file(path, MAX_STATE_BYTES)
+        return None if data is None else read_document(
+            data, name=layout.STATE_FILE, source=str(path), limit=MAX_STATE_BYTES)
+    except DocumentError:
         return None
-    return asdict(state) if state is not None else None
