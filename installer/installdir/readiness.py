@@ -55,6 +55,8 @@ def load_ready(config: Config, host: Host) -> dict[str, Any] | None:
     """`.ready.json` decoded (bounded, strict), None when absent; DocumentError when it is
     malformed or unreadable, so `check_ready` can say why the node is not ready."""
     path = ready_paths(config, host.roots)[0]
+    if path.exists() and not path.is_file():  # a FIFO would block the read
+        raise DocumentError(f"{READY_FILE} at {path} is not a regular file")
     try:
         data = host.read_bytes(path, MAX_READY_BYTES + 1)
     except OSError as exc:

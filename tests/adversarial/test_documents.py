@@ -279,6 +279,18 @@ def test_malformed_readiness_is_not_ready_and_says_why(arena: Arena, data: bytes
     assert_untouched(before, arena.snapshot(), WORK_AREA)
 
 
+def test_readiness_that_is_a_fifo_does_not_hang(arena: Arena) -> None:
+    import os
+
+    _installed(arena)
+    (arena.install_dir / ".ready.json").unlink()
+    os.mkfifo(arena.install_dir / ".ready.json")
+    before = arena.snapshot()
+    done = arena.run("wait-ready", *arena.args("--timeout", "0"), timeout=30)
+    assert_refused(done, 12, ".ready.json at ", "not a regular file")
+    assert_untouched(before, arena.snapshot(), WORK_AREA)
+
+
 def test_a_gpu_name_with_a_tab_is_free_text(arena: Arena) -> None:
     _installed(arena)
     ready = arena.install_dir / ".ready.json"
