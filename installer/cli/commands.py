@@ -66,17 +66,22 @@ def _config_of(ctx: click.Context) -> Config | None:
 
 
 def _report(ctx: click.Context, line: str) -> None:
-    """Print the failure line and copy it to the termination log when that is writable."""
+    """Print the failure line and copy it to the termination log when that is writable.
+
+    The line may quote a hostile document: control characters and lone surrogates are
+    escaped, so it stays one printable line and no encoding step can fail on it.
+    """
+    line = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in line)
     click.echo(line, err=True)
     config = _config_of(ctx)
     target = config.termination_log if config is not None else _early_termination_log()
     if target is None:
         return
     try:
-        with target.open("w", encoding="utf-8") as handle:
+        with target.open("w", encoding="utf-8", errors="backslashreplace") as handle:
             handle.write(line + "\n")
-    except OSError:
-        pass
+    except (OSError, ValueError):
+        pass  # a directory, read-only or odd path: the line is on stderr all the same
 
 
 def _early_termination_log() -> Path | None:

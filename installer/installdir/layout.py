@@ -17,15 +17,18 @@ from pathlib import Path, PurePosixPath
 from typing import Protocol
 
 from installer.config import Config
-from installer.errors import IntegrityError
 from installer.node.host import Roots
+
+# Where a manifest file lands when staged lives with the package format (validation refuses
+# packages whose files collide there); these names stay importable from here.
+from installer.packages.placement import KIND_DIRS as KIND_DIRS
+from installer.packages.placement import Placed as Placed
+from installer.packages.placement import destination as destination
 
 VERSIONS = ".versions"
 CURRENT = ".current"
 PREVIOUS = ".previous"
 TOP_LINKS = ("lib64", "bin", "drivers", "firmware")
-KIND_DIRS = {"library": "lib64", "binary": "bin", "module": "drivers", "firmware": "firmware",
-             "config": "etc"}
 STAGED_META = ".staged.json"
 STATE_FILE = ".state.json"
 READY_FILE = ".ready.json"
@@ -47,15 +50,6 @@ class Identity(Protocol):
     def flavour(self) -> str: ...
 
 
-class Placed(Protocol):
-    """A manifest file entry: where it lands depends on its path and kind."""
-
-    @property
-    def path(self) -> str: ...
-    @property
-    def kind(self) -> str: ...
-
-
 def install_root(config: Config, roots: Roots) -> Path:
     """The install dir as a path in this container."""
     return roots.node(config.install_dir)
@@ -74,16 +68,3 @@ def lock_path(config: Config, roots: Roots) -> Path:
 def version_name(identity: Identity) -> str:
     """`<driver>-<kernel>-<flavour>`: one directory per package identity."""
     return f"{identity.driver_version}-{identity.kernel_release}-{identity.flavour}"
-
-
-def destination(entry: Placed) -> PurePosixPath:
-    """Where a manifest file lands inside a version directory, by its kind."""
-    if entry.kind not in KIND_DIRS:
-        raise IntegrityError(f"manifest file {entry.path} has unknown kind {entry.kind!r}")
-    path = PurePosixPath(entry.path)
-    if path.is_absolute() or ".." in path.parts:
-        raise IntegrityError(f"manifest path {entry.path} escapes the package")
-    if entry.kind == "firmware" and "firmware" in path.parts[:-1]:
-        index = len(path.parts) - 1 - path.parts[::-1].index("firmware")
-        return PurePosixPath("firmware", *path.parts[index + 1:])
-    return PurePosixPath(KIND_DIRS[entry.kind], path.name)

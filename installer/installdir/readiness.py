@@ -14,10 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from installer.config import Config
-from installer.errors import VerificationError
+from installer.errors import StagingError, VerificationError
 from installer.installdir.layout import READY_FILE, VALIDATION_NODE_PATH
 from installer.node import kmod
 from installer.node.host import Host, Roots
+from installer.packages.documents import DocumentError, read_document
+
+MAX_READY_BYTES = 256 * 1024
+READY_FREE_TEXT = ("name",)  # a GPU's product name, as NVML reports it
 
 
 class NotReadyError(VerificationError):
@@ -32,19 +36,35 @@ def ready_paths(config: Config, roots: Roots) -> tuple[Path, Path]:
 def clear_readiness(config: Config, roots: Roots) -> None:
     """Withdraw readiness: at the start of a run and when verification fails."""
     for path in ready_paths(config, roots):
-        path.unlink(missing_ok=True)
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as exc:  # a directory in its place: not ours to delete
+            raise StagingError(f"cannot withdraw readiness at {path}: {exc.strerror}",
+                               remedy=f"remove {path.name} by hand and rerun") from None
 
 
 def read_ready(config: Config, host: Host) -> dict[str, Any] | None:
-    """The current `.ready.json`, or None when the node is not ready."""
-    text = host.read_text(ready_paths(config, host.roots)[0])
-    if text is None:
-        return None
+    """The current `.ready.json`, or None when the node is not ready (absent or malformed)."""
     try:
-        document = json.loads(text)
-    except ValueError:
+        return load_ready(config, host)
+    except DocumentError:
         return None
-    return document if isinstance(document, dict) else None
+
+
+def load_ready(config: Config, host: Host) -> dict[str, Any] | None:
+    """`.ready.json` decoded (bounded, strict), None when absent; DocumentError when it is
+    malformed or unreadable, so `check_ready` can say why the node is not ready."""
+    path = ready_paths(config, host.roots)[0]
+    if path.exists() and not path.is_file():  # a FIFO would block the read
+        raise DocumentError(f"{READY_FILE} at {path} is not a regular file")
+    try:
+        data = host.read_bytes(path, MAX_READY_BYTES + 1)
+    except OSError as exc:
+        raise DocumentError(f"{READY_FILE} at {path} cannot be read: {exc.strerror}") from None
+    if data is None:
+        return None
+    return read_document(data, name=READY_FILE, source=str(path), limit=MAX_READY_BYTES,
+                         free_text=READY_FREE_TEXT)
 
 
 @dataclass(frozen=True)
@@ -65,17 +85,22 @@ class Readiness:
 
 def check_ready(config: Config, host: Host) -> Readiness:
     """Ready means: `.ready.json` exists and names the driver version the kernel has loaded."""
-    document = read_ready(config, host)
+    try:
+        document = load_ready(config, host)
+    except DocumentError as exc:
+        return Readiness(False, f"{exc.message} (treated as not ready)", None)
     if document is None:
         return Readiness(False, f"no {READY_FILE} in {config.install_dir}", None)
     loaded = kmod.loaded_driver(host)
     if loaded is None:
         return Readiness(False, "no NVIDIA kernel module is loaded", document)
     if loaded.version != document.get("driver_version"):
-        return Readiness(False, f"readiness is for driver {document.get('driver_version')} "
+        named = str(document.get("driver_version"))[:40]
+        return Readiness(False, f"readiness is for driver {named} "
                          f"but the kernel has {loaded.version} loaded", document)
+    gpus = document.get("gpus")
     return Readiness(True, f"driver {loaded.version} verified on "
-                     f"{len(document.get('gpus') or [])} GPU(s)", document)
+                     f"{len(gpus) if isinstance(gpus, list) else 0} GPU(s)", document)
 
 
 def wait_ready(config: Config, host: Host, *, timeout: float,

@@ -7,7 +7,6 @@ version it replaced, for rollback and for restoring after a failed install.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path, PurePosixPath
@@ -15,6 +14,9 @@ from typing import Any
 
 from installer.installdir.layout import CURRENT, PREVIOUS, STAGED_META, TOP_LINKS, VERSIONS
 from installer.node.host import fsync_dir, replace_symlink
+from installer.packages.documents import DocumentError, read_document, read_file
+
+MAX_META_BYTES = 64 * 1024
 
 
 def current_name(root: Path) -> str | None:
@@ -46,11 +48,14 @@ def staged_digest(version_dir: Path) -> str | None:
 
 
 def _read_meta(version_dir: Path) -> dict[str, Any] | None:
+    """The metadata, or None when absent or malformed (the version is then rebuilt)."""
+    path = version_dir / STAGED_META
     try:
-        meta = json.loads((version_dir / STAGED_META).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        data = read_file(path, MAX_META_BYTES)
+        return None if data is None else read_document(
+            data, name=STAGED_META, source=str(version_dir), limit=MAX_META_BYTES)
+    except DocumentError:
         return None
-    return meta if isinstance(meta, dict) else None
 
 
 def switch_to(root: Path, name: str) -> str | None:

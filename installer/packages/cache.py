@@ -16,6 +16,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import time
 import uuid
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from installer.errors import StagingError
+from installer.packages.documents import DocumentError, read_document, read_file
 from installer.packages.manifest import (
     HASH_CHUNK,
     FileEntry,
@@ -38,6 +40,7 @@ from installer.packages.manifest import (
 from installer.packages.tree import hash_file
 
 REF_LIMIT = 64 * 1024
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
 class CacheError(StagingError):
@@ -220,12 +223,11 @@ class Cache:
 
     @staticmethod
     def _read_ref(path: Path) -> CacheRef | None:
+        """A ref, or None when absent or malformed: that package is then fetched again."""
         try:
-            obj = json.loads(path.read_bytes()[:REF_LIMIT])
-            return CacheRef(obj["digest"], obj["driver_version"], obj["kernel_release"],
-                            obj["arch"], obj["flavour"], obj.get("os"),
-                            tuple(obj.get("requested", ())), float(obj["last_used"]))
-        except (OSError, ValueError, KeyError, TypeError):
+            data = read_file(path, REF_LIMIT)
+            return None if data is None else ref_from_bytes(data, path)
+        except DocumentError:
             return None
 
     def forget(self, digest: str) -> None:
@@ -263,13 +265,34 @@ class Cache:
                     blob.unlink()
 
 
+def ref_from_bytes(data: bytes, path: Path) -> CacheRef:
+    """Decode a ref (bounded, strict types; its digest is its file name), or DocumentError."""
+    obj = read_document(data, name=path.name, source=str(path.parent), limit=REF_LIMIT)
+    texts = ("digest", "driver_version", "kernel_release", "arch", "flavour")
+    requested, os_match, used = obj.get("requested", []), obj.get("os"), obj.get("last_used")
+    checks = {
+        "identity": all(isinstance(obj.get(key), str) for key in texts),
+        "digest": f"{obj.get('digest')}.json" == path.name
+        and _SHA256.match(str(obj.get("digest"))) is not None,
+        "requested": isinstance(requested, list) and all(isinstance(r, str) for r in requested),
+        "os": os_match is None or (isinstance(os_match, dict)
+                                   and all(isinstance(v, str) for v in os_match.values())),
+        "last_used": isinstance(used, int | float) and not isinstance(used, bool),
+    }
+    bad = [name for name, ok in checks.items() if not ok]
+    if bad:
+        raise DocumentError(f"{path.name} from {path.parent}: {bad[0]} is missing or mistyped")
+    return CacheRef(obj["digest"], obj["driver_version"], obj["kernel_release"], obj["arch"],
+                    obj["flavour"], os_match, tuple(requested), float(obj["last_used"]))
+
+
 def cached_package(cache: Cache, digest: str, *, verify: bool = True) -> Package | None:
     """A package the cache holds whole (blobs re-hashed unless just stored), else None."""
     data = cache.manifest_data(digest)
     if data is None:
         return None
     try:
-        manifest = parse_manifest(data)
+        manifest = parse_manifest(data, source=f"cache {cache.root}")
     except ManifestError:
         cache.forget(digest)
         return None

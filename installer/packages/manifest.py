@@ -16,6 +16,8 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from installer.errors import IntegrityError
+from installer.packages.documents import read_document
+from installer.packages.placement import staged_clash
 
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -332,23 +334,34 @@ def manifest_from_dict(obj: Any) -> Manifest:
         os=_parse_os(obj["os"]),
         files=files,
         modules=_parse_modules(obj["modules"], files),
-        links=_parse_links(obj.get("links", []), files),
+        links=_parse_staged(files, _parse_links(obj.get("links", []), files)),
     )
 
 
-def load_json(data: bytes, what: str, limit: int) -> Any:
-    """Decode a bounded JSON document, turning every failure into one ManifestError line."""
-    if len(data) > limit:
-        raise ManifestError(f"{what} is {len(data)} bytes, more than the {limit} allowed")
+def _parse_staged(files: tuple[FileEntry, ...], links: tuple[LinkEntry, ...]
+                  ) -> tuple[LinkEntry, ...]:
+    """Refuse a package whose entries would land on one staged path (see placement)."""
+    clash = staged_clash(files, links)
+    if clash is not None:
+        raise _fail("files", clash)
+    return links
+
+
+def load_json(data: bytes, what: str, limit: int, source: str = "") -> dict[str, Any]:
+    """Decode a bounded JSON document (`read_document`), failures as one ManifestError."""
+    return read_document(data, name=what, source=source, limit=limit, error=ManifestError)
+
+
+def parse_manifest(data: bytes, source: str = "") -> Manifest:
+    """Parse and validate manifest.json bytes; errors name the manifest and `source`."""
+    obj = load_json(data, MANIFEST_NAME, MAX_MANIFEST_BYTES, source)
     try:
-        return json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ManifestError(f"{what} is not valid JSON: {exc}") from None
-
-
-def parse_manifest(data: bytes) -> Manifest:
-    """Parse and validate manifest.json bytes."""
-    return manifest_from_dict(load_json(data, MANIFEST_NAME, MAX_MANIFEST_BYTES))
+        return manifest_from_dict(obj)
+    except ManifestError as exc:
+        if not source:
+            raise
+        problem = exc.message.removeprefix("manifest ")
+        raise ManifestError(f"{MANIFEST_NAME} from {source}: {problem}") from None
 
 
 def manifest_to_dict(manifest: Manifest) -> dict[str, Any]:

@@ -15,13 +15,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from installer.errors import PackageNotFoundError
+from installer.packages.documents import read_document
 from installer.packages.manifest import (
     ARCHES,
     DRIVER_VERSION_RE,
     FLAVOURS,
     KERNEL_RELEASE_RE,
     ManifestError,
-    load_json,
 )
 
 if TYPE_CHECKING:
@@ -136,12 +136,20 @@ def _aliases(value: Any) -> dict[str, str]:
 
 
 def parse_index(data: bytes, source: str = "") -> Index:
-    """Parse and validate index.json bytes."""
+    """Parse and validate index.json bytes; errors name the index and `source`."""
+    obj = read_document(data, name=INDEX_NAME, source=source, limit=MAX_INDEX_BYTES,
+                        error=IndexFormatError)
     try:
-        obj = load_json(data, f"{source or ''} {INDEX_NAME}".strip(), MAX_INDEX_BYTES)
-    except ManifestError as exc:
-        raise IndexFormatError(exc.message) from None
-    if not isinstance(obj, dict) or obj.keys() - {"schema_version", "packages", "aliases"}:
+        return _index_from_dict(obj, source)
+    except IndexFormatError as exc:
+        if not source:
+            raise
+        problem = exc.message.removeprefix(f"{INDEX_NAME} ")
+        raise IndexFormatError(f"{INDEX_NAME} from {source}: {problem}") from None
+
+
+def _index_from_dict(obj: dict[str, Any], source: str) -> Index:
+    if obj.keys() - {"schema_version", "packages", "aliases"}:
         raise _bad("root", "must be an object of schema_version, packages, aliases")
     if obj.get("schema_version") != INDEX_SCHEMA_VERSION:
         raise _bad("schema_version", f"{obj.get('schema_version')!r} is not supported "

@@ -55,7 +55,7 @@ def read_tree(root: Path, source: str = "") -> Package:
         raise ManifestError(f"{root} has no {MANIFEST_NAME}")
     with manifest_path.open("rb") as handle:
         data = handle.read(MAX_MANIFEST_BYTES + 1)
-    manifest = parse_manifest(data)
+    manifest = parse_manifest(data, source=str(root))
     for entry in manifest.files:
         verify_file(root / entry.path, entry, str(root))
     return Package(manifest, sha256_hex(data), root, by_hash=False, source=source or str(root))

@@ -63,7 +63,7 @@ def install(ctx: Context, *, paranoid: bool = False) -> InstallResult:
     roots = ctx.host.roots
     with node_lock(lock_path(ctx.config, roots), timeout=ctx.config.lock_timeout,
                    on_wait=waiting):
-        previous = read_state(ctx.install_root)
+        previous = read_state(ctx.install_root, ctx.log)
         readiness = {path: path.read_bytes() for path in ready_paths(ctx.config, roots)
                      if path.is_file()}
         clear_readiness(ctx.config, roots)

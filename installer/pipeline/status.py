@@ -15,9 +15,11 @@ from installer.compat import toolkit as compat
 from installer.context import Context
 from installer.installdir import layout
 from installer.installdir.readiness import check_ready, ready_paths
+from installer.installdir.state import MAX_STATE_BYTES
 from installer.installdir.versions import current_name, previous_name, read_staged
 from installer.node import kmod
 from installer.node.facts import NodeInfo
+from installer.packages.documents import DocumentError, read_document, read_file
 
 
 @dataclass(frozen=True)
@@ -58,9 +60,11 @@ class StatusReport:
                  f"Ready:           {'yes' if self.readiness['ready'] else 'no'}: "
                  f"{self.readiness['reason']}"]
         if self.last_run:
-            timings = self.last_run.get("timings_ms") or {}
+            timings = self.last_run.get("timings_ms")
+            shown = timings.items() if isinstance(timings, dict) else ()
             lines.append("Last run:        " + (", ".join(
-                f"{name} {ms:.0f} ms" for name, ms in timings.items()) or "no timings"))
+                f"{name} {ms:.0f} ms" for name, ms in shown
+                if isinstance(ms, int | float)) or "no timings"))
         return "\n".join(lines)
 
 
@@ -77,7 +81,7 @@ def collect(ctx: Context) -> StatusReport:
         staged=_staged(root),
         readiness={"ready": readiness.ready, "reason": readiness.reason,
                    "document": readiness.document, "env_file": env_file.is_file()},
-        last_run=_json_file(root / layout.STATE_FILE),
+        last_run=_last_run(root),
     )
 
 
@@ -109,9 +113,13 @@ def _staged(root: Path) -> dict[str, Any]:
             "meta": read_staged(root, current) if current else None}
 
 
-def _json_file(path: Path) -> dict[str, Any] | None:
+def _last_run(root: Path) -> dict[str, Any] | None:
+    """`.state.json` as written, for display (bounded reader); None when absent, malformed
+    or not a regular file: status reports, it does not fail."""
+    path = root / layout.STATE_FILE
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        data = read_file(path, MAX_STATE_BYTES)
+        return None if data is None else read_document(
+            data, name=layout.STATE_FILE, source=str(path), limit=MAX_STATE_BYTES)
+    except DocumentError:
         return None
-    return data if isinstance(data, dict) else None

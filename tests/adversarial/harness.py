@@ -176,3 +176,12 @@ def assert_no_trace(result: Result, *secrets: str, paths: Iterable[Path] = ()) -
         for path in paths:
             if path.is_file():
                 assert secret not in path.read_text(errors="replace"), (secret, path)
+
+
+def settle(arena: Arena) -> None:
+    """Before a snapshot: the install dir and its cache exist (as after any earlier run) and
+    the simulated kernel has written its own state under proc/, so what a refused run
+    changes afterwards is the installer's doing alone."""
+    (arena.install_dir / ".cache").mkdir(parents=True, exist_ok=True)
+    done = arena.run("detect", *arena.args())
+    assert done.code == 0, done.stderr[-2000:]

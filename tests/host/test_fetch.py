@@ -327,11 +327,11 @@ class TestBadInput:
 
     @pytest.mark.parametrize("data", [b"{not json", b'{"schema_version": 7}', b"[]"])
     def test_bad_index(self, host: Path, repo: Path, data: bytes) -> None:
-        # issue 12: the real cause (a malformed index, exit 7), not "package not found" (5)
+        # issue 12: a malformed index is an integrity error naming it, not "not found"
         (repo / "index.json").write_bytes(data)
         result = self._refused(host, repo, exit_code=7)
         assert named(result, "source unavailable")
-        assert "index.json" in result.stderr.splitlines()[-1]
+        assert "index.json from mirror http://127.0.0.1" in result.stderr
 
     def test_manifest_differs_from_index(self, host: Path, repo: Path) -> None:
         path = repo / PKG.lstrip("/") / "manifest.json"

@@ -16,7 +16,12 @@ from typing import Any, Protocol
 
 from installer.compat import gpusupport
 from installer.context import Context
-from installer.errors import IncompatibleError, InstallerError, PackageNotFoundError
+from installer.errors import (
+    IncompatibleError,
+    InstallerError,
+    IntegrityError,
+    PackageNotFoundError,
+)
 from installer.installdir.layout import cache_root
 from installer.installdir.state import read_state
 from installer.node.facts import NodeInfo
@@ -128,8 +133,9 @@ def gather(sources: list[Source], log: Any) -> list[Offer]:
             raise
         except InstallerError as exc:
             reason = "no index.json" if isinstance(exc, PackageNotFoundError) else exc.message
-            offer = Offer(source.name, Index(), error=reason,
-                          exhaustive=not isinstance(source, MirrorSource), failure=exc)
+            offer = Offer(source.name, Index(), error=reason, failure=exc,
+                          exhaustive=isinstance(exc, IntegrityError)  # refused: not probed
+                          or not isinstance(source, MirrorSource))
         if offer.error:
             log.warning("source unavailable", source=source.name, reason=offer.error)
         offers.append(offer)
@@ -208,7 +214,7 @@ def _same(a: Candidate, b: Candidate) -> bool:
 
 def _in_use(ctx: Context) -> set[str]:
     """The digest the install dir's state names: never pruned while staged."""
-    state = read_state(ctx.install_root)
+    state = read_state(ctx.install_root, ctx.log)
     return {state.package_digest} if state else set()
 
 

@@ -75,10 +75,12 @@ def _rank(error: InstallerError) -> int:
     return _RANK.get(error.code, 3)
 
 
-def cause(failure: SourceFailure) -> str:
-    """A source's cause without its name repeated, short enough to sit beside the others."""
+def cause(failure: SourceFailure, *, alone: bool = False) -> str:
+    """A source's cause without its name repeated; shortened only to sit beside others."""
     text = failure.error.message.removeprefix(failure.source).lstrip(": ") or "failed"
-    return text if len(text) <= MAX_CAUSE_CHARS else text[:MAX_CAUSE_CHARS - 3] + "..."
+    if alone or len(text) <= MAX_CAUSE_CHARS:
+        return text
+    return text[:MAX_CAUSE_CHARS - 3] + "..."
 
 
 def combined(what: str, failures: Sequence[SourceFailure]) -> InstallerError:
@@ -89,7 +91,8 @@ def combined(what: str, failures: Sequence[SourceFailure]) -> InstallerError:
         if isinstance(failure.error, DeadlineExpired):
             return failure.error
     best = max(failures, key=lambda f: _rank(f.error))  # max keeps the first of equals
-    causes = "; ".join(f"{f.source}: {cause(f)}" for f in _merged(failures))
+    merged = _merged(failures)
+    causes = "; ".join(f"{f.source}: {cause(f, alone=len(merged) == 1)}" for f in merged)
     cls = _BY_CODE.get(best.error.code)
     if cls is None:  # a local failure: the sources are not to blame, report it as it is
         return best.error

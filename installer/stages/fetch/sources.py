@@ -95,6 +95,7 @@ class PreloadedSource:
         self.cache = cache
         self.requested = requested
         self.name = f"preloaded {root}"
+        self._done: dict[str, Package | InstallerError] = {}
 
     def offers(self) -> Offer:
         if not self.root.is_dir():
@@ -106,6 +107,20 @@ class PreloadedSource:
         return Offer(self.name, Index(tuple(scan_tree(self.root, self.name))))
 
     def get(self, candidate: Candidate) -> Package:
+        """The package, verified once per run: a second ask (the offline attempt, then the
+        full resolution) gets the same package or error without unpacking again."""
+        done = self._done.get(candidate.path)
+        if done is None:
+            try:
+                done = self._get(candidate)
+            except InstallerError as exc:
+                done = exc
+            self._done[candidate.path] = done
+        if isinstance(done, InstallerError):
+            raise done
+        return done
+
+    def _get(self, candidate: Candidate) -> Package:
         tree = self.root / candidate.path
         if (tree / MANIFEST_NAME).is_file():
             package = read_tree(tree, source=self.name)
@@ -118,15 +133,12 @@ class PreloadedSource:
         raise PackageNotFoundError(f"{self.name} has no {candidate.path}")
 
     def _from_tarball(self, tarball: Path, candidate: Candidate) -> Package:
+        """Unpacked once: every header (and the member list against the manifest) is
+        checked before a byte is written; then hashed and moved into the cache."""
         unpacked = unpack_tarball(tarball, self.cache.temp_path("unpacked"))
         package = read_tree(unpacked, source=str(tarball))
         check_identity(package.manifest, candidate, str(tarball))
         manifest_bytes = (unpacked / MANIFEST_NAME).read_bytes()
-        listed = {entry.path for entry in package.manifest.files} | {MANIFEST_NAME}
-        extra = sorted(str(p.relative_to(unpacked)) for p in unpacked.rglob("*")
-                       if p.is_file() and str(p.relative_to(unpacked)) not in listed)
-        if extra:
-            raise ManifestError(f"tarball {tarball}: {extra[0]!r} is not in the manifest")
         return _commit_tree(self.cache, package, manifest_bytes, self.requested)
 
 
@@ -183,7 +195,7 @@ class MirrorSource:
 
     def offers(self) -> Offer:
         data = self.downloader.fetch_bytes(self.url(INDEX_NAME), MAX_INDEX_BYTES)
-        return Offer(self.name, parse_index(data, self.name))
+        return Offer(self.name, parse_index(data, f"mirror {safe(self.base)}"))
 
     def get(self, candidate: Candidate) -> Package:
         data = self.downloader.fetch_bytes(self.url(f"{candidate.path}/{MANIFEST_NAME}"),
@@ -191,7 +203,7 @@ class MirrorSource:
         if candidate.manifest_sha256 and sha256_hex(data) != candidate.manifest_sha256:
             raise ManifestError(f"{self.name}: {candidate.path}/{MANIFEST_NAME} differs from "
                                 "the digest index.json gives for it")
-        manifest = parse_manifest(data)
+        manifest = parse_manifest(data, source=f"mirror {safe(self.url(candidate.path))}")
         check_identity(manifest, candidate, f"{self.name} {candidate.path}")
         for entry in manifest.files:  # every path checked before a byte is fetched
             self.url(f"{candidate.path}/{entry.path}")
