@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from installer.installdir.layout import CURRENT, PREVIOUS, STAGED_META, TOP_LINKS, VERSIONS
+from installer.installdir.ownership import move_aside
 from installer.node.host import fsync_dir, replace_symlink
 
 
@@ -65,13 +65,16 @@ def switch_to(root: Path, name: str) -> str | None:
 
 
 def _ensure_top_links(root: Path) -> None:
-    """lib64, bin, drivers, firmware -> .current/<same>; a real directory steps aside."""
+    """lib64, bin, drivers, firmware -> .current/<same>.
+
+    A real directory or file of that name is not ours: it moves into `.pre-existing/`, which
+    nothing prunes and `uninstall` restores (never into `.versions/`, which is pruned).
+    """
     for sub in TOP_LINKS:
         link = root / sub
         want = f"{CURRENT}/{sub}"
         if link.is_symlink() and os.readlink(link) == want:
             continue
         if link.exists() and not link.is_symlink():
-            aside = root / VERSIONS / f".legacy-{sub}-{int(time.time())}"
-            os.rename(link, aside)
+            move_aside(root, [sub])
         replace_symlink(link, want)

@@ -12,6 +12,7 @@ package is taken from the cache, so a damaged blob is caught and fetched again.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -165,7 +166,8 @@ class Cache:
                     digest.update(chunk)
                     out.write(chunk)
         except OSError as exc:
-            raise CacheError(f"cannot write {tmp}: {exc.strerror}") from None
+            needed = f" ({entry.size} bytes needed)" if exc.errno == errno.ENOSPC else ""
+            raise CacheError(f"cannot write {tmp}: {exc.strerror}{needed}") from None
         if size != entry.size or digest.hexdigest() != entry.sha256:
             tmp.unlink()
             return False
