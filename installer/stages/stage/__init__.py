@@ -182,8 +182,9 @@ def disk_full(ctx: Context, root: Path, package: PackageLike) -> StagingError:
     except OSError:
         free = ""
     return StagingError(
-        f"disk full (no space left on device): {ctx.config.install_dir} (here {root}) needs {needed} bytes for "
-        f"{version_name(package.manifest)}{free}; the previous version still serves",
+        f"disk full (no space left on device): {ctx.config.install_dir} (here {root}) "
+        f"needs {needed} bytes for {version_name(package.manifest)}{free}; the previous "
+        "version still serves",
         remedy=f"free at least {needed} bytes on the node's filesystem of "
                f"{ctx.config.install_dir}, or point --install-dir at a larger one")
 
