@@ -42,6 +42,9 @@ GKE_NAMES = frozenset({"bin", "lib64", "drivers", "firmware", "share", "vulkan",
                        "bin-workdir", "lib64-workdir", "drivers-workdir", "lib-workdir",
                        ".cache", ".checkpoint", "nvidia-installer.log", "installer.log",
                        layout.LOCK_FILE})
+# Where those installers put it (GKE's default; cos_gpu_installer's own -host-dir default).
+GKE_DIRS = frozenset({PurePosixPath("/home/kubernetes/bin/nvidia"),
+                      PurePosixPath("/var/lib/nvidia")})
 CACHE_NAMES = frozenset({"blobs", "refs", "tmp", MARKER})
 Log = Callable[..., object]
 
@@ -52,7 +55,7 @@ def guard(config: Config, roots: Roots) -> None:
     _refuse_system("--install-dir", config.install_dir, install, roots)
     names = _names(install) - {layout.LOCK_FILE}
     if names and MARKER not in names and not _adoptable(install, names) and not _gke(
-            install, names):
+            config, install, names):
         raise ConfigError(
             f"--install-dir {config.install_dir} holds files the installer did not create "
             f"({_sample(names - OWN_NAMES)})",
@@ -77,7 +80,7 @@ def claim(config: Config, roots: Roots, log: Log) -> None:
     install = roots.node(config.install_dir)
     names = _names(install)
     if MARKER not in names:
-        if _gke(install, names):
+        if _gke(config, install, names):
             moved = move_aside(install, sorted(names - {layout.LOCK_FILE}))
             log("moved the files of GKE's driver installer aside", install_dir=str(
                 config.install_dir), backup=f"{config.install_dir}/{BACKUP_DIR}",
@@ -171,9 +174,10 @@ def _adoptable(install: Path, names: set[str]) -> bool:
                         for n in layout.TOP_LINKS))
 
 
-def _gke(install: Path, names: set[str]) -> bool:
-    """GKE's installer's layout: only its names, with a real lib64/, bin/ or drivers/."""
-    return names <= GKE_NAMES and any(
+def _gke(config: Config, install: Path, names: set[str]) -> bool:
+    """GKE's installer's layout: in its place, only its names, a real lib64/, bin/ or
+    drivers/ (elsewhere a bin/ is someone else's)."""
+    return config.install_dir in GKE_DIRS and names <= GKE_NAMES and any(
         (install / n).is_dir() and not (install / n).is_symlink()
         for n in ("lib64", "bin", "drivers"))
 
