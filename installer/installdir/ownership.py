@@ -6,6 +6,7 @@ is the installer's when it carries the marker file (written on first use) or hol
 names the installer writes; GKE's own driver installer's layout (`lib64/`, `bin/`,
 `drivers/`, ... in `/home/kubernetes/bin/nvidia`) is moved aside whole into
 `.pre-existing/` (logged; `uninstall` puts it back); anything else is refused untouched.
+The marker is written with the first version staged, so a run refused earlier leaves none.
 """
 
 from __future__ import annotations
@@ -76,20 +77,23 @@ def guard(config: Config, roots: Roots) -> None:
 
 
 def claim(config: Config, roots: Roots, log: Log) -> None:
-    """Under the node lock: move a GKE installer's files aside, then mark the dirs ours."""
+    """Under the node lock: move a GKE installer's files aside, and mark the dir ours."""
     install = roots.node(config.install_dir)
     names = _names(install)
-    if MARKER not in names:
-        if _gke(config, install, names):
-            moved = move_aside(install, sorted(names - {layout.LOCK_FILE}))
-            log("moved the files of GKE's driver installer aside", install_dir=str(
-                config.install_dir), backup=f"{config.install_dir}/{BACKUP_DIR}",
-                entries=moved)
+    if MARKER not in names and _gke(config, install, names - {BACKUP_DIR}):
+        moved = move_aside(install, sorted(names - {layout.LOCK_FILE, BACKUP_DIR}))
+        log("moved the files of GKE's driver installer aside", install_dir=str(
+            config.install_dir), backup=f"{config.install_dir}/{BACKUP_DIR}", entries=moved)
         write_atomic(install / MARKER, MARKER_TEXT)
-    if config.cache_dir is not None:
-        cache = roots.node(config.cache_dir)
-        if not (cache / MARKER).is_file():
-            write_atomic(cache / MARKER, MARKER_TEXT)
+
+
+def mark(config: Config, roots: Roots) -> None:
+    """Write the marker on first use (the stage that puts a version there calls this)."""
+    for node_path in (config.install_dir, config.cache_dir):
+        if node_path is not None:
+            path = roots.node(node_path)
+            if not (path / MARKER).is_file():
+                write_atomic(path / MARKER, MARKER_TEXT)
 
 
 def ours(install: Path) -> bool:
@@ -169,7 +173,10 @@ def _names(path: Path) -> set[str]:
 def _adoptable(install: Path, names: set[str]) -> bool:
     """An install dir of an installer version from before the marker: only our names, a
     `.versions` directory, and the top names as links (never a real bin/ or lib64/)."""
-    return (names <= OWN_NAMES and (install / layout.VERSIONS).is_dir()
+    if not names <= OWN_NAMES or (layout.DRIVER_ROOT_DIR in names
+                                  and not (install / layout.VERSIONS).is_dir()):
+        return False
+    return (any((install / n).is_dir() for n in (layout.VERSIONS, layout.CACHE_DIR, BACKUP_DIR))
             and not any((install / n).is_dir() and not (install / n).is_symlink()
                         for n in layout.TOP_LINKS))
 
@@ -177,7 +184,7 @@ def _adoptable(install: Path, names: set[str]) -> bool:
 def _gke(config: Config, install: Path, names: set[str]) -> bool:
     """GKE's installer's layout: in its place, only its names, a real lib64/, bin/ or
     drivers/ (elsewhere a bin/ is someone else's)."""
-    return config.install_dir in GKE_DIRS and names <= GKE_NAMES and any(
+    return config.install_dir in GKE_DIRS and names <= GKE_NAMES | {BACKUP_DIR} and any(
         (install / n).is_dir() and not (install / n).is_symlink()
         for n in ("lib64", "bin", "drivers"))
 

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 from installer.context import Context
 from installer.errors import IntegrityError, StagingError
+from installer.installdir import ownership
 from installer.installdir.layout import (
     CURRENT,
     STAGED_META,
@@ -133,6 +134,7 @@ def stage_package(ctx: Context, package: PackageLike, *,
     name = version_name(manifest)
     try:
         (root / VERSIONS).mkdir(parents=True, exist_ok=True)
+        ownership.mark(ctx.config, ctx.host.roots)
         reused = staged_digest(root / VERSIONS / name) == package.digest
         if not reused:
             _build_version(root, name, package, allow_hardlinks=allow_hardlinks)
@@ -162,6 +164,7 @@ def prepare_version(ctx: Context, package: PackageLike) -> str:
     name = version_name(package.manifest)
     try:
         (root / VERSIONS).mkdir(parents=True, exist_ok=True)
+        ownership.mark(ctx.config, ctx.host.roots)
         if staged_digest(root / VERSIONS / name) != package.digest:
             _build_version(root, name, package, allow_hardlinks=True)
     except OSError as exc:  # free the space at once: the old version must stay servable
