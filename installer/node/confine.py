@@ -14,16 +14,14 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
-import platform
 from pathlib import Path, PurePosixPath
 
 from installer.errors import UnsupportedNodeError
 
 MAX_LINKS = 40  # the kernel's own limit (ELOOP)
-_SYS_OPENAT2 = {"x86_64": 437, "aarch64": 437}.get(platform.machine())
+_SYS_OPENAT2 = {"x86_64": 437, "aarch64": 437}.get(os.uname().machine)
 _RESOLVE_NO_MAGICLINKS = 0x02
 _RESOLVE_IN_ROOT = 0x10
-_O_PATH = getattr(os, "O_PATH", 0o10000000)
 
 
 class EscapeError(UnsupportedNodeError):
@@ -39,6 +37,7 @@ class _OpenHow(ctypes.Structure):
 
 
 _libc: ctypes.CDLL | None = None
+_ROOT_FDS: dict[Path, int] = {}
 _openat2_works = _SYS_OPENAT2 is not None
 
 
@@ -60,7 +59,8 @@ def resolve(root: Path, relative: PurePosixPath, *, follow_last: bool = True) ->
 
 
 def _inside(root: Path, path: Path) -> Path:
-    if path != root and root not in path.parents:
+    top, text = str(root).rstrip("/"), str(path)
+    if text != top and not text.startswith(top + "/"):
         raise EscapeError(f"{path} lies outside the host root {root}")
     return path
 
@@ -77,26 +77,28 @@ def _kernel_resolve(root: Path, parts: list[str]) -> Path | None:
     global _openat2_works
     if not _openat2_works:
         return None
-    try:
-        dirfd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError:
-        check_root(root)
-        raise
-    try:
-        fd = _openat2(dirfd, "/".join(parts).encode())
-        if fd < 0:
-            if -fd in (errno.ENOSYS, errno.EPERM, errno.EINVAL, errno.E2BIG):
-                _openat2_works = False  # old kernel or seccomp: walk from now on
-            return None
+    dirfd = _ROOT_FDS.get(root)
+    if dirfd is None:
         try:
-            real = os.readlink(f"/proc/self/fd/{fd}")
+            dirfd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError:
-            _openat2_works = False
-            return None
-        finally:
-            os.close(fd)
+            check_root(root)
+            raise
+        if len(_ROOT_FDS) >= 8:  # a process has one host root; tests make many
+            os.close(_ROOT_FDS.pop(next(iter(_ROOT_FDS))))
+        _ROOT_FDS[root] = dirfd  # kept open: one open per host root, not per path
+    fd = _openat2(dirfd, "/".join(parts).encode())
+    if fd < 0:
+        if -fd in (errno.ENOSYS, errno.EPERM, errno.EINVAL, errno.E2BIG):
+            _openat2_works = False  # old kernel or seccomp: walk from now on
+        return None
+    try:
+        real = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        _openat2_works = False
+        return None
     finally:
-        os.close(dirfd)
+        os.close(fd)
     if real.endswith(" (deleted)"):
         return None
     return _rebase(root, Path(real))
@@ -124,7 +126,7 @@ def _openat2(dirfd: int, path: bytes) -> int:
     global _libc
     if _libc is None:
         _libc = ctypes.CDLL(None, use_errno=True)
-    how = _OpenHow(_O_PATH | os.O_CLOEXEC, 0, _RESOLVE_IN_ROOT | _RESOLVE_NO_MAGICLINKS)
+    how = _OpenHow(os.O_PATH | os.O_CLOEXEC, 0, _RESOLVE_IN_ROOT | _RESOLVE_NO_MAGICLINKS)
     fd = int(_libc.syscall(ctypes.c_long(_SYS_OPENAT2 or -1), ctypes.c_int(dirfd),
                            ctypes.c_char_p(path), ctypes.byref(how),
                            ctypes.c_size_t(ctypes.sizeof(how))))
