@@ -125,6 +125,8 @@ class Cache:
         target = self.blob(sha256)
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
+            if target.parent.is_symlink():  # the store's own dirs are real, never followed
+                raise OSError(errno.ELOOP, f"{target.parent} is a symbolic link")
             tmp.chmod(0o444)
             os.replace(tmp, target)
         except OSError as exc:

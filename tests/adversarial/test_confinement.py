@@ -353,3 +353,15 @@ def test_a_full_disk_names_path_and_bytes_and_the_old_version_serves(arena: Aren
     assert_refused(result, 11, "no space left", f"/{INSTALL}", "bytes")
     assert f'"driver_version": "{VERSION}"' in done.stdout
     assert done.stdout.strip().endswith(f"{VERSION}-5.15.0-1049-gke-proprietary")
+
+
+def test_a_blob_prefix_dir_as_a_link_is_never_written_through(arena: Arena) -> None:
+    pkg = arena.scene.repo / "5.15.0-1049-gke" / VERSION / "proprietary"
+    sha = json.loads((pkg / "manifest.json").read_text())["files"][0]["sha256"]
+    store = arena.root / "var/cache/gni/blobs/sha256"
+    link(store / sha[:2], arena.outside / "etc")
+    before = arena.snapshot()
+    done = install(arena, "--cache-dir", "/var/cache/gni")
+    assert_refused(done, 11, sha[:12], "symbolic link")
+    assert_untouched(before, arena.snapshot(), ("node/home", KERNEL, "node/var/cache/gni/"))
+    assert sorted(p.name for p in (arena.outside / "etc").iterdir()) == ["sentinel.conf"]
