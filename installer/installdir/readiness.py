@@ -30,7 +30,7 @@ class NotReadyError(VerificationError):
 
 def ready_paths(config: Config, roots: Roots) -> tuple[Path, Path]:
     """`.ready.json` in the install dir and the gpu-operator env file, as paths here."""
-    return roots.node(config.install_dir) / READY_FILE, roots.node(VALIDATION_NODE_PATH)
+    return roots.node(config.install_dir) / READY_FILE, roots.node_entry(VALIDATION_NODE_PATH)
 
 
 def clear_readiness(config: Config, roots: Roots) -> None:

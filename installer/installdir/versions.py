@@ -8,11 +8,11 @@ version it replaced, for rollback and for restoring after a failed install.
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from installer.installdir.layout import CURRENT, PREVIOUS, STAGED_META, TOP_LINKS, VERSIONS
+from installer.installdir.ownership import move_aside
 from installer.node.host import fsync_dir, replace_symlink
 from installer.packages.documents import DocumentError, read_document, read_file
 
@@ -70,13 +70,16 @@ def switch_to(root: Path, name: str) -> str | None:
 
 
 def _ensure_top_links(root: Path) -> None:
-    """lib64, bin, drivers, firmware -> .current/<same>; a real directory steps aside."""
+    """lib64, bin, drivers, firmware -> .current/<same>.
+
+    A real directory or file of that name is not ours: it moves into `.pre-existing/`, which
+    nothing prunes and `uninstall` restores (never into `.versions/`, which is pruned).
+    """
     for sub in TOP_LINKS:
         link = root / sub
         want = f"{CURRENT}/{sub}"
         if link.is_symlink() and os.readlink(link) == want:
             continue
         if link.exists() and not link.is_symlink():
-            aside = root / VERSIONS / f".legacy-{sub}-{int(time.time())}"
-            os.rename(link, aside)
+            move_aside(root, [sub])
         replace_symlink(link, want)

@@ -18,6 +18,7 @@ from typing import BinaryIO, Protocol
 
 from installer.config import Config
 from installer.errors import UnsupportedNodeError
+from installer.node import confine as _confine
 from installer.node import syscalls
 
 
@@ -32,26 +33,51 @@ class Roots:
 
     @classmethod
     def from_config(cls, config: Config) -> Roots:
-        return cls(config.host_root, config.proc_root, config.sys_root, config.dev_root)
+        roots = cls(config.host_root, config.proc_root, config.sys_root, config.dev_root)
+        return cls(roots.host, roots.proc, roots.sys, roots.confine(roots.dev))
 
     def node(self, node_path: PurePosixPath | str) -> Path:
-        """Map an absolute path on the node (e.g. the install dir) to its path here."""
+        """Map an absolute path on the node (e.g. the install dir) to its real path here.
+
+        Every symlink on the way is resolved as the node would (absolute targets under the
+        host root), so what is written there lands on the node, never in this container.
+        """
+        return _confine.resolve(self.host, self._relative(node_path))
+
+    def node_entry(self, node_path: PurePosixPath | str) -> Path:
+        """Like `node`, but the last component stays as it is: a file we replace or delete
+        (a link there is replaced, never written through)."""
+        return _confine.resolve(self.host, self._relative(node_path), follow_last=False)
+
+    @staticmethod
+    def _relative(node_path: PurePosixPath | str) -> PurePosixPath:
         path = PurePosixPath(node_path)
         if not path.is_absolute() or ".." in path.parts:
             raise ValueError(f"not an absolute node path without '..': {node_path}")
-        return self.host / path.relative_to("/")
+        return path.relative_to("/")
 
     def confine(self, path: Path) -> Path:
         """Resolve symlinks in a path under the host root as the node would see them.
 
         An absolute link such as `/etc/os-release -> /usr/lib/os-release` must point into
-        the host tree, not into this container's own filesystem.
+        the host tree, not into this container's own filesystem. Paths elsewhere (a
+        --dev-root or --proc-root outside the host root) are returned as they are.
         """
         try:
             relative = path.relative_to(self.host)
         except ValueError:
             return path
-        return _resolve_under(self.host, PurePosixPath(relative.as_posix()))
+        return _confine.resolve(self.host, PurePosixPath(relative.as_posix()))
+
+    def entry(self, path: Path) -> Path:
+        """`confine` for a path we create, replace or delete: its parent is resolved, the
+        entry itself is not followed."""
+        try:
+            relative = path.relative_to(self.host)
+        except ValueError:
+            return path
+        return _confine.resolve(self.host, PurePosixPath(relative.as_posix()),
+                                follow_last=False)
 
 
 def _read_chunks(handle: BinaryIO, limit: int) -> bytes:
@@ -65,31 +91,6 @@ def _read_chunks(handle: BinaryIO, limit: int) -> bytes:
         chunks.append(chunk)
         remaining -= len(chunk)
     return b"".join(chunks)
-
-
-def _resolve_under(root: Path, relative: PurePosixPath, depth: int = 0) -> Path:
-    if depth > 40:
-        raise OSError(f"too many levels of symbolic links under {root}")
-    current = root
-    parts = list(relative.parts)
-    while parts:
-        part = parts.pop(0)
-        if part in ("", "."):
-            continue
-        if part == "..":
-            current = current.parent if current != root else root
-            continue
-        candidate = current / part
-        if not candidate.is_symlink():
-            current = candidate
-            continue
-        target = PurePosixPath(os.readlink(candidate))
-        base = PurePosixPath("/") if target.is_absolute() else PurePosixPath(
-            "/", current.relative_to(root).as_posix())
-        rest = PurePosixPath(*parts) if parts else PurePosixPath()
-        joined = (base / target / rest).relative_to("/")
-        return _resolve_under(root, joined, depth + 1)
-    return current
 
 
 @dataclass(frozen=True)
@@ -219,6 +220,7 @@ class RealHost:
         return os.major(info.st_rdev), os.minor(info.st_rdev), stat.S_IMODE(info.st_mode)
 
     def mknod_char(self, path: Path, major: int, minor: int, mode: int) -> None:
+        path = self.roots.entry(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.gni-tmp")
         with contextlib.suppress(FileNotFoundError):
@@ -228,6 +230,7 @@ class RealHost:
         os.replace(tmp, path)
 
     def symlink(self, target: str, link: Path) -> None:
+        link = self.roots.entry(link)
         link.parent.mkdir(parents=True, exist_ok=True)
         replace_symlink(link, target)
 
@@ -244,8 +247,9 @@ def write_atomic(path: Path, data: bytes, *, mode: int = 0o644) -> None:
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.unlink(missing_ok=True)
     try:
-        with tmp.open("wb") as handle:
+        with os.fdopen(create_new(tmp), "wb") as handle:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
@@ -254,6 +258,13 @@ def write_atomic(path: Path, data: bytes, *, mode: int = 0o644) -> None:
     finally:
         tmp.unlink(missing_ok=True)
     fsync_dir(path.parent)
+
+
+def create_new(path: Path, mode: int = 0o600) -> int:
+    """Open a file that must not exist yet (O_EXCL, no link followed): a write never goes
+    through an existing path, such as a hard link into the package cache."""
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                   mode)
 
 
 def fsync_dir(path: Path) -> None:

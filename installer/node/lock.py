@@ -36,7 +36,7 @@ def node_lock(path: Path, *, timeout: float, on_wait: WaitHook | None = None) ->
 def _open(path: Path) -> int:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
     except OSError as exc:
         raise StagingError(f"cannot create the lock file {path}: {exc.strerror}",
                            remedy="check that the install dir is writable") from exc

@@ -12,6 +12,7 @@ package is taken from the cache, so a damaged blob is caught and fetched again.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -127,6 +128,8 @@ class Cache:
         target = self.blob(sha256)
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
+            if target.parent.is_symlink():  # the store's own dirs are real, never followed
+                raise OSError(errno.ELOOP, f"{target.parent} is a symbolic link")
             tmp.chmod(0o444)
             os.replace(tmp, target)
         except OSError as exc:
@@ -168,7 +171,8 @@ class Cache:
                     digest.update(chunk)
                     out.write(chunk)
         except OSError as exc:
-            raise CacheError(f"cannot write {tmp}: {exc.strerror}") from None
+            needed = f" ({entry.size} bytes needed)" if exc.errno == errno.ENOSPC else ""
+            raise CacheError(f"cannot write {tmp}: {exc.strerror}{needed}") from None
         if size != entry.size or digest.hexdigest() != entry.sha256:
             tmp.unlink()
             return False

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from installer.context import Context
+from installer.installdir import ownership
 from installer.installdir.layout import lock_path
 from installer.node.lock import node_lock
 from installer.pipeline import runner
@@ -32,9 +33,16 @@ if TYPE_CHECKING:
 
 
 @contextmanager
-def locked(ctx: Context) -> Iterator[None]:
-    """The install dir's lock: a writing command must not interleave with another run."""
+def locked(ctx: Context, *, claim: bool = True) -> Iterator[None]:
+    """The install dir's lock: a writing command must not interleave with another run.
+
+    The install and cache dirs are checked first (never a system dir or one not ours) and,
+    with `claim`, marked as the installer's under the lock.
+    """
+    ownership.guard(ctx.config, ctx.host.roots)
     with node_lock(lock_path(ctx.config, ctx.host.roots), timeout=ctx.config.lock_timeout):
+        if claim:
+            ownership.claim(ctx.config, ctx.host.roots, ctx.log.warning)
         yield
 
 
@@ -107,7 +115,7 @@ def wait_ready(ctx: Context, *, timeout: float, interval: float) -> Readiness:
 def uninstall(ctx: Context, *, keep_cache: bool) -> UninstallResult:
     from installer.pipeline import uninstall as remove
 
-    with locked(ctx):
+    with locked(ctx, claim=False):  # a foreign layout is left as it is, not claimed
         return runner.run_stage(ctx, "uninstall", lambda c: remove.run(c, keep_cache=keep_cache))
 
 

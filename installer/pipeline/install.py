@@ -12,6 +12,7 @@ from typing import Any
 from installer import __version__
 from installer.context import Context
 from installer.errors import InstallerError
+from installer.installdir import ownership
 from installer.installdir.layout import lock_path, version_name
 from installer.installdir.readiness import clear_readiness, ready_paths
 from installer.installdir.state import InstallState, read_state, write_state
@@ -61,8 +62,10 @@ def install(ctx: Context, *, paranoid: bool = False) -> InstallResult:
         ctx.log.info("waiting for the node lock", holder_pid=pid)
 
     roots = ctx.host.roots
+    ownership.guard(ctx.config, roots)  # before the lock file: refuse a dir not ours
     with node_lock(lock_path(ctx.config, roots), timeout=ctx.config.lock_timeout,
                    on_wait=waiting):
+        ownership.claim(ctx.config, roots, ctx.log.warning)
         previous = read_state(ctx.install_root, ctx.log)
         readiness = {path: path.read_bytes() for path in ready_paths(ctx.config, roots)
                      if path.is_file()}

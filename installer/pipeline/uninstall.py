@@ -15,7 +15,7 @@ from typing import Any
 
 from installer.context import Context
 from installer.errors import ModuleLoadError, StagingError
-from installer.installdir import layout
+from installer.installdir import layout, ownership
 from installer.installdir.readiness import clear_readiness
 from installer.node import kmod
 from installer.stages import load
@@ -59,7 +59,10 @@ def run(ctx: Context, *, keep_cache: bool = False) -> UninstallResult:
 
 
 def remove_device_nodes(dev: Path) -> list[str]:
-    """Every /dev/nvidia* node, /dev/nvidia-caps and the /dev/char links pointing at them."""
+    """Every /dev/nvidia* node, /dev/nvidia-caps and the /dev/char links pointing at them.
+
+    `dev` is already confined (Roots); entries are removed by name, never followed.
+    """
     removed = []
     for path in sorted(dev.glob("nvidia*")):
         if path.is_dir() and not path.is_symlink():
@@ -68,7 +71,7 @@ def remove_device_nodes(dev: Path) -> list[str]:
             path.unlink(missing_ok=True)
         removed.append(path.name)
     char = dev / "char"
-    for link in sorted(char.glob("*:*")) if char.is_dir() else []:
+    for link in sorted(char.glob("*:*")) if char.is_dir() and not char.is_symlink() else []:
         target = _readlink(link)
         if target is not None and Path(target).name.startswith("nvidia"):
             link.unlink(missing_ok=True)
@@ -83,24 +86,40 @@ def _readlink(path: Path) -> str | None:
 
 
 def remove_install_files(ctx: Context, *, keep_cache: bool) -> list[str]:
-    """The linker entry, staged versions, links and state (the cache unless kept)."""
+    """The linker entry, staged versions, links and state (the cache unless kept).
+
+    Only in an install dir that is the installer's; what was there before it (GKE's own
+    installer's files, moved aside) comes back; a real directory where a link of ours
+    would be is someone else's and stays.
+    """
     root = ctx.install_root
     removed = []
     try:
-        conf = ctx.host.roots.node(layout.LDCONF_NODE_PATH)
-        if conf.exists():
+        conf = ctx.host.roots.node_entry(layout.LDCONF_NODE_PATH)
+        if conf.is_file() or conf.is_symlink():
             conf.unlink()
             removed.append(str(layout.LDCONF_NODE_PATH))
+        if not ownership.ours(root):
+            return removed
         entries = [*INSTALL_DIR_ENTRIES, *(() if keep_cache else (layout.CACHE_DIR,))]
         for name in entries:
-            path = root / name
-            if path.is_symlink() or path.is_file():
-                path.unlink()
-            elif path.is_dir():
-                shutil.rmtree(path)
-            else:
-                continue
-            removed.append(name)
+            if _remove_own(root / name, link_only=name in layout.TOP_LINKS):
+                removed.append(name)
+        restored = ownership.restore_aside(root)
+        if restored:
+            ctx.log.warning("restored what was in the install dir before the installer",
+                            install_dir=str(ctx.config.install_dir), entries=restored)
+            ownership.unmark(root)
     except OSError as exc:
         raise StagingError(f"cannot remove files from {ctx.config.install_dir}: {exc}") from exc
     return removed
+
+
+def _remove_own(path: Path, *, link_only: bool) -> bool:
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.is_dir() and not link_only:
+        shutil.rmtree(path)
+    else:
+        return False
+    return True

@@ -151,10 +151,11 @@ class FakeKernelHost(RealHost):
 
     def mknod_char(self, path: Path, major: int, minor: int, mode: int) -> None:
         self.calls.append(("mknod", path.name))
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if path.is_symlink() or path.is_file():
-            path.unlink()
-        path.write_text(f"char {major}:{minor}\n")
+        real = self.roots.entry(path)  # confined as RealHost's
+        real.parent.mkdir(parents=True, exist_ok=True)
+        if real.is_symlink() or real.is_file():
+            real.unlink()
+        real.write_text(f"char {major}:{minor}\n")
         self.nodes[path] = (major, minor, mode)
         self.write_state()
 

@@ -15,6 +15,7 @@ crash at any instant leaves the complete old set or the complete new set, never 
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -25,6 +26,7 @@ from typing import Any, Protocol
 
 from installer.context import Context
 from installer.errors import IntegrityError, StagingError
+from installer.installdir import ownership
 from installer.installdir.layout import (
     CURRENT,
     STAGED_META,
@@ -42,7 +44,7 @@ from installer.installdir.versions import (
     staged_digest,
     switch_to,
 )
-from installer.node.host import fsync_dir, replace_symlink, write_atomic
+from installer.node.host import create_new, fsync_dir, replace_symlink, write_atomic
 from installer.stages.stage import linker
 
 
@@ -132,6 +134,7 @@ def stage_package(ctx: Context, package: PackageLike, *,
     name = version_name(manifest)
     try:
         (root / VERSIONS).mkdir(parents=True, exist_ok=True)
+        ownership.mark(ctx.config, ctx.host.roots)
         reused = staged_digest(root / VERSIONS / name) == package.digest
         if not reused:
             _build_version(root, name, package, allow_hardlinks=allow_hardlinks)
@@ -142,6 +145,8 @@ def stage_package(ctx: Context, package: PackageLike, *,
             linker.driver_root_layout(root, manifest.arch)
         prune(root)
     except OSError as exc:
+        if exc.errno == errno.ENOSPC:
+            raise disk_full(ctx, root, package) from exc
         raise StagingError(f"cannot stage into {ctx.config.install_dir}: {exc}") from exc
     warnings = linker.refresh_linker(ctx, files_changed=not unchanged)
     return StageResult(name, str(ctx.config.install_dir), manifest.driver_version,
@@ -159,13 +164,32 @@ def prepare_version(ctx: Context, package: PackageLike) -> str:
     name = version_name(package.manifest)
     try:
         (root / VERSIONS).mkdir(parents=True, exist_ok=True)
+        ownership.mark(ctx.config, ctx.host.roots)
         if staged_digest(root / VERSIONS / name) != package.digest:
             _build_version(root, name, package, allow_hardlinks=True)
     except OSError as exc:  # free the space at once: the old version must stay servable
         shutil.rmtree(root / VERSIONS / f".tmp-{name}-{os.getpid()}", ignore_errors=True)
+        if exc.errno == errno.ENOSPC:
+            raise disk_full(ctx, root, package) from exc
         raise StagingError(f"cannot prepare {name} in {ctx.config.install_dir}: "
                            f"{exc.strerror or exc}") from exc
     return name
+
+
+def disk_full(ctx: Context, root: Path, package: PackageLike) -> StagingError:
+    """The line for a full disk: where, how many bytes the version needs, how many are free."""
+    needed = sum(entry.size for entry in package.manifest.files)
+    try:
+        info = os.statvfs(root)
+        free = f", {info.f_bavail * info.f_frsize} free"
+    except OSError:
+        free = ""
+    return StagingError(
+        f"disk full (no space left on device): {ctx.config.install_dir} (here {root}) "
+        f"needs {needed} bytes for {version_name(package.manifest)}{free}; the previous "
+        "version still serves",
+        remedy=f"free at least {needed} bytes on the node's filesystem of "
+               f"{ctx.config.install_dir}, or point --install-dir at a larger one")
 
 
 def _build_version(root: Path, name: str, package: PackageLike, *,
@@ -185,24 +209,43 @@ def _build_version(root: Path, name: str, package: PackageLike, *,
 
 
 def _place(tmp: Path, entry: FileLike, source: Path, *, allow_hardlinks: bool) -> None:
-    """Hard-link the verified cache file when it can be shared as is, else copy it."""
+    """Hard-link the verified cache file when it can be shared as is, else copy it.
+
+    A cache blob is never written: a link is made only when the file is read-only (the
+    blob's own mode), a copy goes to a new file (O_EXCL), and a path that already exists
+    (two manifest files landing on one name) is refused instead of opened for writing.
+    """
     target = tmp / destination(entry)
     target.parent.mkdir(parents=True, exist_ok=True)
+    if target.exists() or target.is_symlink():
+        raise IntegrityError(f"two files of the package land on {destination(entry)} "
+                             f"({entry.path} is the second)",
+                             remedy="rebuild the package without colliding file names")
     stat = source.stat()
     if stat.st_size != entry.size:
         raise IntegrityError(f"{entry.path}: {stat.st_size} bytes in the cache, manifest says "
                              f"{entry.size}", remedy="clear the cache and fetch again")
     mode = entry.mode & 0o7777
-    if allow_hardlinks and (stat.st_mode & 0o7777) == mode:
+    if allow_hardlinks and (stat.st_mode & 0o7777) == mode and not mode & 0o222:
         try:
             os.link(source, target)
             return
         except OSError:
             pass  # another filesystem, or links not allowed: copy instead
-    shutil.copyfile(source, target)
-    os.chmod(target, mode)
-    with target.open("rb") as handle:  # on disk before any link can point at it
-        os.fsync(handle.fileno())
+    _copy_new(source, target, mode)
+
+
+def _copy_new(source: Path, target: Path, mode: int) -> None:
+    """Copy into a file that did not exist, fsynced before any link can point at it."""
+    with source.open("rb") as src, os.fdopen(create_new(target), "wb") as out:
+        offset, size = 0, os.fstat(src.fileno()).st_size
+        while offset < size:
+            sent = os.sendfile(out.fileno(), src.fileno(), offset, size - offset)
+            if sent == 0:
+                break
+            offset += sent
+        os.fchmod(out.fileno(), mode)
+        os.fsync(out.fileno())
 
 
 def _package_links(tmp: Path, package: PackageLike) -> None:

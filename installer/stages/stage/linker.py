@@ -57,7 +57,7 @@ def refresh_linker(ctx: Context, *, files_changed: bool = True) -> list[str]:
     path it would be the slowest step, and the host's cache is still right.
     """
     host = ctx.host
-    conf = host.roots.node(LDCONF_NODE_PATH)
+    conf = host.roots.node_entry(LDCONF_NODE_PATH)  # a link there is replaced
     text = (f"# gpu-node-installer: the NVIDIA user-mode driver; rewritten on each install\n"
             f"{ctx.config.install_dir}/lib64\n")
     warnings = []
