@@ -24,9 +24,12 @@ class InstallerError(Exception):
         self.stage: str | None = None
 
     def one_line(self) -> str:
-        """The single line an operator sees: what went wrong and how to fix it."""
+        """The single line an operator sees: what went wrong and how to fix it.
+
+        A message may quote a hostile document: what is not printable is escaped, so the
+        line stays one line that any terminal, log and encoding can carry."""
         where = f"[{self.stage}] " if self.stage else ""
-        return f"error({self.slug}): {where}{self.message}; fix: {self.remedy}"
+        return printable(f"error({self.slug}): {where}{self.message}; fix: {self.remedy}")
 
 
 class ConfigError(InstallerError):
@@ -185,3 +188,8 @@ class GpuClaimedError(ModuleLoadError):
 
 class CompressedModuleError(ModuleLoadError):
     """A compressed host module cannot be loaded: the kernel does not decompress modules."""
+
+
+def printable(text: str) -> str:
+    """`text` with control, unassigned and surrogate characters escaped (`\\x1b`, `\\ud800`)."""
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)

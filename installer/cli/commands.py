@@ -20,7 +20,7 @@ from installer import __version__
 from installer.cli import logs
 from installer.config import SETTINGS, SETTINGS_BY_NAME, Config, load_config
 from installer.context import Context
-from installer.errors import InstallerError, error_table
+from installer.errors import InstallerError, error_table, printable
 from installer.node.host import Host, RealHost, Roots
 from installer.pipeline import commands as run
 
@@ -71,7 +71,7 @@ def _report(ctx: click.Context, line: str) -> None:
     The line may quote a hostile document: control characters and lone surrogates are
     escaped, so it stays one printable line and no encoding step can fail on it.
     """
-    line = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in line)
+    line = printable(line)
     click.echo(line, err=True)
     config = _config_of(ctx)
     target = config.termination_log if config is not None else _early_termination_log()

@@ -227,6 +227,7 @@ def test_package_with_a_smuggling_default_parameter(arena: Arena, key: str, valu
     # fetch and prepare ran (the package's files are cached and unpacked under .versions);
     # the simulated kernel writes its (empty) state when it starts: nothing was loaded
     allowed = (*WORK_AREA, f"node/{INSTALL_DIR}/.cache", f"node/{INSTALL_DIR}/.versions",
+               f"node/{INSTALL_DIR}/.gpu-node-installer",
                "node/proc/.fake-kernel.json", "node/proc/devices")
     _refused_untouched(arena, (), {}, "error(integrity)", "[load]", "default parameter",
                        f"nvidia.{key}", str(arena.scene.repo), code=7, allowed=allowed)

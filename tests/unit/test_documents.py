@@ -11,6 +11,7 @@ import io
 import json
 import os
 import tarfile
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -194,9 +195,12 @@ class _Host:
         return self.data
 
 
+_HOST = Path(tempfile.mkdtemp(prefix="gni-documents-"))  # the seam resolves under a real root
+
+
 def _ready(data: bytes) -> Any:
     config = cast(Config, type("C", (), {"install_dir": PurePosixPath("/i")})())
-    roots = Roots(Path("/h"), Path("/h/proc"), Path("/h/sys"), Path("/h/dev"))
+    roots = Roots(_HOST, _HOST / "proc", _HOST / "sys", _HOST / "dev")
     return load_ready(config, cast(Host, _Host(roots, data)))
 
 
