@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import urllib.parse
 
+from installer.config.values import shown_url
 from installer.errors import IntegrityError
 
 # Characters kept as they are in a joined path; '%' too, so existing escapes keep meaning.
@@ -35,12 +36,9 @@ def redact(url: str) -> str:
 
 
 def safe(url: str) -> str:
-    """A URL without credentials, query or fragment: the only form logged or shown."""
-    try:
-        parts = urllib.parse.urlsplit(redact(url))
-    except ValueError:
-        return "<unparseable URL>"
-    return urllib.parse.urlunsplit(parts._replace(query="", fragment=""))
+    """A URL without credentials, query or fragment: the only form logged or shown (the
+    settings' own refusals show URLs the same way)."""
+    return shown_url(url)
 
 
 def secrets_of(url: str) -> list[str]:
