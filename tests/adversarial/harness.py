@@ -23,6 +23,19 @@ from e2e import FAKENODE, INSTALL_DIR, Scene, add_version, make_scene, standin_e
 from helpers import node_args
 
 VERSION = "535.261.03"
+SANDBOX_FAILED = 97
+# $1 = the arena (stays writable); the rest is the command. Every other mount is made
+# read-only in this namespace; a probe write to / must then fail, else the case stops.
+SANDBOX = f"""
+arena=$1; shift
+mount --bind "$arena" "$arena" || exit {SANDBOX_FAILED}
+for m in $(awk '{{print $2}}' /proc/self/mounts | sort -u); do
+  case "$m" in /proc|/proc/*|/sys|/sys/*|"$arena"|"$arena"/*) continue;; esac
+  mount -o remount,bind,ro "$m" 2>/dev/null
+done
+if touch /.gni-sandbox-probe 2>/dev/null; then rm -f /.gni-sandbox-probe; exit {SANDBOX_FAILED}; fi
+exec "$@"
+"""
 Entry = tuple[str, int, str]  # kind, permission bits, content digest or link target
 
 
@@ -72,10 +85,18 @@ class Arena:
 
     def run(self, *args: str, env: Mapping[str, str] | None = None,
             timeout: float = 60) -> Result:
-        """`fakenode.py ARGS` with this arena's environment (plus `env`)."""
-        done = subprocess.run([sys.executable, str(FAKENODE), *args], capture_output=True,
-                              text=True, env={**self.env, **(env or {})}, timeout=timeout,
-                              check=False, errors="replace")
+        """`fakenode.py ARGS` with this arena's environment (plus `env`), sandboxed: in a
+        private mount namespace where every filesystem but the arena is read-only, so a
+        regression that escapes the host root fails the case instead of harming this
+        machine (a case that links the node's install dir to `/usr/local` once did)."""
+        tmp = self.scene.work / "tmp"
+        tmp.mkdir(parents=True, exist_ok=True)
+        command = ["unshare", "-m", "--propagation", "private", "sh", "-c", SANDBOX,
+                   "sandbox", str(self.base), sys.executable, str(FAKENODE), *args]
+        done = subprocess.run(command, capture_output=True, text=True,
+                              env={**self.env, **(env or {}), "TMPDIR": str(tmp)},
+                              timeout=timeout, check=False, errors="replace")
+        assert done.returncode != SANDBOX_FAILED, f"sandbox not set up: {done.stderr[-500:]}"
         return Result(done.returncode, done.stdout, done.stderr)
 
     def snapshot(self) -> dict[str, Entry]:

@@ -2,9 +2,21 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+from pathlib import Path
+
 import pytest
 
-from adversarial.harness import VERSION, Arena, Result, assert_refused, assert_untouched
+from adversarial.harness import (
+    SANDBOX,
+    SANDBOX_FAILED,
+    VERSION,
+    Arena,
+    Result,
+    assert_refused,
+    assert_untouched,
+)
 
 
 def test_a_good_install_reaches_ready(arena: Arena) -> None:
@@ -28,3 +40,16 @@ def test_the_checks_catch_a_write_and_a_second_line(arena: Arena) -> None:
         assert_untouched(before, arena.snapshot())
     with pytest.raises(AssertionError):
         assert_refused(Result(2, "", "error(usage): one\nerror(usage): two\n"), 2)
+
+
+def test_the_sandbox_lets_a_case_write_only_in_its_arena(arena: Arena) -> None:
+    """A run that escaped the host root must fail, not write on this machine."""
+    escape = Path(f"/var/tmp/gni-sandbox-escape-{os.getpid()}")
+    inside = arena.scene.work / "inside"
+    for target, allowed in ((inside, True), (escape, False)):
+        done = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c",
+                               SANDBOX, "sandbox", str(arena.base), "touch", str(target)],
+                              capture_output=True, text=True, timeout=30, check=False)
+        assert done.returncode != SANDBOX_FAILED, done.stderr
+        assert (done.returncode == 0) is allowed, done.stderr
+        assert target.exists() is allowed
