@@ -308,18 +308,30 @@ _OUT = click.Path(path_type=Path)
               help="with --repo: point default, latest or a branch (535) at this version")
 @click.option("--tarball", type=_OUT, help="also write the package as this .tar.gz")
 @click.option("--force", is_flag=True, help="replace an existing package directory")
+@click.option("--sign-key", type=_IN_FILE, help="sign every module with this private key")
+@click.option("--sign-cert", type=_IN_FILE,
+              help="the key's X.509 certificate (with --signatures: verify against it)")
+@click.option("--sign-hash", default="sha256", show_default=True,
+              help="digest of the signatures: sha256, sha384 or sha512")
+@click.option("--resign", is_flag=True, help="replace the signature of signed modules")
+@click.option("--signatures", type=_IN_DIR,
+              help="attach a vendor's detached signatures: <module>.ko.sig per module")
 @output_option
 def package_build(output: str, os_id: str | None, os_version_id: str | None,
-                  os_build_id: str | None, output_dir: Path | None, **options: Any) -> None:
+                  os_build_id: str | None, output_dir: Path | None, sign_key: Path | None,
+                  sign_cert: Path | None, sign_hash: str, resign: bool,
+                  signatures: Path | None, **options: Any) -> None:
     """Make a driver package from .debs/.run and a kernel-modules directory."""
-    from installer.packages.build import BuildRequest, build
+    from installer.packages.build import BuildRequest, SigningOptions, build
 
     os_match = {key: value for key, value in (("id", os_id), ("version_id", os_version_id),
                                               ("build_id", os_build_id)) if value}
     options["debs"], options["trees"] = tuple(options["debs"]), tuple(options["trees"])
     options["run_files"], options["aliases"] = (tuple(options["run_files"]),
                                                 tuple(options["aliases"]))
-    emit(build(BuildRequest(os=os_match or None, output=output_dir, **options)), output)
+    signing = SigningOptions(sign_key, sign_cert, sign_hash, signatures, resign)
+    emit(build(BuildRequest(os=os_match or None, output=output_dir, signing=signing,
+                            **options)), output)
 
 
 @cli.command()

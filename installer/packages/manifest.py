@@ -18,6 +18,7 @@ from typing import Any
 from installer.errors import IntegrityError
 from installer.packages.documents import read_document
 from installer.packages.placement import staged_clash
+from installer.packages.signatures import SignatureEntry, parse_signatures, signatures_to_list
 
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -37,7 +38,7 @@ _MODULE_NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,63}$")
 _OS_KEYS = ("id", "version_id", "build_id")
 _TOP_KEYS = {"schema_version", "driver_version", "kernel_release", "arch", "flavour", "os",
              "files", "modules"}
-_OPTIONAL_TOP_KEYS = frozenset({"links"})
+_OPTIONAL_TOP_KEYS = frozenset({"links", "signatures"})
 _FILE_KEYS = {"path", "size", "sha256", "mode", "kind"}
 _MODULE_KEYS = {"name", "file", "depends", "params"}
 _LINK_KEYS = {"path", "target"}
@@ -95,6 +96,7 @@ class Manifest:
     files: tuple[FileEntry, ...]
     modules: tuple[ModuleEntry, ...]
     links: tuple[LinkEntry, ...] = ()
+    signatures: tuple[SignatureEntry, ...] = ()  # who signed which module (optional)
 
     def file(self, relpath: str) -> FileEntry:
         """The entry for a path, or KeyError."""
@@ -335,7 +337,8 @@ def manifest_from_dict(obj: Any) -> Manifest:
         files=files,
         modules=_parse_modules(obj["modules"], files),
         links=_parse_staged(files, _parse_links(obj.get("links", []), files)),
-    )
+        signatures=parse_signatures(obj.get("signatures", []), {
+            f.path for f in files if f.kind == "module"}, _fail))
 
 
 def _parse_staged(files: tuple[FileEntry, ...], links: tuple[LinkEntry, ...]
@@ -377,6 +380,8 @@ def manifest_to_dict(manifest: Manifest) -> dict[str, Any]:
     }
     if manifest.links:
         data["links"] = [{"path": link.path, "target": link.target} for link in manifest.links]
+    if manifest.signatures:
+        data["signatures"] = signatures_to_list(manifest.signatures)
     return data
 
 

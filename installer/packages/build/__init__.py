@@ -49,6 +49,8 @@ from installer.packages.build.inputs import (
     pick_user_files,
     scan_modules,
 )
+from installer.packages.build.signing import SigningOptions, apply, check_options
+from installer.packages.signatures import SignatureEntry
 from installer.packages.repository import (
     INDEX_NAME,
     MAX_INDEX_BYTES,
@@ -60,7 +62,7 @@ from installer.packages.repository import (
     with_package,
 )
 
-__all__ = ["BuildRequest", "BuildResult", "PackageBuildError", "build"]
+__all__ = ["BuildRequest", "BuildResult", "PackageBuildError", "SigningOptions", "build"]
 _ALIAS_NAMES = ("default", "latest")
 
 
@@ -82,6 +84,7 @@ class BuildRequest:
     aliases: tuple[str, ...] = ()
     tarball: Path | None = None
     force: bool = False
+    signing: SigningOptions = field(default_factory=SigningOptions)
 
 
 @dataclass(frozen=True)
@@ -131,10 +134,11 @@ def build(request: BuildRequest) -> BuildResult:
         modules = scan_modules(request.modules_dir) if request.modules_dir else []
         _check_contents(request.arch, picked, modules)
         identity = _identity(request, picked, modules)
-        ordered = load_order(modules)  # a cycle is refused before anything is written
+        load_order(modules)  # a cycle is refused before anything is written
         destination = _destination(request, identity)
+        modules, signatures = apply(request.signing, modules, Path(work))
         manifest, data = _write_package(destination, identity, request, picked, links,
-                                        modules, ordered)
+                                        modules, load_order(modules), signatures)
     digest = sha256_hex(data)
     tarball = _write_tarball(destination, request.tarball) if request.tarball else None
     index, aliases = (_update_index(request, manifest, digest) if request.repo
@@ -162,6 +166,7 @@ def _check_request(request: BuildRequest) -> None:
     for path in (*request.debs, *request.trees, *request.run_files):
         if not path.exists():
             raise _fail(f"input {path} does not exist")
+    check_options(request.signing, request.modules_dir is not None)
 
 
 def _user_trees(request: BuildRequest, work: Path) -> list[Path]:
@@ -247,7 +252,8 @@ def _destination(request: BuildRequest, identity: _Identity) -> Path:
 
 def _write_package(destination: Path, identity: _Identity, request: BuildRequest,
                    picked: list[Picked], links: list[LinkEntry], modules: list[ModuleInfo],
-                   ordered: list[ModuleInfo]) -> tuple[Manifest, bytes]:
+                   ordered: list[ModuleInfo], signatures: tuple[SignatureEntry, ...]
+                   ) -> tuple[Manifest, bytes]:
     """Copy and hash every file into a temp dir beside `destination`, then swap it in."""
     destination.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{destination.name}.", dir=destination.parent))
@@ -260,7 +266,7 @@ def _write_package(destination: Path, identity: _Identity, request: BuildRequest
             1, identity.driver_version, identity.kernel_release, request.arch,
             identity.flavour, request.os, tuple(entries),
             tuple(ModuleEntry(m.name, f"modules/{m.path.name}", m.depends, {})
-                  for m in ordered), tuple(links))))
+                  for m in ordered), tuple(links), signatures)))
         data = dump_manifest(manifest)
         (tmp / MANIFEST_NAME).write_bytes(data)
         tmp.chmod(0o755)
