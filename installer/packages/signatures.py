@@ -17,7 +17,7 @@ from typing import Any
 ORIGINS = ("signed", "attached")
 HASHES = ("sha1", "sha224", "sha256", "sha384", "sha512")
 MAX_TEXT = 1024
-_HEX_RE = re.compile(r"^[0-9a-f]{1,128}$")
+_HEX_RE = re.compile(r"[0-9a-f]{1,128}")
 _KEYS = {"file", "origin", "hash", "issuer", "serial", "subject", "key_id"}
 
 
@@ -57,7 +57,7 @@ def parse_signatures(value: Any, module_files: set[str],
                 raise fail(f"{where}.{key}", f"must be null or 1 to {MAX_TEXT} characters")
         for key in ("serial", "key_id"):
             text = obj[key]
-            if text is not None and not (isinstance(text, str) and _HEX_RE.match(text)):
+            if text is not None and not (isinstance(text, str) and _HEX_RE.fullmatch(text)):
                 raise fail(f"{where}.{key}", "must be null or lowercase hex")
         if (obj["issuer"] is None or obj["serial"] is None) and obj["key_id"] is None:
             raise fail(where, "must name the signer: issuer and serial, or key_id")
