@@ -19,9 +19,10 @@ from typing import Any
 
 from installer.config import ModuleParam
 from installer.errors import InstallerError
-from installer.node import kmod
+from installer.node import kmod, syscalls
 from installer.node.host import RealHost, Roots
 from installer.packages.manifest import Package
+from installer.packages.tree import read_tree
 from installer.stages import load
 from installer.testing.kernel import ModuleFile, write_package
 
@@ -162,6 +163,29 @@ def group_sig_enforce(args: dict[str, Any]) -> dict[str, Any]:
     out["before"] = observe()
     out["preflight"] = attempt(lambda: load.load_package(HOST, core535))
     out["forced"] = attempt(lambda: load.load_package(HOST, core535, force=True))
+    if args.get("product_signed"):
+        out.update(_signed_cases(args, test535))
+    return out
+
+
+def _signed_cases(args: dict[str, Any], test535: Path) -> dict[str, Any]:
+    """Modules `package build` signed: raw finit_module errno and the kernel's own words."""
+    product, vendor = Path(args["product_signed"]), Path(args["vendor_attached"])
+    out: dict[str, Any] = {"product_load": attempt(lambda: load.load_package(
+        HOST, read_tree(product)))}
+    for case, path in (("raw_product", product / "modules" / "nvidia.ko"),
+                       ("raw_unsigned", test535 / "nvidia.ko"),
+                       ("raw_vendor", vendor / "modules" / args["vendor_file"])):
+        before = len(_dmesg())
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            syscalls.finit_module(fd, "")
+            errno_ = 0
+        except OSError as exc:
+            errno_ = exc.errno or -1
+        finally:
+            os.close(fd)
+        out[case] = {"errno": errno_, "dmesg": _dmesg()[before:], "modules": modules_now()}
     return out
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from . import guest
+from . import guest, signed
 from .assets import Kernel
 from .conftest import REPO
 
@@ -48,7 +48,11 @@ def main_group(kernel: Kernel, test_modules: dict[str, Path], nvidia_real: Path,
 @pytest.fixture(scope="session")
 def sig_group(kernel: Kernel, test_modules: dict[str, Path],
               tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    args = {"test_535": str(test_modules["535.261.03"])}
+    work = tmp_path_factory.mktemp("signed")
+    vendor, original = signed.vendor_attached(kernel, work)
+    args = {"test_535": str(test_modules["535.261.03"]),
+            "product_signed": str(signed.product_signed(test_modules["535.261.03"], work)),
+            "vendor_attached": str(vendor), "vendor_file": original.name}
     return _run_group(kernel, tmp_path_factory.mktemp("guest-sig"), "sig_enforce", args,
                       cmdline="module.sig_enforce=1")
 
@@ -165,6 +169,34 @@ class TestSignatureEnforcement:
         assert (error["type"], error["code"]) == ("SignatureRejectedError", 8)
         assert "EKEYREJECTED" in error["message"] and "129" in error["message"]
         assert "nvidia" not in sig_group["forced"]["after"]["modules"]
+
+
+class TestSignedByPackageBuild:
+    """Issue 13: the kernel parses `package build`'s signatures (same boot as case 4)."""
+
+    def test_product_signature_rejected_for_its_key(self, sig_group: dict[str, Any]) -> None:
+        raw = sig_group["raw_product"]
+        assert raw["errno"] in (126, 129), raw  # ENOKEY / EKEYREJECTED
+        text = "\n".join(raw["dmesg"])
+        assert "with unavailable key" in text and "unsigned" not in text, raw
+        assert "nvidia" not in raw["modules"]
+
+    def test_unsigned_rejected_as_unsigned(self, sig_group: dict[str, Any]) -> None:
+        raw = sig_group["raw_unsigned"]
+        assert raw["errno"] == 129, raw
+        assert any("unsigned module" in line for line in raw["dmesg"]), raw
+
+    def test_installer_passes_preflight_then_meets_the_kernel(
+            self, sig_group: dict[str, Any]) -> None:
+        error = sig_group["product_load"]["error"]
+        assert (error["type"], error["code"]) == ("SignatureRejectedError", 8), error
+        assert "unsigned" not in error["message"]  # preflight saw signatures, the kernel spoke
+
+    def test_vendor_signature_attached_by_package_build_loads(
+            self, sig_group: dict[str, Any]) -> None:
+        raw = sig_group["raw_vendor"]
+        assert raw["errno"] == 0, raw
+        assert "crc_itu_t" in raw["modules"]
 
 
 class TestHostDependency:
