@@ -10,6 +10,7 @@ kernel itself parse the signatures.
 from __future__ import annotations
 
 import json
+import lzma
 import os
 import shutil
 import subprocess
@@ -228,6 +229,7 @@ KEY_CASES = {
     "both": "--sign-key and --signatures both sign the modules",
     "signed-module": "is already signed",
     "bad-cert": "is not an X.509 certificate",
+    "compressed": "is compressed: signatures apply to the uncompressed module",
 }
 
 
@@ -238,6 +240,10 @@ def test_bad_keys_refused_with_one_line_and_nothing_written(
     pair = keys.get(case, keys["rsa"])
     key, cert, extra = pair.key, pair.cert, []
     source = signed / "modules" if case == "signed-module" else modules
+    if case == "compressed":
+        source = tmp_path / "xz"
+        source.mkdir()
+        (source / "nvidia.ko.xz").write_bytes(lzma.compress((modules / "nvidia.ko").read_bytes()))
     if case == "mismatch":
         cert = keys["other"].cert
     elif case == "garbage":
