@@ -21,6 +21,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from installer.packages.build.inputs import (
+    COPY_CHUNK,
+    KIND_MODES,
+    OPEN_LICENSES,
+    ModuleInfo,
+    PackageBuildError,
+    Picked,
+    extract_deb,
+    extract_run,
+    load_order,
+    pick_user_files,
+    scan_modules,
+)
+from installer.packages.build.signing import SigningOptions, apply, check_options
 from installer.packages.manifest import (
     ARCHES,
     DRIVER_VERSION_RE,
@@ -36,21 +50,6 @@ from installer.packages.manifest import (
     manifest_to_dict,
     sha256_hex,
 )
-from installer.packages.build.inputs import (
-    COPY_CHUNK,
-    KIND_MODES,
-    OPEN_LICENSES,
-    ModuleInfo,
-    PackageBuildError,
-    Picked,
-    extract_deb,
-    extract_run,
-    load_order,
-    pick_user_files,
-    scan_modules,
-)
-from installer.packages.build.signing import SigningOptions, apply, check_options
-from installer.packages.signatures import SignatureEntry
 from installer.packages.repository import (
     INDEX_NAME,
     MAX_INDEX_BYTES,
@@ -61,6 +60,7 @@ from installer.packages.repository import (
     parse_index,
     with_package,
 )
+from installer.packages.signatures import SignatureEntry
 
 __all__ = ["BuildRequest", "BuildResult", "PackageBuildError", "SigningOptions", "build"]
 _ALIAS_NAMES = ("default", "latest")

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from installer.node import elf, kmod
 from installer.errors import ConfigError
+from installer.node import elf, kmod
 from installer.packages.manifest import LinkEntry
 
 MODULE_ORDER = ("nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm")
