@@ -18,6 +18,7 @@ from typing import Any
 from installer.errors import IntegrityError
 from installer.packages.documents import read_document
 from installer.packages.placement import staged_clash
+from installer.packages.provenance import ProvenanceError, parse_provenance
 
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -37,7 +38,7 @@ _MODULE_NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,63}$")
 _OS_KEYS = ("id", "version_id", "build_id")
 _TOP_KEYS = {"schema_version", "driver_version", "kernel_release", "arch", "flavour", "os",
              "files", "modules"}
-_OPTIONAL_TOP_KEYS = frozenset({"links"})
+_OPTIONAL_TOP_KEYS = frozenset({"links", "provenance"})
 _FILE_KEYS = {"path", "size", "sha256", "mode", "kind"}
 _MODULE_KEYS = {"name", "file", "depends", "params"}
 _LINK_KEYS = {"path", "target"}
@@ -95,6 +96,7 @@ class Manifest:
     files: tuple[FileEntry, ...]
     modules: tuple[ModuleEntry, ...]
     links: tuple[LinkEntry, ...] = ()
+    provenance: dict[str, Any] | None = None  # what compiled modules were made from
 
     def file(self, relpath: str) -> FileEntry:
         """The entry for a path, or KeyError."""
@@ -120,10 +122,7 @@ def blob_relpath(sha256: str) -> str:
 
 @dataclass(frozen=True)
 class Package:
-    """A manifest whose files are all present and verified on local disk.
-
-    `root` holds either the package tree (`by_hash=False`) or content-addressed blobs.
-    """
+    """A verified manifest's files on local disk: the tree (`by_hash=False`) or blobs."""
 
     manifest: Manifest
     digest: str
@@ -306,6 +305,13 @@ def _parse_links(value: Any, files: tuple[FileEntry, ...]) -> tuple[LinkEntry, .
     return tuple(links)
 
 
+def _provenance(obj: dict[str, Any]) -> dict[str, Any] | None:
+    try:
+        return parse_provenance(obj["provenance"]) if "provenance" in obj else None
+    except ProvenanceError as exc:
+        raise _fail(exc.where, exc.problem) from None
+
+
 def _parse_os(value: Any) -> dict[str, str] | None:
     if value is None:
         return None
@@ -335,6 +341,7 @@ def manifest_from_dict(obj: Any) -> Manifest:
         files=files,
         modules=_parse_modules(obj["modules"], files),
         links=_parse_staged(files, _parse_links(obj.get("links", []), files)),
+        provenance=_provenance(obj),
     )
 
 
@@ -377,6 +384,8 @@ def manifest_to_dict(manifest: Manifest) -> dict[str, Any]:
     }
     if manifest.links:
         data["links"] = [{"path": link.path, "target": link.target} for link in manifest.links]
+    if manifest.provenance is not None:
+        data["provenance"] = manifest.provenance
     return data
 
 
