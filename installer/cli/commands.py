@@ -326,6 +326,7 @@ def package_build(output: str, os_id: str | None, os_version_id: str | None,
     """Make a driver package from .debs/.run and built or compiled kernel modules."""
     from installer.packages.build import BuildRequest, build
 
+    logs.configure()  # compile progress: JSON events on stderr, readable lines on a terminal
     os_match = {key: value for key, value in (("id", os_id), ("version_id", os_version_id),
                                               ("build_id", os_build_id)) if value}
     options["debs"], options["trees"] = tuple(options["debs"]), tuple(options["trees"])

@@ -364,46 +364,6 @@ def build_test_modules(kernel: Kernel, version: str, flavour: str = "proprietary
     return out
 
 
-def build_nvidia_real(kernel: Kernel) -> Path:
-    """Build NVIDIA's real proprietary modules from Debian's nvidia-kernel-source (~4.5 min)."""
-    ensure_headers(kernel)
-    a = apt()
-    # bookworm-security may carry a newer 535; the tier pins the one the libraries match
-    matching = [v for v in a.versions("nvidia-kernel-source") if v.startswith(NVIDIA_REAL_VERSION)]
-    if not matching:
-        raise AssetError(f"no nvidia-kernel-source {NVIDIA_REAL_VERSION} in Debian's non-free")
-    pkg_version = matching[0]
-    out = kernel.root / f"nvidia-{pkg_version}-proprietary-{'+'.join(NVIDIA_REAL_MODULES)}"
-    with locked(f"nvidia-real-{kernel.release}"):
-        if out.is_dir():
-            return out
-        check_toolchain(kernel)
-        log(f"building NVIDIA {pkg_version} {', '.join(NVIDIA_REAL_MODULES)} (minutes)")
-        with staging(out) as tmp:
-            a.download_extract(f"nvidia-kernel-source={pkg_version}", tmp / "pkg")
-            tarball = tmp / "pkg" / "usr" / "src" / "nvidia-kernel.tar.xz"
-            run(["tar", "-xJf", str(tarball), "-C", str(tmp)])
-            src = tmp / "modules" / "nvidia-kernel"
-            run(
-                [
-                    "make",
-                    f"-j{os.cpu_count() or 2}",
-                    f"SYSSRC={kernel.headers_common}",
-                    f"SYSOUT={kernel.headers}",
-                    f"KERNEL_UNAME={kernel.release}",
-                    f"NV_KERNEL_MODULES={' '.join(NVIDIA_REAL_MODULES)}",
-                    "modules",
-                ],
-                cwd=src,
-                env=build_env(),
-            )
-            for ko in src.glob("*.ko"):
-                shutil.copy2(ko, tmp / ko.name)
-            shutil.rmtree(tmp / "pkg")
-            shutil.rmtree(tmp / "modules")
-    return out
-
-
 def build_nvidia_cli(kernel: Kernel) -> Path:
     """A package of NVIDIA's real 535 modules compiled by `gpu-node-installer package build
     --nvidia-source ... --kernel-headers ...` (the CLI, in a subprocess; minutes cold).
@@ -451,7 +411,7 @@ def ensure_all(*, real_nvidia: bool = True) -> Kernel:
     for version in TEST_MODULE_VERSIONS:
         build_test_modules(kernel, version)
     if real_nvidia:
-        build_nvidia_real(kernel)
+        build_nvidia_cli(kernel)
     return kernel
 
 
