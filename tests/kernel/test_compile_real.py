@@ -12,6 +12,7 @@ directories with different -j: byte-identical .ko files and the same package dig
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import subprocess
 import sys
@@ -102,3 +103,42 @@ def test_two_cold_builds_are_byte_identical(kernel: Kernel, tmp_path: Path) -> N
         text = subprocess.run(["strings", "-a", str(outs[0] / "modules" / name)],
                               capture_output=True, text=True, check=True).stdout
         assert str(tmp_path) not in text and "/tmp/" not in text
+
+
+def test_patch_is_applied_and_recorded(kernel: Kernel, tmp_path: Path) -> None:
+    source = mini_source(tmp_path / "nvidia-src")
+    patch = tmp_path / "0001-tag.patch"
+    original = (source / "nvidia.c").read_text().splitlines(keepends=True)
+    patched = [*original, 'MODULE_INFO(gni_patched, "yes");\n']
+    patch.write_text("".join(difflib.unified_diff(original, patched, "a/nvidia.c",
+                                                  "b/nvidia.c")))
+    out = tmp_path / "out"
+    done = subprocess.run([str(CLI), "package", "build", f"--nvidia-source={source}",
+                           *(f"--kernel-headers={h}" for h in assets.headers_debs(kernel)),
+                           f"--patch={patch}", f"--out-dir={out}"],
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    manifest = parse_manifest((out / "manifest.json").read_bytes())
+    assert manifest.provenance is not None
+    assert manifest.provenance["patches"] == [{"name": "0001-tag.patch", "sha256": _sha(patch)}]
+    info = kmod.modinfo((out / "modules" / "nvidia.ko").read_bytes())
+    assert info["gni_patched"] == ["yes"]
+    assert "gni_patched" not in (source / "nvidia.c").read_text()  # the input is untouched
+
+
+def test_compile_error_names_the_first_error_and_publishes_nothing(kernel: Kernel,
+                                                                   tmp_path: Path) -> None:
+    source = mini_source(tmp_path / "nvidia-src")
+    with (source / "nvidia-uvm.c").open("a") as handle:
+        handle.write("\nstatic int broken(void) { return undeclared_thing; }\n")
+    out = tmp_path / "out"
+    done = subprocess.run([str(CLI), "package", "build", f"--nvidia-source={source}",
+                           *(f"--kernel-headers={h}" for h in assets.headers_debs(kernel)),
+                           "--jobs=1", f"--out-dir={out}"],
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 2, done.stderr[-2000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error(")]
+    assert len(errors) == 1, done.stderr[-2000:]
+    assert "compile failed in nvidia-uvm.c line" in errors[0]
+    assert "undeclared_thing" in errors[0] and "undeclared (first use" in errors[0]
+    assert not out.exists()
