@@ -142,3 +142,20 @@ def test_compile_error_names_the_first_error_and_publishes_nothing(kernel: Kerne
     assert "compile failed in nvidia-uvm.c line" in errors[0]
     assert "undeclared_thing" in errors[0] and "undeclared (first use" in errors[0]
     assert not out.exists()
+
+
+def test_headers_given_as_a_build_directory(kernel: Kernel, tmp_path: Path) -> None:
+    """`/lib/modules/<release>/build` style: the tier's extracted headers tree as is."""
+    source = mini_source(tmp_path / "nvidia-src")
+    out = tmp_path / "out"
+    done = subprocess.run([str(CLI), "package", "build", f"--nvidia-source={source}",
+                           f"--kernel-headers={kernel.headers}", f"--out-dir={out}"],
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    manifest = parse_manifest((out / "manifest.json").read_bytes())
+    assert manifest.kernel_release == kernel.release
+    assert manifest.provenance is not None
+    assert manifest.provenance["kernel_headers"] == [
+        {"name": kernel.headers.name, "version": kernel.release, "sha256": ""}]
+    info = kmod.modinfo((out / "modules" / "nvidia.ko").read_bytes())
+    assert info["vermagic"][0].split()[0] == kernel.release

@@ -4,7 +4,9 @@ The files (see `installer.packages.build.inputs`) are hashed while copied into a
 listed in a canonical manifest (sorted, fixed modes), and the directory is renamed into
 place only when complete; the same inputs always give the same manifest digest. With
 `--repo` the package goes to `<repo>/<kernel>/<driver>/<flavour>/` and `index.json` is
-updated (atomically) with its manifest digest and any aliases asked for.
+updated (atomically) with its manifest digest and any aliases asked for. With
+`--nvidia-source` and `--kernel-headers` the modules are first compiled
+(`installer.packages.build.compile`) into a temp modules directory, then built as above.
 """
 
 from __future__ import annotations
