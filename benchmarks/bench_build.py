@@ -34,7 +34,7 @@ from nvsources import mini_source  # noqa: E402
 
 from tests.kernel import assets  # noqa: E402
 
-CLI = Path(sys.executable).with_name("gpu-node-installer")
+CLI = (sys.executable, "-m", "installer")
 
 
 def main() -> None:
@@ -68,7 +68,7 @@ def main() -> None:
         make_s = time.monotonic() - started
         out = work / "pkg"
         started = time.monotonic()
-        subprocess.run([str(CLI), "package", "build", f"--nvidia-source={source}",
+        subprocess.run([*CLI, "package", "build", f"--nvidia-source={source}",
                         *(f"--kernel-headers={h}" for h in headers), f"--jobs={args.jobs}",
                         f"--out-dir={out}"], check=True, capture_output=True)
         build_s = time.monotonic() - started

@@ -18,13 +18,13 @@ import pytest
 from nvsources import fake_headers, make_deb, mini_source
 
 RELEASE = "6.1.0-57-amd64"
-CLI = Path(sys.executable).with_name("gpu-node-installer")
+CLI = (sys.executable, "-m", "installer")  # the real CLI, in a subprocess
 
 
 def _build(tmp_path: Path, *args: str, env: dict[str, str] | None = None
            ) -> tuple[int, list[str]]:
     out = tmp_path / "out"
-    done = subprocess.run([str(CLI), "package", "build", *args, f"--out-dir={out}"],
+    done = subprocess.run([*CLI, "package", "build", *args, f"--out-dir={out}"],
                           capture_output=True, text=True, timeout=120, check=False,
                           env={**os.environ, **(env or {})})
     assert not out.exists() or not any(out.iterdir()), "something was published"

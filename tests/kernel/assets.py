@@ -381,7 +381,7 @@ def build_nvidia_cli(kernel: Kernel) -> Path:
             return out / "pkg"
         log(f"compiling NVIDIA {source.name} with package build (minutes)")
         with staging(out) as tmp:
-            cmd = [str(Path(sys.executable).with_name("gpu-node-installer")), "package", "build",
+            cmd = [sys.executable, "-m", "installer", "package", "build",
                    f"--nvidia-source={source}", *(f"--kernel-headers={h}" for h in headers),
                    f"--out-dir={tmp / 'pkg'}"]
             started = time.monotonic()

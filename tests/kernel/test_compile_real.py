@@ -29,7 +29,7 @@ from .assets import Kernel
 
 pytestmark = pytest.mark.timeout(1800)
 VERSION = "535.261.03"
-CLI = Path(sys.executable).with_name("gpu-node-installer")
+CLI = (sys.executable, "-m", "installer")  # the real CLI, in a subprocess
 NAMES = ["nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm"]
 
 
@@ -75,7 +75,7 @@ def test_modules_have_the_kernels_vermagic_and_no_build_paths(kernel: Kernel,
 
 
 def _cli_build(source: Path, headers: list[Path], out: Path, jobs: int) -> str:
-    done = subprocess.run([str(CLI), "package", "build", f"--nvidia-source={source}",
+    done = subprocess.run([*CLI, "package", "build", f"--nvidia-source={source}",
                            *(f"--kernel-headers={h}" for h in headers), f"--jobs={jobs}",
                            f"--out-dir={out}", "--output=json"],
                           capture_output=True, text=True, timeout=600, check=False)
@@ -113,7 +113,7 @@ def test_patch_is_applied_and_recorded(kernel: Kernel, tmp_path: Path) -> None:
     patch.write_text("".join(difflib.unified_diff(original, patched, "a/nvidia.c",
                                                   "b/nvidia.c")))
     out = tmp_path / "out"
-    done = subprocess.run([str(CLI), "package", "build", f"--nvidia-source={source}",
+    done = subprocess.run([*CLI, "package", "build", f"--nvidia-source={source}",
                            *(f"--kernel-headers={h}" for h in assets.headers_debs(kernel)),
                            f"--patch={patch}", f"--out-dir={out}"],
                           capture_output=True, text=True, timeout=600, check=False)
@@ -132,7 +132,7 @@ def test_compile_error_names_the_first_error_and_publishes_nothing(kernel: Kerne
     with (source / "nvidia-uvm.c").open("a") as handle:
         handle.write("\nstatic int broken(void) { return undeclared_thing; }\n")
     out = tmp_path / "out"
-    done = subprocess.run([str(CLI), "package", "build", f"--nvidia-source={source}",
+    done = subprocess.run([*CLI, "package", "build", f"--nvidia-source={source}",
                            *(f"--kernel-headers={h}" for h in assets.headers_debs(kernel)),
                            "--jobs=1", f"--out-dir={out}"],
                           capture_output=True, text=True, timeout=600, check=False)
@@ -148,7 +148,7 @@ def test_headers_given_as_a_build_directory(kernel: Kernel, tmp_path: Path) -> N
     """`/lib/modules/<release>/build` style: the tier's extracted headers tree as is."""
     source = mini_source(tmp_path / "nvidia-src")
     out = tmp_path / "out"
-    done = subprocess.run([str(CLI), "package", "build", f"--nvidia-source={source}",
+    done = subprocess.run([*CLI, "package", "build", f"--nvidia-source={source}",
                            f"--kernel-headers={kernel.headers}", f"--out-dir={out}"],
                           capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
