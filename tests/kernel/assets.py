@@ -368,13 +368,17 @@ def build_nvidia_cli(kernel: Kernel) -> Path:
     """A package of NVIDIA's real 535 modules compiled by `gpu-node-installer package build
     --nvidia-source ... --kernel-headers ...` (the CLI, in a subprocess; minutes cold).
 
-    Cached under the kernel's dir, keyed by the digests of the source and headers .debs.
+    Cached under the kernel's dir, keyed by the digests of the source and headers .debs and
+    of the product's compile code (a change to how modules are compiled compiles again).
     Returns the package directory (its `modules/` holds the .ko files).
     """
     source = nvidia_source_deb()
     headers = headers_debs(kernel)
+    code = sorted((Path(__file__).resolve().parents[2] / "installer" / "packages" / "build"
+                   ).glob("*.py"))
     key = hashlib.sha256(b"".join(
-        hashlib.sha256(p.read_bytes()).digest() for p in [source, *headers])).hexdigest()[:16]
+        hashlib.sha256(p.read_bytes()).digest() for p in [source, *headers, *code])
+    ).hexdigest()[:16]
     out = kernel.root / f"nvidia-cli-{key}"
     with locked(f"nvidia-cli-{kernel.release}"):
         if out.is_dir():
