@@ -130,3 +130,18 @@ def test_open_flavour_needs_open_sources(tmp_path: Path, headers: Path) -> None:
 def test_sources_need_headers(tmp_path: Path, source: Path) -> None:
     line = _refused(tmp_path, f"--nvidia-source={source}")
     assert "--nvidia-source and --kernel-headers go together" in line
+
+
+def test_run_layout_needs_a_flavour_when_it_has_both(tmp_path: Path, headers: Path) -> None:
+    """An extracted .run: kernel/ is proprietary, kernel-open/ open; both there -> say which."""
+    extracted = tmp_path / "NVIDIA-Linux-x86_64-535.261.03"
+    mini_source(extracted / "kernel")
+    mini_source(extracted / "kernel-open")
+    line = _refused(tmp_path, f"--nvidia-source={extracted}", f"--kernel-headers={headers}")
+    assert "has both open and proprietary modules" in line
+    assert line.endswith("fix: pass --flavour open or --flavour proprietary")
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    line = _refused(tmp_path, f"--nvidia-source={extracted}", f"--kernel-headers={headers}",
+                    "--flavour=open", env={"PATH": str(empty)})
+    assert "gcc-12 not found" in line  # open chosen, every check passed up to the compiler
