@@ -292,6 +292,18 @@ _OUT = click.Path(path_type=Path)
               help="NVIDIA's .run installer (makeself), repeatable")
 @click.option("--modules", "modules_dir", type=_IN_DIR,
               help="directory of kernel modules built for one kernel release")
+@click.option("--nvidia-source", type=click.Path(exists=True, path_type=Path),
+              help="compile the modules from NVIDIA's sources: nvidia-kernel-source or "
+                   "nvidia-open-kernel-source .deb, NVIDIA's .run, a tarball or directory")
+@click.option("--kernel-headers", "kernel_headers", multiple=True,
+              type=click.Path(exists=True, path_type=Path),
+              help="with --nvidia-source: linux-headers .debs (with their -common and "
+                   "linux-kbuild .debs), a tarball or a build directory; repeatable")
+@click.option("--patch", "patches", multiple=True, type=_IN_FILE,
+              help="with --nvidia-source: apply this patch (-p1, in the module tree) first; "
+                   "repeatable, in order")
+@click.option("--jobs", type=click.IntRange(min=1), default=None,
+              help="parallel compile jobs (default: the number of cores)")
 @click.option("--driver-version", help="driver version (default: read from the inputs)")
 @click.option("--kernel-release", help="kernel release (default: the modules' vermagic)")
 @click.option("--flavour", type=click.Choice(["open", "proprietary"]),
@@ -321,14 +333,17 @@ def package_build(output: str, os_id: str | None, os_version_id: str | None,
                   os_build_id: str | None, output_dir: Path | None, sign_key: Path | None,
                   sign_cert: Path | None, sign_hash: str, resign: bool,
                   signatures: Path | None, **options: Any) -> None:
-    """Make a driver package from .debs/.run and a kernel-modules directory."""
+    """Make a driver package from .debs/.run and built or compiled kernel modules."""
     from installer.packages.build import BuildRequest, SigningOptions, build
 
+    logs.configure()  # compile progress: JSON events on stderr, readable lines on a terminal
     os_match = {key: value for key, value in (("id", os_id), ("version_id", os_version_id),
                                               ("build_id", os_build_id)) if value}
     options["debs"], options["trees"] = tuple(options["debs"]), tuple(options["trees"])
     options["run_files"], options["aliases"] = (tuple(options["run_files"]),
                                                 tuple(options["aliases"]))
+    options["kernel_headers"], options["patches"] = (tuple(options["kernel_headers"]),
+                                                     tuple(options["patches"]))
     signing = SigningOptions(sign_key, sign_cert, sign_hash, signatures, resign)
     emit(build(BuildRequest(os=os_match or None, output=output_dir, signing=signing,
                             **options)), output)

@@ -18,6 +18,7 @@ from typing import Any
 from installer.errors import IntegrityError
 from installer.packages.documents import read_document
 from installer.packages.placement import staged_clash
+from installer.packages.provenance import provenance_of
 from installer.packages.signatures import SignatureEntry, parse_signatures, signatures_to_list
 
 SCHEMA_VERSION = 1
@@ -38,7 +39,7 @@ _MODULE_NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,63}$")
 _OS_KEYS = ("id", "version_id", "build_id")
 _TOP_KEYS = {"schema_version", "driver_version", "kernel_release", "arch", "flavour", "os",
              "files", "modules"}
-_OPTIONAL_TOP_KEYS = frozenset({"links", "signatures"})
+_OPTIONAL_TOP_KEYS = frozenset({"links", "signatures", "provenance"})
 _FILE_KEYS = {"path", "size", "sha256", "mode", "kind"}
 _MODULE_KEYS = {"name", "file", "depends", "params"}
 _LINK_KEYS = {"path", "target"}
@@ -97,6 +98,7 @@ class Manifest:
     modules: tuple[ModuleEntry, ...]
     links: tuple[LinkEntry, ...] = ()
     signatures: tuple[SignatureEntry, ...] = ()  # who signed which module (optional)
+    provenance: dict[str, Any] | None = None  # what compiled modules were made from
 
     def file(self, relpath: str) -> FileEntry:
         """The entry for a path, or KeyError."""
@@ -122,10 +124,7 @@ def blob_relpath(sha256: str) -> str:
 
 @dataclass(frozen=True)
 class Package:
-    """A manifest whose files are all present and verified on local disk.
-
-    `root` holds either the package tree (`by_hash=False`) or content-addressed blobs.
-    """
+    """A verified manifest's files on local disk: the tree (`by_hash=False`) or blobs."""
 
     manifest: Manifest
     digest: str
@@ -338,7 +337,9 @@ def manifest_from_dict(obj: Any) -> Manifest:
         modules=_parse_modules(obj["modules"], files),
         links=_parse_staged(files, _parse_links(obj.get("links", []), files)),
         signatures=parse_signatures(obj.get("signatures", []), {
-            f.path for f in files if f.kind == "module"}, _fail))
+            f.path for f in files if f.kind == "module"}, _fail),
+        provenance=provenance_of(obj, _fail),
+    )
 
 
 def _parse_staged(files: tuple[FileEntry, ...], links: tuple[LinkEntry, ...]
@@ -382,6 +383,8 @@ def manifest_to_dict(manifest: Manifest) -> dict[str, Any]:
         data["links"] = [{"path": link.path, "target": link.target} for link in manifest.links]
     if manifest.signatures:
         data["signatures"] = signatures_to_list(manifest.signatures)
+    if manifest.provenance is not None:
+        data["provenance"] = manifest.provenance
     return data
 
 

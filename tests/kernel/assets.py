@@ -277,6 +277,42 @@ def _patch_headers_makefile(makefile: Path, src: Path) -> None:
     makefile.write_text(text.replace("include /usr/src/", f"include {src}/"))
 
 
+def ensure_debs(name: str, specs: list[str]) -> list[Path]:
+    """The .deb files themselves (downloaded, never installed), cached under `kernel-debs/`."""
+    dest = cache_root() / "kernel-debs" / name
+    with locked(f"kernel-debs-{name}"):
+        if not dest.is_dir():
+            log(f"downloading {', '.join(specs)}")
+            with staging(dest) as tmp:
+                apt().download(specs, tmp)
+    debs = sorted(dest.glob("*.deb"))
+    if len(debs) != len(specs):
+        raise AssetError(f"{dest} holds {len(debs)} .debs, not {len(specs)}; delete it to refetch")
+    return debs
+
+
+def headers_debs(kernel: Kernel) -> list[Path]:
+    """linux-headers-<release>, its -common and linux-kbuild-X.Y as .deb files."""
+    a = apt()
+    pkg = f"linux-headers-{kernel.release}"
+    version = a.version(pkg)
+    common = kernel.release.rsplit("-", 1)[0] + "-common"
+    kbuild = "linux-kbuild-" + ".".join(kernel.release.split(".")[:2])
+    return ensure_debs(f"headers-{kernel.release}-{version}",
+                       [f"{pkg}={version}", f"linux-headers-{common}={version}",
+                        f"{kbuild}={version}"])
+
+
+def nvidia_source_deb() -> Path:
+    """Debian's nvidia-kernel-source .deb of the tier's pinned NVIDIA version."""
+    a = apt()
+    matching = [v for v in a.versions("nvidia-kernel-source") if v.startswith(NVIDIA_REAL_VERSION)]
+    if not matching:
+        raise AssetError(f"no nvidia-kernel-source {NVIDIA_REAL_VERSION} in Debian's non-free")
+    return ensure_debs(f"nvidia-kernel-source-{matching[0]}",
+                       [f"nvidia-kernel-source={matching[0]}"])[0]
+
+
 # --- modules ---------------------------------------------------------------------------
 
 
@@ -328,44 +364,35 @@ def build_test_modules(kernel: Kernel, version: str, flavour: str = "proprietary
     return out
 
 
-def build_nvidia_real(kernel: Kernel) -> Path:
-    """Build NVIDIA's real proprietary modules from Debian's nvidia-kernel-source (~4.5 min)."""
-    ensure_headers(kernel)
-    a = apt()
-    # bookworm-security may carry a newer 535; the tier pins the one the libraries match
-    matching = [v for v in a.versions("nvidia-kernel-source") if v.startswith(NVIDIA_REAL_VERSION)]
-    if not matching:
-        raise AssetError(f"no nvidia-kernel-source {NVIDIA_REAL_VERSION} in Debian's non-free")
-    pkg_version = matching[0]
-    out = kernel.root / f"nvidia-{pkg_version}-proprietary-{'+'.join(NVIDIA_REAL_MODULES)}"
-    with locked(f"nvidia-real-{kernel.release}"):
+def build_nvidia_cli(kernel: Kernel) -> Path:
+    """A package of NVIDIA's real 535 modules compiled by `gpu-node-installer package build
+    --nvidia-source ... --kernel-headers ...` (the CLI, in a subprocess; minutes cold).
+
+    Cached under the kernel's dir, keyed by the digests of the source and headers .debs and
+    of the product's compile code (a change to how modules are compiled compiles again).
+    Returns the package directory (its `modules/` holds the .ko files).
+    """
+    source = nvidia_source_deb()
+    headers = headers_debs(kernel)
+    code = sorted((Path(__file__).resolve().parents[2] / "installer" / "packages" / "build"
+                   ).glob("*.py"))
+    key = hashlib.sha256(b"".join(
+        hashlib.sha256(p.read_bytes()).digest() for p in [source, *headers, *code])
+    ).hexdigest()[:16]
+    out = kernel.root / f"nvidia-cli-{key}"
+    with locked(f"nvidia-cli-{kernel.release}"):
         if out.is_dir():
-            return out
-        check_toolchain(kernel)
-        log(f"building NVIDIA {pkg_version} {', '.join(NVIDIA_REAL_MODULES)} (minutes)")
+            return out / "pkg"
+        log(f"compiling NVIDIA {source.name} with package build (minutes)")
         with staging(out) as tmp:
-            a.download_extract(f"nvidia-kernel-source={pkg_version}", tmp / "pkg")
-            tarball = tmp / "pkg" / "usr" / "src" / "nvidia-kernel.tar.xz"
-            run(["tar", "-xJf", str(tarball), "-C", str(tmp)])
-            src = tmp / "modules" / "nvidia-kernel"
-            run(
-                [
-                    "make",
-                    f"-j{os.cpu_count() or 2}",
-                    f"SYSSRC={kernel.headers_common}",
-                    f"SYSOUT={kernel.headers}",
-                    f"KERNEL_UNAME={kernel.release}",
-                    f"NV_KERNEL_MODULES={' '.join(NVIDIA_REAL_MODULES)}",
-                    "modules",
-                ],
-                cwd=src,
-                env=build_env(),
-            )
-            for ko in src.glob("*.ko"):
-                shutil.copy2(ko, tmp / ko.name)
-            shutil.rmtree(tmp / "pkg")
-            shutil.rmtree(tmp / "modules")
-    return out
+            cmd = [sys.executable, "-m", "installer", "package", "build",
+                   f"--nvidia-source={source}", *(f"--kernel-headers={h}" for h in headers),
+                   f"--out-dir={tmp / 'pkg'}"]
+            started = time.monotonic()
+            output = run(cmd, env=build_env())
+            (tmp / "build.log").write_text(output)
+            (tmp / "seconds").write_text(f"{time.monotonic() - started:.1f}\n")
+    return out / "pkg"
 
 
 def ensure_busybox() -> Path:
@@ -388,7 +415,7 @@ def ensure_all(*, real_nvidia: bool = True) -> Kernel:
     for version in TEST_MODULE_VERSIONS:
         build_test_modules(kernel, version)
     if real_nvidia:
-        build_nvidia_real(kernel)
+        build_nvidia_cli(kernel)
     return kernel
 
 

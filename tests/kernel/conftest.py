@@ -42,9 +42,16 @@ def test_modules(kernel: Kernel) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
-def nvidia_real(kernel: Kernel) -> Path:
-    """NVIDIA's real 535.261.03 proprietary modules built from Debian's source (cached)."""
-    return assets.build_nvidia_real(kernel)
+def nvidia_package(kernel: Kernel) -> Path:
+    """The package `package build --nvidia-source` made from Debian's real 535.261.03 source
+    and headers .debs (the CLI compiles them: minutes cold, cached by the inputs' digests)."""
+    return assets.build_nvidia_cli(kernel)
+
+
+@pytest.fixture(scope="session")
+def nvidia_real(nvidia_package: Path) -> Path:
+    """NVIDIA's real 535.261.03 proprietary modules: the compiled package's modules/."""
+    return nvidia_package / "modules"
 
 
 GuestRunner = Callable[..., guest.GuestResult]

@@ -4,7 +4,9 @@ The files (see `installer.packages.build.inputs`) are hashed while copied into a
 listed in a canonical manifest (sorted, fixed modes), and the directory is renamed into
 place only when complete; the same inputs always give the same manifest digest. With
 `--repo` the package goes to `<repo>/<kernel>/<driver>/<flavour>/` and `index.json` is
-updated (atomically) with its manifest digest and any aliases asked for.
+updated (atomically) with its manifest digest and any aliases asked for. With
+`--nvidia-source` and `--kernel-headers` the modules are first compiled
+(`installer.packages.build.compile`) into a temp modules directory, then built as above.
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import structlog
+
+from installer.packages.build.compile import Compiled, CompileRequest, compile_modules
 from installer.packages.build.inputs import (
     COPY_CHUNK,
     KIND_MODES,
@@ -85,6 +90,10 @@ class BuildRequest:
     tarball: Path | None = None
     force: bool = False
     signing: SigningOptions = field(default_factory=SigningOptions)
+    nvidia_source: Path | None = None
+    kernel_headers: tuple[Path, ...] = ()
+    patches: tuple[Path, ...] = ()
+    jobs: int | None = None
 
 
 @dataclass(frozen=True)
@@ -131,14 +140,18 @@ def build(request: BuildRequest) -> BuildResult:
     with tempfile.TemporaryDirectory(prefix="gni-build-") as work:
         roots = _user_trees(request, Path(work))
         picked, links = pick_user_files(roots, request.arch)
-        modules = scan_modules(request.modules_dir) if request.modules_dir else []
+        modules_dir, provenance = request.modules_dir, None
+        if request.nvidia_source is not None:
+            compiled = _compile(request, Path(work) / "compile", picked)
+            modules_dir, provenance = compiled.modules_dir, compiled.provenance
+        modules = scan_modules(modules_dir) if modules_dir else []
         _check_contents(request.arch, picked, modules)
         identity = _identity(request, picked, modules)
         load_order(modules)  # a cycle is refused before anything is written
         destination = _destination(request, identity)
         modules, signatures = apply(request.signing, modules, Path(work))
         manifest, data = _write_package(destination, identity, request, picked, links,
-                                        modules, load_order(modules), signatures)
+                                        modules, load_order(modules), signatures, provenance)
     digest = sha256_hex(data)
     tarball = _write_tarball(destination, request.tarball) if request.tarball else None
     index, aliases = (_update_index(request, manifest, digest) if request.repo
@@ -151,9 +164,20 @@ def _fail(message: str, remedy: str | None = None) -> PackageBuildError:
 
 
 def _check_request(request: BuildRequest) -> None:
-    if not (request.debs or request.trees or request.run_files or request.modules_dir):
+    if not (request.debs or request.trees or request.run_files or request.modules_dir
+            or request.nvidia_source):
         raise _fail("nothing to build from",
-                    remedy="give --deb, --tree, --run and/or --modules")
+                    remedy="give --deb, --tree, --run, --modules and/or --nvidia-source")
+    if request.nvidia_source is not None and request.modules_dir is not None:
+        raise _fail("give either --modules (built modules) or --nvidia-source (compile them)")
+    if (request.nvidia_source is None) != (not request.kernel_headers):
+        raise _fail("--nvidia-source and --kernel-headers go together (compile the sources "
+                    "against those headers)")
+    if request.patches and request.nvidia_source is None:
+        raise _fail("--patch needs --nvidia-source")
+    for patch in request.patches:
+        if not patch.is_file():
+            raise _fail(f"patch {patch} does not exist")
     if (request.output is None) == (request.repo is None):
         raise _fail("say where to write the package: exactly one of --out-dir or --repo")
     if request.arch not in ARCHES:
@@ -181,6 +205,20 @@ def _user_trees(request: BuildRequest, work: Path) -> list[Path]:
         extract_run(run_file, target)
         roots.append(target)
     return roots
+
+
+def _compile(request: BuildRequest, work: Path, picked: list[Picked]) -> Compiled:
+    """Compile the modules (every refusal first) into `work`; they are then built as usual."""
+    work.mkdir()
+    return compile_modules(CompileRequest(
+        request.nvidia_source or Path(), request.kernel_headers, request.flavour, request.arch,
+        request.patches, request.jobs, frozenset(_library_versions(picked))),
+        work, structlog.get_logger("package-build"))
+
+
+def _library_versions(picked: list[Picked]) -> set[str]:
+    tails = (p.relpath.rsplit(".so.", 1)[1] for p in picked if ".so." in p.relpath)
+    return {tail for tail in tails if DRIVER_VERSION_RE.match(tail)}
 
 
 def _check_contents(arch: str, picked: list[Picked], modules: list[ModuleInfo]) -> None:
@@ -218,8 +256,7 @@ def _agree(what: str, given: str | None, found: set[str], flag: str) -> str:
 
 def _identity(request: BuildRequest, picked: list[Picked], modules: list[ModuleInfo]
               ) -> _Identity:
-    versions = {p.relpath.rsplit(".so.", 1)[1] for p in picked
-                if ".so." in p.relpath and DRIVER_VERSION_RE.match(p.relpath.rsplit(".so.", 1)[1])}
+    versions = _library_versions(picked)
     versions |= {m.version for m in modules if m.version and DRIVER_VERSION_RE.match(m.version)}
     kernels = {m.kernel_release for m in modules if m.kernel_release}
     flavours = {"open" if m.license in OPEN_LICENSES else "proprietary"
@@ -252,7 +289,8 @@ def _destination(request: BuildRequest, identity: _Identity) -> Path:
 
 def _write_package(destination: Path, identity: _Identity, request: BuildRequest,
                    picked: list[Picked], links: list[LinkEntry], modules: list[ModuleInfo],
-                   ordered: list[ModuleInfo], signatures: tuple[SignatureEntry, ...]
+                   ordered: list[ModuleInfo], signatures: tuple[SignatureEntry, ...],
+                   provenance: dict[str, Any] | None
                    ) -> tuple[Manifest, bytes]:
     """Copy and hash every file into a temp dir beside `destination`, then swap it in."""
     destination.parent.mkdir(parents=True, exist_ok=True)
@@ -266,7 +304,7 @@ def _write_package(destination: Path, identity: _Identity, request: BuildRequest
             1, identity.driver_version, identity.kernel_release, request.arch,
             identity.flavour, request.os, tuple(entries),
             tuple(ModuleEntry(m.name, f"modules/{m.path.name}", m.depends, {})
-                  for m in ordered), tuple(links), signatures)))
+                  for m in ordered), tuple(links), signatures, provenance)))
         data = dump_manifest(manifest)
         (tmp / MANIFEST_NAME).write_bytes(data)
         tmp.chmod(0o755)

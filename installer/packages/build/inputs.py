@@ -11,6 +11,7 @@ dependencies their `.modinfo` declares. `installer.packages.build` writes the pa
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import subprocess
 import tarfile
@@ -69,20 +70,46 @@ def _fail(message: str, remedy: str | None = None) -> PackageBuildError:
 # ---------------------------------------------------------------- inputs
 
 
-def extract_deb(deb: Path, dest: Path) -> None:
-    """Unpack a .deb's data archive (ar + tar) without dpkg; unsafe members are refused."""
+def extract_deb(deb: Path, dest: Path, *, skip_outside_links: bool = False) -> None:
+    """Unpack a .deb's data archive (ar + tar) without dpkg; unsafe members are refused.
+
+    `skip_outside_links` leaves out links that point outside `dest` (a headers package's
+    `/lib/modules/<release>/build` link) instead of refusing the package.
+    """
     try:
         with deb.open("rb") as handle:
             if handle.read(8) != b"!<arch>\n":
                 raise _fail(f"{deb} is not a Debian package (no ar header)")
             for name, size in _ar_members(handle):
                 if name.startswith("data.tar"):
-                    _extract_tar_stream(handle, size, dest, str(deb))
+                    _extract_tar_stream(handle, size, dest, str(deb), skip_outside_links)
                     return
                 handle.seek(size + size % 2, os.SEEK_CUR)
     except OSError as exc:
         raise _fail(f"cannot read {deb}: {exc.strerror or exc}") from None
     raise _fail(f"{deb} has no data.tar member")
+
+
+def deb_control(deb: Path) -> dict[str, str]:
+    """The fields of a .deb's `control` file (Package, Version, Architecture, ...)."""
+    try:
+        with deb.open("rb") as handle:
+            if handle.read(8) != b"!<arch>\n":
+                raise _fail(f"{deb} is not a Debian package (no ar header)")
+            for name, size in _ar_members(handle):
+                if name.startswith("control.tar"):
+                    data = handle.read(size)
+                    break
+                handle.seek(size + size % 2, os.SEEK_CUR)
+            else:
+                raise _fail(f"{deb} has no control.tar member")
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as archive:
+            member = archive.extractfile("./control")
+            text = member.read().decode("utf-8", "replace") if member else ""
+    except (OSError, tarfile.TarError, EOFError, KeyError) as exc:
+        raise _fail(f"{deb}: cannot read its control file ({exc})") from None
+    return {key.strip(): value.strip() for key, _, value in
+            (line.partition(":") for line in text.splitlines() if line[:1] not in " \t#")}
 
 
 def _ar_members(handle: Any) -> Iterator[tuple[str, int]]:
@@ -92,7 +119,15 @@ def _ar_members(handle: Any) -> Iterator[tuple[str, int]]:
         yield header[:16].decode("ascii", "replace").strip().rstrip("/"), int(header[48:58])
 
 
-def _extract_tar_stream(handle: Any, size: int, dest: Path, where: str) -> None:
+def _skip_outside_links(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
+    try:
+        return tarfile.data_filter(member, dest)
+    except (tarfile.AbsoluteLinkError, tarfile.LinkOutsideDestinationError):
+        return None
+
+
+def _extract_tar_stream(handle: Any, size: int, dest: Path, where: str,
+                        skip_outside_links: bool = False) -> None:
     with tempfile.TemporaryFile() as spool:
         remaining = size
         while remaining and (chunk := handle.read(min(COPY_CHUNK, remaining))):
@@ -101,7 +136,10 @@ def _extract_tar_stream(handle: Any, size: int, dest: Path, where: str) -> None:
         spool.seek(0)
         try:
             with tarfile.open(fileobj=spool, mode="r:*") as archive:
-                archive.extractall(dest, filter="data")
+                # safe: both filters are tarfile's "data" filter (the first drops links
+                # that would point outside instead of refusing the whole archive)
+                archive.extractall(dest, filter=_skip_outside_links  # noqa: S202
+                                   if skip_outside_links else "data")
         except (tarfile.TarError, EOFError, OSError) as exc:
             raise _fail(f"{where}: cannot unpack its data archive ({exc})") from None
 

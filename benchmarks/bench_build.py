@@ -1,0 +1,87 @@
+"""Benchmark: `package build --nvidia-source` against a bare `make` of the same sources.
+
+    .venv/bin/python benchmarks/bench_build.py [--jobs 2] [--source real|mini]
+
+Inputs are the real-kernel tier's (tests/kernel/assets.py, cached): bookworm's real
+`nvidia-kernel-source` .deb (535.261.03) and Debian 6.1's real headers .debs, or with
+`--source mini` tests/nvsources.py's small NVIDIA-shaped tree. In one run it times
+  build  the real CLI end to end: unpack the source .deb and the three headers .debs, check,
+         compile with -jN, hash and write the package (a fresh temp dir, no cache)
+  make   `make -jN modules SYSSRC SYSOUT KERNEL_UNAME CC NV_KERNEL_MODULES` on the same
+         module set, in an already unpacked copy of the sources against the tier's already
+         unpacked headers (only the compile)
+and prints both, their ratio (target: build <= 1.2x make), and whether the build's .ko files
+are byte-identical to the cached package the kernel tests use (reproducibility, real 535).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO))
+
+from nvsources import mini_source  # noqa: E402
+
+from tests.kernel import assets  # noqa: E402
+
+CLI = (sys.executable, "-m", "installer")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--source", choices=("real", "mini"), default="real")
+    args = parser.parse_args()
+    kernel = assets.ensure_headers(assets.ensure_kernel(assets.kernel_release()))
+    headers = assets.headers_debs(kernel)
+    with tempfile.TemporaryDirectory(prefix="gni-bench-build-") as tmp:
+        work = Path(tmp)
+        if args.source == "real":
+            source = assets.nvidia_source_deb()
+            subprocess.run(["dpkg-deb", "-x", str(source), str(work / "deb")], check=True)
+            subprocess.run(["tar", "-xJf", str(work / "deb/usr/src/nvidia-kernel.tar.xz"),
+                            "-C", str(work)], check=True)
+            tree = work / "modules" / "nvidia-kernel"
+            modules = "nvidia nvidia-uvm nvidia-modeset nvidia-drm nvidia-peermem"
+        else:
+            source = tree = mini_source(work / "nvidia-src")
+            modules = "nvidia nvidia-uvm nvidia-modeset nvidia-drm"
+        bare = work / "bare"
+        shutil.copytree(tree, bare, symlinks=True)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MAKE")}
+        started = time.monotonic()
+        subprocess.run(["make", "-C", str(bare), f"-j{args.jobs}", "modules",
+                        f"SYSSRC={kernel.headers_common}", f"SYSOUT={kernel.headers}",
+                        f"KERNEL_UNAME={kernel.release}", "CC=gcc-12",
+                        f"NV_KERNEL_MODULES={modules}"], check=True, env=env,
+                       capture_output=True)
+        make_s = time.monotonic() - started
+        out = work / "pkg"
+        started = time.monotonic()
+        subprocess.run([*CLI, "package", "build", f"--nvidia-source={source}",
+                        *(f"--kernel-headers={h}" for h in headers), f"--jobs={args.jobs}",
+                        f"--out-dir={out}"], check=True, capture_output=True)
+        build_s = time.monotonic() - started
+        same = None
+        if args.source == "real":
+            cached = assets.build_nvidia_cli(kernel) / "modules"
+            same = all((cached / p.name).read_bytes() == p.read_bytes()
+                       for p in (out / "modules").glob("*.ko"))
+        print(json.dumps({"source": args.source, "jobs": args.jobs,
+                          "make_s": round(make_s, 1), "build_s": round(build_s, 1),
+                          "ratio": round(build_s / make_s, 3), "target_ratio": 1.2,
+                          "identical_to_cached_build": same}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,207 @@
+"""Compile NVIDIA's kernel modules from sources against one kernel's headers, reproducibly.
+
+NVIDIA's own recipe: `make -C <tree> modules SYSSRC=<sources> SYSOUT=<build tree>
+KERNEL_UNAME=<release> CC=<the kernel's compiler> -jN` (the Makefile hands over to the
+kernel's Kbuild; proprietary `nvidia.ko` links `nv-kernel.o_binary`). Everything that could
+make two builds differ is pinned: the build runs in a fresh temp dir whose paths are mapped
+away (`-ffile-prefix-map` via KCFLAGS), with fixed KBUILD_BUILD_* values, SOURCE_DATE_EPOCH,
+locale and time zone. Every refusal (arch, version, compiler, patch) comes before make runs;
+a compile failure names the first compiler error and its file, not make's output.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from installer.packages.build.headers import KernelTree, prepare_headers, which_compiler
+from installer.packages.build.inputs import PackageBuildError
+from installer.packages.build.nvsource import NvSource, file_sha256, unpack_source
+
+MODULES = ("nvidia", "nvidia-uvm", "nvidia-modeset", "nvidia-drm")
+OPTIONAL = ("nvidia-peermem",)
+BUILD_EPOCH = "0"
+_ERROR_RE = re.compile(r"^(?P<file>[^\s:][^:]*):(?P<line>\d+):(?:\d+:)?\s*(?:fatal )?error: "
+                       r"(?P<text>.*)$")
+_LINKED_RE = re.compile(r"^\s*LD \[M\]\s+(?P<path>\S+\.ko)\s*$")
+_ERROR_TAIL = 12
+
+
+class ModuleCompileError(PackageBuildError):
+    """NVIDIA's sources did not compile against these headers (exit 2: fix the inputs)."""
+
+    default_remedy = ("check that the sources support this kernel (a newer driver, or "
+                      "--patch with the fix)")
+
+
+@dataclass(frozen=True)
+class CompileRequest:
+    """What to compile: sources, headers, flavour and how."""
+
+    source: Path
+    headers: tuple[Path, ...]
+    flavour: str | None = None
+    arch: str = "x86_64"
+    patches: tuple[Path, ...] = ()
+    jobs: int | None = None
+    user_versions: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """The modules built (in `modules_dir`), their identity and provenance."""
+
+    modules_dir: Path
+    version: str
+    release: str
+    flavour: str
+    provenance: dict[str, Any]
+    seconds: float
+
+
+def compile_modules(request: CompileRequest, work: Path, log: Any,
+                    stream: TextIO | None = None) -> Compiled:
+    """Check everything, then compile into `work/modules` (`work` must be empty and private)."""
+    work = work.resolve()
+    source = unpack_source(request.source, work / "in")
+    flavour, tree = source.tree(request.flavour)
+    kernel = prepare_headers(request.headers, work / "in")
+    _check(request, source, kernel)
+    compiler = which_compiler(kernel)
+    patches = [{"name": p.name, "sha256": file_sha256(p)} for p in request.patches]
+    build = work / "build" / f"nvidia-{source.version}"
+    shutil.copytree(tree, build, symlinks=True)
+    for patch in request.patches:
+        _apply(patch, build)
+    modules = [m for m in MODULES + OPTIONAL if (build / m).is_dir() or m in MODULES]
+    started = time.monotonic()
+    _make(build, kernel, compiler, modules, request.jobs or os.cpu_count() or 1,
+          _maps(work, build, kernel), log, stream or sys.stderr)
+    out = work / "modules"
+    out.mkdir()
+    for module in modules:
+        ko = build / f"{module}.ko"
+        if not ko.is_file():
+            raise ModuleCompileError(f"make succeeded but {module}.ko was not built")
+        shutil.copyfile(ko, out / ko.name)
+    provenance = {
+        "nvidia_source": {"name": source.name, "version": source.package_version or
+                          source.version, "sha256": source.sha256},
+        "kernel_headers": sorted(kernel.inputs, key=lambda item: item["name"]) or
+        [{"name": kernel.sysout.name, "version": kernel.release, "sha256": ""}],
+        "compiler": kernel.cc_version_text or kernel.compiler,
+        "patches": patches,
+    }
+    return Compiled(out, source.version, kernel.release, flavour, provenance,
+                    time.monotonic() - started)
+
+
+def _check(request: CompileRequest, source: NvSource, kernel: KernelTree) -> None:
+    if kernel.arch is not None and kernel.arch != request.arch:
+        raise PackageBuildError(f"kernel headers {kernel.release} are for {kernel.arch}, not "
+                                f"--arch {request.arch}",
+                                remedy="pass the headers of a kernel of that arch, or --arch "
+                                       f"{kernel.arch}")
+    others = sorted(request.user_versions - {source.version})
+    if others:
+        raise PackageBuildError(
+            f"the NVIDIA sources are version {source.version} but the user-mode files are "
+            f"{', '.join(others)}", remedy="give sources and user-mode files of one version")
+
+
+def _apply(patch: Path, tree: Path) -> None:
+    """`patch -p1` in the module tree; checked with --dry-run first so a failure changes nothing."""
+    if shutil.which("patch") is None:
+        raise PackageBuildError("patch not found", remedy="apt-get install patch")
+    for dry in (True, False):
+        done = subprocess.run(["patch", "-p1", "--batch", "--forward", "--no-backup-if-mismatch",
+                               "-r", "-", *(["--dry-run"] if dry else []), "-i",
+                               str(patch.resolve())], cwd=tree, capture_output=True,
+                              text=True, check=False, stdin=subprocess.DEVNULL)
+        if done.returncode != 0:
+            lines = [line for line in (done.stdout + done.stderr).splitlines()
+                     if "FAILED" in line or "can't find" in line or "malformed" in line
+                     or "Only garbage" in line or "Reversed" in line]
+            detail = (lines or (done.stdout + done.stderr).strip().splitlines() or ["?"])[0]
+            raise PackageBuildError(f"patch {patch.name} does not apply: {detail.strip()}",
+                                    remedy="make the patch -p1 relative to the module tree "
+                                           "(where Kbuild is) of these sources")
+
+
+def _maps(work: Path, build: Path, kernel: KernelTree) -> list[str]:
+    """Prefix maps that turn every temp path into a fixed one (longest prefix first)."""
+    pairs = {build: Path("/usr/src") / build.name,
+             kernel.sysout: Path("/usr/src") / kernel.sysout.name,
+             kernel.syssrc: Path("/usr/src") / kernel.syssrc.name,
+             work / "in" / "headers": Path("/")}
+    ordered = sorted(pairs.items(), key=lambda kv: len(str(kv[0])))
+    return [f"-ffile-prefix-map={old}={new}" for old, new in ordered]
+
+
+def build_env(maps: list[str]) -> dict[str, str]:
+    """The environment of a reproducible kernel-module build."""
+    env = {key: value for key, value in os.environ.items()
+           if not key.startswith(("MAKE", "KBUILD_", "KCFLAGS", "CFLAGS", "LDFLAGS"))}
+    env.update(KBUILD_BUILD_TIMESTAMP="1970-01-01 00:00:00 UTC", KBUILD_BUILD_USER="gni",
+               KBUILD_BUILD_HOST="gni", KBUILD_BUILD_VERSION="1",
+               SOURCE_DATE_EPOCH=BUILD_EPOCH, LC_ALL="C", TZ="UTC",
+               KCFLAGS=" ".join(maps))
+    return env
+
+
+def _make(build: Path, kernel: KernelTree, compiler: str, modules: list[str], jobs: int,
+          maps: list[str], log: Any, stream: TextIO) -> None:
+    cmd = ["make", "-C", str(build), f"-j{jobs}", "modules", f"SYSSRC={kernel.syssrc}",
+           f"SYSOUT={kernel.sysout}", f"KERNEL_UNAME={kernel.release}", f"CC={compiler}",
+           f"NV_KERNEL_MODULES={' '.join(modules)}"]
+    if shutil.which("make") is None:
+        raise PackageBuildError("make not found", remedy="apt-get install make")
+    tty = stream.isatty()
+    started = time.monotonic()
+    log.info("compiling modules", modules=modules, release=kernel.release, jobs=jobs,
+             compiler=kernel.cc_version_text)
+    kept: list[str] = []
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          errors="replace", env=build_env(maps), cwd=build,
+                          stdin=subprocess.DEVNULL) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            kept.append(line.rstrip("\n"))
+            if len(kept) > 20000:
+                del kept[:10000]
+            linked = _LINKED_RE.match(line)
+            if linked:
+                name = Path(linked["path"]).name
+                elapsed = round(time.monotonic() - started, 1)
+                if tty:
+                    stream.write(f"compiled {name} ({elapsed:.0f} s)\n")
+                    stream.flush()
+                else:
+                    log.info("module compiled", module=name, elapsed_s=elapsed)
+        rc = proc.wait()
+    if rc != 0:
+        raise ModuleCompileError(_first_error(kept, build, kernel, rc))
+    log.info("modules compiled", elapsed_s=round(time.monotonic() - started, 1))
+
+
+def _first_error(lines: list[str], build: Path, kernel: KernelTree, rc: int) -> str:
+    """`compiling nvidia/nv-pci.c failed: 123: error: ...` (paths shown relative)."""
+    for line in lines:
+        match = _ERROR_RE.match(line.strip())
+        if match:
+            where = match["file"]
+            for base, shown in ((str(build) + "/", ""), (str(kernel.sysout) + "/", ""),
+                                (str(kernel.syssrc) + "/", "")):
+                where = where.replace(base, shown)
+            return (f"compile failed in {where} line {match['line']}: error: "
+                    f"{match['text'][:300]}")
+    tail = [line for line in lines if line.strip()][-_ERROR_TAIL:]
+    last = next((line for line in reversed(tail) if "rror" in line), tail[-1] if tail else "")
+    return f"make exited {rc}: {last.strip()[:300]}"

@@ -1,0 +1,168 @@
+"""Kernel build trees for `package build --kernel-headers`: .debs, tarballs or directories.
+
+Debian's `linux-headers-<release>` (arch) package is not usable alone: its `Makefile`
+includes `/usr/src/linux-headers-<...>-common/Makefile` by absolute path and its `scripts`
+link into `linux-kbuild-X.Y`. All given .debs are unpacked into one root (as dpkg would lay
+them out), the Makefile's include is pointed into that root, and every tree with
+`include/generated/utsrelease.h` and a `.config` becomes a `KernelTree`. The release is the
+tree's `UTS_RELEASE`; a package or directory named for another release is refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import shutil
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from installer.packages.build.inputs import PackageBuildError, deb_control, extract_deb
+from installer.packages.build.nvsource import file_sha256
+
+_UTS_RE = re.compile(r'#define\s+UTS_RELEASE\s+"([^"]+)"')
+_INCLUDE_RE = re.compile(r"^include\s+(/\S+)/Makefile\s*$", re.M)
+_CONFIG_ARCHES = (("CONFIG_X86_64=y", "x86_64"), ("CONFIG_ARM64=y", "aarch64"))
+
+
+@dataclass(frozen=True)
+class KernelTree:
+    """One kernel's build tree: SYSOUT (config, generated headers), SYSSRC (the sources)."""
+
+    release: str
+    sysout: Path
+    syssrc: Path
+    arch: str | None
+    cc_version_text: str
+    inputs: tuple[dict[str, str], ...]
+
+    @property
+    def compiler(self) -> str:
+        """The compiler command the kernel was built with (`gcc-12`), from its config."""
+        return self.cc_version_text.split()[0] if self.cc_version_text else "gcc"
+
+
+def prepare_headers(paths: tuple[Path, ...], work: Path) -> KernelTree:
+    """Make the given headers one usable build tree (one kernel per build)."""
+    root = work / "headers"
+    claims: dict[Path, str] = {}  # tree -> the release its package or directory name claims
+    inputs: list[dict[str, str]] = []
+    trees: list[Path] = []
+    for path in sorted(paths):
+        if not path.exists():
+            raise PackageBuildError(f"--kernel-headers {path} does not exist")
+        if path.is_dir():
+            trees.append(path)
+            inputs.append({"name": path.name, "version": "", "sha256": ""})
+            continue
+        sha = file_sha256(path)
+        if path.open("rb").read(8) == b"!<arch>\n":
+            control = deb_control(path)
+            package = control.get("Package", path.name)
+            before = _src_dirs(root)
+            extract_deb(path, root, skip_outside_links=True)
+            for new in _src_dirs(root) - before:
+                if package.startswith("linux-headers-"):
+                    claims[new] = package.removeprefix("linux-headers-")
+            inputs.append({"name": package, "version": control.get("Version", ""),
+                           "sha256": sha})
+        else:
+            _untar(path, root)  # laid out like the .debs: relative links keep working
+            inputs.append({"name": path.name, "version": "", "sha256": sha})
+    unpacked = {p.parents[2] for p in root.glob("**/include/generated/utsrelease.h")}
+    found = [t for t in [*trees, *sorted(unpacked)] if _is_build_tree(t)]
+    if not found:
+        raise PackageBuildError(
+            "--kernel-headers hold no kernel build tree (include/generated/utsrelease.h "
+            "and .config)", remedy="give linux-headers-<release> with its -common and "
+                                   "linux-kbuild packages, or /lib/modules/<release>/build")
+    kernels = [_tree(t, root, claims.get(t), tuple(inputs)) for t in found]
+    releases = sorted({k.release for k in kernels})
+    if len(releases) != 1:
+        raise PackageBuildError(f"--kernel-headers are for {len(releases)} kernels "
+                                f"({', '.join(releases)}); build one kernel at a time")
+    for kernel in kernels[1:]:
+        if kernel.sysout != kernels[0].sysout:
+            raise PackageBuildError(f"two build trees for {releases[0]}: {kernels[0].sysout}"
+                                    f" and {kernel.sysout}")
+    release = releases[0]  # a directory's provenance is its release
+    return dataclasses.replace(kernels[0], inputs=tuple(
+        dict(item, version=item["version"] or release) for item in inputs))
+
+
+def _src_dirs(root: Path) -> set[Path]:
+    src = root / "usr" / "src"
+    return {p for p in src.iterdir() if p.is_dir()} if src.is_dir() else set()
+
+
+def _untar(tarball: Path, dest: Path) -> None:
+    try:
+        with tarfile.open(tarball, mode="r:*") as archive:
+            archive.extractall(dest, filter="data")
+    except (tarfile.TarError, EOFError, OSError, ValueError) as exc:
+        raise PackageBuildError(f"--kernel-headers {tarball}: cannot unpack it ({exc})"
+                                ) from None
+
+
+def _is_build_tree(path: Path) -> bool:
+    return (path / "include" / "generated" / "utsrelease.h").is_file() and (
+        path / ".config").is_file()
+
+
+def _tree(sysout: Path, root: Path, claim: str | None, inputs: tuple[dict[str, str], ...]
+          ) -> KernelTree:
+    uts = _UTS_RE.search((sysout / "include" / "generated" / "utsrelease.h").read_text(
+        errors="replace"))
+    if not uts:
+        raise PackageBuildError(f"{sysout}: include/generated/utsrelease.h has no UTS_RELEASE")
+    release = uts[1]
+    name_claim = claim or (sysout.name.removeprefix("linux-headers-")
+                           if sysout.name.startswith("linux-headers-") else None)
+    if name_claim is not None and name_claim != release:
+        raise PackageBuildError(
+            f"kernel headers {sysout.name} claim release {name_claim} but were built for "
+            f"{release} (include/generated/utsrelease.h)",
+            remedy="give the headers package of the kernel you mean")
+    config = (sysout / ".config").read_text(errors="replace")
+    cc = re.search(r'^CONFIG_CC_VERSION_TEXT="([^"]*)"', config, re.M)
+    arch = next((name for line, name in _CONFIG_ARCHES if line in config), None)
+    syssrc = _syssrc(sysout, root)
+    for link in ("scripts", "include"):
+        if not (syssrc / link).exists() and not (sysout / link).exists():
+            raise PackageBuildError(
+                f"kernel headers {sysout.name}: {link}/ is missing (a dangling link?)",
+                remedy=f"also give linux-kbuild-{'.'.join(release.split('.')[:2])} and the "
+                       "-common headers package")
+    return KernelTree(release, sysout, syssrc, arch, cc[1] if cc else "", inputs)
+
+
+def _syssrc(sysout: Path, root: Path) -> Path:
+    """Where the tree's Makefile points (Debian's -common), rewritten into `root` if needed."""
+    makefile = sysout / "Makefile"
+    text = makefile.read_text(errors="replace") if makefile.is_file() else ""
+    include = _INCLUDE_RE.search(text)
+    if not include or len(text) > 4096:
+        return sysout  # a full tree: sources and output are one
+    target = Path(include[1])
+    if (target / "Makefile").is_file() and not sysout.is_relative_to(root):
+        return target  # an installed /usr/src tree given as a directory
+    inside = root / target.relative_to("/")
+    if not (inside / "Makefile").is_file():
+        raise PackageBuildError(f"kernel headers {sysout.name} need {target.name}, which is "
+                                "not among --kernel-headers",
+                                remedy=f"also give the {target.name} package")
+    if sysout.is_relative_to(root):
+        makefile.unlink()  # may be a hard link to the cache: write a new file
+        makefile.write_text(text.replace(f"include {target}/", f"include {inside}/"))
+    return inside
+
+
+def which_compiler(tree: KernelTree) -> str:
+    """The compiler's path, or a refusal naming the Debian package to install."""
+    path = shutil.which(tree.compiler)
+    if path is None:
+        raise PackageBuildError(
+            f"{tree.compiler} not found: kernel {tree.release} was built with "
+            f"{tree.cc_version_text or tree.compiler} and its modules must be too",
+            remedy=f"apt-get install {tree.compiler}")
+    return path

@@ -1,0 +1,61 @@
+"""NVIDIA-shaped kernel-module sources and kernel build trees for `package build` tests.
+
+`mini_source` is a real module tree in NVIDIA's layout (a `Kbuild` naming the version, a
+`Makefile` taking `SYSSRC`/`SYSOUT` like NVIDIA's) whose modules are tests/kernel/modules'
+stand-ins: it compiles against real headers in seconds. `fake_headers` is a kernel build tree
+that is only good enough to be refused (or accepted) before anything compiles; `make_deb`
+packs a tree with Debian's real `dpkg-deb --build`.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+MODULES_SRC = Path(__file__).resolve().parent / "kernel" / "modules"
+CC_TEXT = "gcc-12 (Debian 12.2.0-14+deb12u1) 12.2.0"
+_MAKEFILE = """\
+ifneq ($(KERNELRELEASE),)
+include $(src)/Kbuild
+else
+modules:
+\t$(MAKE) -C $(SYSSRC) KBUILD_OUTPUT=$(SYSOUT) M=$(CURDIR) modules
+endif
+"""
+
+
+def mini_source(dest: Path, version: str = "535.261.03") -> Path:
+    """The stand-in modules as an NVIDIA module tree of `version`."""
+    dest.mkdir(parents=True)
+    for source in sorted(MODULES_SRC.glob("*.c")):
+        shutil.copyfile(source, dest / source.name)
+    (dest / "Kbuild").write_text(f'ccflags-y += -DNV_VERSION_STRING=\\"{version}\\"\n'
+                                 "obj-m := nvidia.o nvidia-uvm.o nvidia-modeset.o nvidia-drm.o\n")
+    (dest / "Makefile").write_text(_MAKEFILE)
+    return dest
+
+
+def fake_headers(dest: Path, release: str, *, arch: str = "x86_64",
+                 cc_text: str = CC_TEXT) -> Path:
+    """A build tree `dest` whose utsrelease.h says `release` (nothing in it compiles)."""
+    (dest / "include" / "generated").mkdir(parents=True)
+    (dest / "scripts").mkdir()
+    (dest / "include" / "generated" / "utsrelease.h").write_text(
+        f'#define UTS_RELEASE "{release}"\n')
+    config = "CONFIG_X86_64=y\n" if arch == "x86_64" else "CONFIG_ARM64=y\n"
+    (dest / ".config").write_text(f'CONFIG_CC_VERSION_TEXT="{cc_text}"\n{config}')
+    (dest / "Makefile").write_text("# a complete tree\nall:\n")
+    return dest
+
+
+def make_deb(root: Path, package: str, version: str, out: Path) -> Path:
+    """`root` (the package's files) as a real .deb made by dpkg-deb."""
+    (root / "DEBIAN").mkdir(parents=True, exist_ok=True)
+    (root / "DEBIAN" / "control").write_text(
+        f"Package: {package}\nVersion: {version}\nArchitecture: amd64\n"
+        "Maintainer: tests <tests@example.invalid>\nDescription: test package\n")
+    target = out / f"{package}_{version}_amd64.deb"
+    subprocess.run(["dpkg-deb", "--root-owner-group", "-Zxz", "--build", str(root),
+                    str(target)], check=True, capture_output=True)
+    return target
