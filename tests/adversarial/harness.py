@@ -206,3 +206,19 @@ def settle(arena: Arena) -> None:
     (arena.install_dir / ".cache").mkdir(parents=True, exist_ok=True)
     done = arena.run("detect", *arena.args())
     assert done.code == 0, done.stderr[-2000:]
+
+
+KERNEL_STATE = "node/proc/"  # the simulated kernel's own bookkeeping (FakeKernelHost)
+
+
+def install(arena: Arena, *extra: str) -> Result:
+    """`install` of VERSION from the arena's repository over file://."""
+    repo = f"file://{arena.scene.repo}"
+    return arena.run("install", *arena.args("--mirror", repo, "--driver-version", VERSION,
+                                            *extra))
+
+
+def assert_ok(result: Result) -> None:
+    """A run that had to succeed did, without a traceback."""
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert result.code == 0, result.stderr[-3000:]

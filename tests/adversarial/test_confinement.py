@@ -18,27 +18,20 @@ from pathlib import Path
 import pytest
 
 from adversarial.harness import (
+    INSTALL_DIR,
+    KERNEL_STATE,
     VERSION,
     WORK_AREA,
     Arena,
     Result,
+    assert_ok,
     assert_refused,
     assert_untouched,
+    install,
 )
 
-INSTALL = "home/kubernetes/bin/nvidia"
-KERNEL = "node/proc/"  # the simulated kernel's own bookkeeping (FakeKernelHost)
-
-
-def install(arena: Arena, *extra: str) -> Result:
-    repo = f"file://{arena.scene.repo}"
-    return arena.run("install", *arena.args("--mirror", repo, "--driver-version", VERSION,
-                                            *extra))
-
-
-def assert_ok(result: Result) -> None:
-    assert "Traceback" not in result.stderr, result.stderr[-3000:]
-    assert result.code == 0, result.stderr[-3000:]
+INSTALL = INSTALL_DIR
+KERNEL = KERNEL_STATE
 
 
 def link(path: Path, target: str | Path) -> None:

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from installer.packages.build.headers import KernelTree, prepare_headers, which_compiler
-from installer.packages.build.inputs import PackageBuildError
-from installer.packages.build.nvsource import NvSource, file_sha256, unpack_source
+from installer.packages.build.inputs import PackageBuildError, file_sha256
+from installer.packages.build.nvsource import NvSource, unpack_source
 
 MODULES = ("nvidia", "nvidia-uvm", "nvidia-modeset", "nvidia-drm")
 OPTIONAL = ("nvidia-peermem",)

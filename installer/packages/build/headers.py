@@ -17,8 +17,7 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from installer.packages.build.inputs import PackageBuildError, deb_control, extract_deb
-from installer.packages.build.nvsource import file_sha256
+from installer.packages.build.inputs import PackageBuildError, deb_control, extract_deb, file_sha256
 
 _UTS_RE = re.compile(r'#define\s+UTS_RELEASE\s+"([^"]+)"')
 _INCLUDE_RE = re.compile(r"^include\s+(/\S+)/Makefile\s*$", re.M)

@@ -200,7 +200,7 @@ def pick_user_files(roots: list[Path], arch: str) -> tuple[list[Picked], list[Li
                     link_candidates.append((path, "lib64/" + path.name))
                 continue
             relpath = _package_relpath(kind, relative)
-            if relpath in picked and _digest(picked[relpath].source) != _digest(path):
+            if relpath in picked and file_sha256(picked[relpath].source) != file_sha256(path):
                 raise _fail(f"two different files would both be {relpath}: "
                             f"{picked[relpath].source} and {path}")
             picked[relpath] = Picked(relpath, path, kind)
@@ -226,7 +226,8 @@ def _links(candidates: list[tuple[Path, str]], picked: dict[str, Picked]) -> lis
     return [links[key] for key in sorted(links)]
 
 
-def _digest(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """A file's sha256, read in chunks (inputs can be hundreds of MB)."""
     digest = hashlib.sha256()
     with path.open("rb") as handle:
         while chunk := handle.read(COPY_CHUNK):

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from installer.packages.build.inputs import (
-    COPY_CHUNK,
     PackageBuildError,
     deb_control,
     extract_deb,
     extract_run,
+    file_sha256,
 )
 
 _VERSION_RE = re.compile(r'NV_VERSION_STRING=\\?"(\d{3,4}\.\d{1,3}(?:\.\d{1,3})?)\\?"')
@@ -52,14 +52,6 @@ class NvSource:
                 remedy="open modules need kernel-open/ (a .run of 515 or newer, or Debian's "
                        "nvidia-open-kernel-source); pass the --flavour the sources have")
         return flavour, self.trees[flavour]
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(COPY_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def tree_sha256(root: Path) -> str:
