@@ -16,9 +16,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from e2e import INSTALL_DIR
 
 from adversarial.harness import (
-    INSTALL_DIR,
     KERNEL_STATE,
     VERSION,
     WORK_AREA,

@@ -7,35 +7,35 @@ the cause, no traceback, and that nothing outside the installer's own area chang
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-from e2e import INSTALL_DIR, KERNEL
 from httpserver import Fault, MirrorServer, self_signed
 
 from adversarial.harness import (
     VERSION,
     WORK_AREA,
     Arena,
-    Entry,
     Result,
     assert_refused,
 )
-
-PKG = f"{KERNEL}/{VERSION}/proprietary"
-LIB = f"{PKG}/lib64/libcuda.so.{VERSION}"
-PARENTS = ("node/home", "node/home/kubernetes", "node/home/kubernetes/bin", f"node/{INSTALL_DIR}",
-           f"node/{INSTALL_DIR}/.cache")
-CACHE = (f"node/{INSTALL_DIR}/.cache/", f"node/{INSTALL_DIR}/.lock")
-# the simulated kernel's own state (FakeKernelHost keeps it in the tree), not the installer's
-SIMULATED = ("node/proc/.fake-kernel.json", "node/proc/devices")
-
+from adversarial.mirrorkit import (
+    CACHE,
+    LIB,
+    PKG,
+    assert_fetched,
+    assert_only,
+    copy_repo,
+    edit_manifest,
+    fetch,
+    good,
+    set_manifest_bytes,
+    warned,
+)
 
 # ---------------------------------------------------------------- helpers
 
@@ -44,69 +44,6 @@ SIMULATED = ("node/proc/.fake-kernel.json", "node/proc/devices")
 def tls(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """A self-signed certificate for 127.0.0.1 (also its own CA bundle) and its key."""
     return self_signed(tmp_path_factory.mktemp("tls"))
-
-
-def copy_repo(arena: Arena, name: str) -> Path:
-    """A copy of the good repository to spoil (inside the arena, before the snapshot)."""
-    target = arena.base / name
-    shutil.copytree(arena.scene.repo, target, symlinks=True)
-    return target
-
-
-def edit_manifest(repo: Path, change: Callable[[dict[str, Any]], Any]) -> None:
-    """Change the manifest and make the index vouch for the result (so the manifest's own
-    checks are what must catch it)."""
-    path = repo / PKG / "manifest.json"
-    doc = json.loads(path.read_text())
-    change(doc)
-    set_manifest_bytes(repo, json.dumps(doc).encode())
-
-
-def set_manifest_bytes(repo: Path, data: bytes) -> None:
-    (repo / PKG / "manifest.json").write_bytes(data)
-    index = json.loads((repo / "index.json").read_text())
-    for entry in index["packages"]:
-        entry["manifest_sha256"] = hashlib.sha256(data).hexdigest()
-    (repo / "index.json").write_text(json.dumps(index))
-
-
-def add_file(doc: dict[str, Any], path: str, data: bytes) -> None:
-    doc["files"].append({"path": path, "size": len(data), "kind": "config", "mode": 0o644,
-                         "sha256": hashlib.sha256(data).hexdigest()})
-
-
-def fetch(arena: Arena, *mirrors: str, extra: tuple[str, ...] = (), timeout: float = 60
-          ) -> Result:
-    flags = [arg for mirror in mirrors for arg in ("--mirror", mirror)]
-    return arena.run("fetch", *arena.args(*flags, "--download-retries", "2", *extra),
-                     timeout=timeout)
-
-
-def good(arena: Arena) -> str:
-    return f"file://{arena.scene.repo}"
-
-
-def assert_fetched(result: Result) -> None:
-    assert "Traceback" not in result.stderr, result.stderr[-3000:]
-    assert result.code == 0, result.stderr[-3000:]
-    assert f"{VERSION}" in result.stdout
-
-
-def assert_only(before: Mapping[str, Entry], after: Mapping[str, Entry],
-                prefixes: tuple[str, ...] = WORK_AREA) -> None:
-    """Nothing changed in the arena but the install dir's parents (created empty), the
-    given prefixes and the work dir."""
-    changed = {p for p in before.keys() | after.keys() if before.get(p) != after.get(p)}
-    stray = {p for p in changed if p not in (*PARENTS, *SIMULATED) and not p.startswith("work/")
-             and not any(p == x.rstrip("/") or p.startswith(x) for x in prefixes)}
-    assert not stray, {p: (before.get(p), after.get(p)) for p in sorted(stray)}
-
-
-def warned(result: Result, source_part: str) -> bool:
-    """A log event says that a source (its name containing `source_part`) failed."""
-    kinds = ("source unavailable", "source failed", "file failed on mirror")
-    return any(event.get("event") in kinds and source_part in json.dumps(event)
-               for event in result.events)
 
 
 @pytest.fixture
@@ -440,68 +377,3 @@ def test_failures_never_show_credentials_or_token(arena: Arena, tls: tuple[Path,
     code = {"tls": 6, "404": 5, "refused": 6, "corrupt": 7, "trickle": 6}[fault]
     assert_refused(done, code)
     assert_no_secret(arena, done)
-
-
-# ---------------------------------------------------------------- file:// paths cannot climb out
-
-
-@pytest.mark.parametrize("base", ["{repo}/%2e%2e/outside", "{repo}/..%2foutside",
-                                  "{repo}%00/x", "{repo}/%2E%2E"])
-def test_a_file_mirror_base_with_encoded_traversal_is_refused(arena: Arena, base: str) -> None:
-    before = arena.snapshot()
-    url = "file://" + base.format(repo=arena.scene.repo)
-    done = fetch(arena, url)
-    assert_refused(done, 7, "is refused")
-    assert_only(before, arena.snapshot())
-
-
-@pytest.mark.parametrize("path", [
-    "lib64/%2e%2e%2f%2e%2e%2f%2e%2e%2f%2e%2e%2f%2e%2e%2foutside%2fetc%2fsentinel.conf",
-    "lib64/%2E%2E/%2E%2E/%2E%2E/%2E%2E/%2E%2E/outside/etc/sentinel.conf",
-    "lib64/sentinel%00.conf",
-])
-def test_a_manifest_path_that_decodes_out_of_the_mirror_is_refused(arena: Arena,
-                                                                   path: str) -> None:
-    repo = copy_repo(arena, "hostile")
-    sentinel = (arena.outside / "etc" / "sentinel.conf").read_bytes()
-    edit_manifest(repo, lambda doc: add_file(doc, path, sentinel))
-    before = arena.snapshot()
-    done = fetch(arena, f"file://{repo}")
-    assert_refused(done, 7, "is refused", path[:40])
-    assert_only(before, arena.snapshot())
-
-
-def test_a_hostile_manifest_path_on_the_first_mirror_falls_through(arena: Arena) -> None:
-    repo = copy_repo(arena, "hostile")
-    sentinel = (arena.outside / "etc" / "sentinel.conf").read_bytes()
-    edit_manifest(repo, lambda doc: add_file(
-        doc, "lib64/%2e%2e%2f%2e%2e%2f%2e%2e%2f%2e%2e%2f%2e%2e%2foutside%2fetc%2fsentinel.conf",
-        sentinel))
-    done = fetch(arena, f"file://{repo}", good(arena))
-    assert_fetched(done)
-    assert warned(done, "is refused")
-    blobs = arena.install_dir / ".cache" / "blobs"
-    digest = hashlib.sha256(sentinel).hexdigest()
-    assert not list(blobs.rglob(digest)), "a file from outside the mirror entered the cache"
-
-
-def test_a_symlink_out_of_a_file_mirror_is_refused(arena: Arena) -> None:
-    repo = copy_repo(arena, "linked")
-    sentinel = arena.outside / "etc" / "sentinel.conf"
-    edit_manifest(repo, lambda doc: add_file(doc, "lib64/sentinel.conf", sentinel.read_bytes()))
-    (repo / PKG / "lib64" / "sentinel.conf").symlink_to(sentinel)
-    before = arena.snapshot()
-    done = fetch(arena, f"file://{repo}")
-    assert_refused(done, 7, "outside the mirror root", "lib64/sentinel.conf")
-    assert_only(before, arena.snapshot())
-
-
-def test_a_fifo_in_a_file_mirror_cannot_block_the_run(arena: Arena) -> None:
-    repo = copy_repo(arena, "fifo")
-    (repo / "index.json").unlink()
-    import os
-
-    os.mkfifo(repo / "index.json")
-    done = fetch(arena, f"file://{repo}", good(arena), timeout=20)
-    assert_fetched(done)
-    assert warned(done, "not a regular file")

@@ -11,9 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from e2e import INSTALL_DIR
 
 from adversarial.harness import (
-    INSTALL_DIR,
     KERNEL_STATE,
     WORK_AREA,
     Arena,

@@ -1,0 +1,82 @@
+"""file:// mirrors: percent-encoded paths, symlinks and FIFOs cannot climb out of the
+mirror's tree or block the run (issue 12, item 8)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import pytest
+
+from adversarial.harness import Arena, assert_refused
+from adversarial.mirrorkit import (
+    PKG,
+    add_file,
+    assert_fetched,
+    assert_only,
+    copy_repo,
+    edit_manifest,
+    fetch,
+    good,
+    warned,
+)
+
+
+@pytest.mark.parametrize("base", ["{repo}/%2e%2e/outside", "{repo}/..%2foutside",
+                                  "{repo}%00/x", "{repo}/%2E%2E"])
+def test_a_file_mirror_base_with_encoded_traversal_is_refused(arena: Arena, base: str) -> None:
+    before = arena.snapshot()
+    url = "file://" + base.format(repo=arena.scene.repo)
+    done = fetch(arena, url)
+    assert_refused(done, 7, "is refused")
+    assert_only(before, arena.snapshot())
+
+
+@pytest.mark.parametrize("path", [
+    "lib64/%2e%2e%2f%2e%2e%2f%2e%2e%2f%2e%2e%2f%2e%2e%2foutside%2fetc%2fsentinel.conf",
+    "lib64/%2E%2E/%2E%2E/%2E%2E/%2E%2E/%2E%2E/outside/etc/sentinel.conf",
+    "lib64/sentinel%00.conf",
+])
+def test_a_manifest_path_that_decodes_out_of_the_mirror_is_refused(arena: Arena,
+                                                                   path: str) -> None:
+    repo = copy_repo(arena, "hostile")
+    sentinel = (arena.outside / "etc" / "sentinel.conf").read_bytes()
+    edit_manifest(repo, lambda doc: add_file(doc, path, sentinel))
+    before = arena.snapshot()
+    done = fetch(arena, f"file://{repo}")
+    assert_refused(done, 7, "is refused", path[:40])
+    assert_only(before, arena.snapshot())
+
+
+def test_a_hostile_manifest_path_on_the_first_mirror_falls_through(arena: Arena) -> None:
+    repo = copy_repo(arena, "hostile")
+    sentinel = (arena.outside / "etc" / "sentinel.conf").read_bytes()
+    edit_manifest(repo, lambda doc: add_file(
+        doc, "lib64/%2e%2e%2f%2e%2e%2f%2e%2e%2f%2e%2e%2f%2e%2e%2foutside%2fetc%2fsentinel.conf",
+        sentinel))
+    done = fetch(arena, f"file://{repo}", good(arena))
+    assert_fetched(done)
+    assert warned(done, "is refused")
+    blobs = arena.install_dir / ".cache" / "blobs"
+    digest = hashlib.sha256(sentinel).hexdigest()
+    assert not list(blobs.rglob(digest)), "a file from outside the mirror entered the cache"
+
+
+def test_a_symlink_out_of_a_file_mirror_is_refused(arena: Arena) -> None:
+    repo = copy_repo(arena, "linked")
+    sentinel = arena.outside / "etc" / "sentinel.conf"
+    edit_manifest(repo, lambda doc: add_file(doc, "lib64/sentinel.conf", sentinel.read_bytes()))
+    (repo / PKG / "lib64" / "sentinel.conf").symlink_to(sentinel)
+    before = arena.snapshot()
+    done = fetch(arena, f"file://{repo}")
+    assert_refused(done, 7, "outside the mirror root", "lib64/sentinel.conf")
+    assert_only(before, arena.snapshot())
+
+
+def test_a_fifo_in_a_file_mirror_cannot_block_the_run(arena: Arena) -> None:
+    repo = copy_repo(arena, "fifo")
+    (repo / "index.json").unlink()
+    os.mkfifo(repo / "index.json")
+    done = fetch(arena, f"file://{repo}", good(arena), timeout=20)
+    assert_fetched(done)
+    assert warned(done, "not a regular file")
