@@ -11,13 +11,7 @@ updated (atomically) with its manifest digest and any aliases asked for. With
 
 from __future__ import annotations
 
-import contextlib
-import gzip
-import hashlib
 import json
-import os
-import shutil
-import tarfile
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,8 +21,6 @@ import structlog
 
 from installer.packages.build.compile import Compiled, CompileRequest, compile_modules
 from installer.packages.build.inputs import (
-    COPY_CHUNK,
-    KIND_MODES,
     OPEN_LICENSES,
     ModuleInfo,
     PackageBuildError,
@@ -39,33 +31,20 @@ from installer.packages.build.inputs import (
     pick_user_files,
     scan_modules,
 )
+from installer.packages.build.publish import Identity, update_index, write_package, write_tarball
 from installer.packages.build.signing import SigningOptions, apply, check_options
 from installer.packages.manifest import (
     ARCHES,
     DRIVER_VERSION_RE,
     FLAVOURS,
     KERNEL_RELEASE_RE,
-    MANIFEST_NAME,
-    FileEntry,
-    LinkEntry,
     Manifest,
-    ModuleEntry,
-    dump_manifest,
-    manifest_from_dict,
     manifest_to_dict,
     sha256_hex,
 )
 from installer.packages.repository import (
-    INDEX_NAME,
-    MAX_INDEX_BYTES,
-    Candidate,
-    Index,
-    index_to_bytes,
     package_path,
-    parse_index,
-    with_package,
 )
-from installer.packages.signatures import SignatureEntry
 
 __all__ = ["BuildRequest", "BuildResult", "PackageBuildError", "SigningOptions", "build"]
 _ALIAS_NAMES = ("default", "latest")
@@ -150,12 +129,13 @@ def build(request: BuildRequest) -> BuildResult:
         load_order(modules)  # a cycle is refused before anything is written
         destination = _destination(request, identity)
         modules, signatures = apply(request.signing, modules, Path(work))
-        manifest, data = _write_package(destination, identity, request, picked, links,
-                                        modules, load_order(modules), signatures, provenance)
+        manifest, data = write_package(destination, identity, request.arch, request.os, picked,
+                                       links, modules, load_order(modules), signatures,
+                                       provenance)
     digest = sha256_hex(data)
-    tarball = _write_tarball(destination, request.tarball) if request.tarball else None
-    index, aliases = (_update_index(request, manifest, digest) if request.repo
-                      else (None, {}))
+    tarball = write_tarball(destination, request.tarball) if request.tarball else None
+    index, aliases = (update_index(request.repo, manifest, digest, request.aliases)
+                      if request.repo else (None, {}))
     return BuildResult(manifest, digest, destination, tarball, index, aliases)
 
 
@@ -232,13 +212,6 @@ def _check_contents(arch: str, picked: list[Picked], modules: list[ModuleInfo]) 
                     "firmware, modules)", remedy="check the inputs and --arch")
 
 
-@dataclass(frozen=True)
-class _Identity:
-    driver_version: str
-    kernel_release: str
-    flavour: str
-
-
 def _agree(what: str, given: str | None, found: set[str], flag: str) -> str:
     """One value for an identity field: the flag, else what the inputs say (all the same)."""
     if given is not None:
@@ -255,13 +228,13 @@ def _agree(what: str, given: str | None, found: set[str], flag: str) -> str:
 
 
 def _identity(request: BuildRequest, picked: list[Picked], modules: list[ModuleInfo]
-              ) -> _Identity:
+              ) -> Identity:
     versions = _library_versions(picked)
     versions |= {m.version for m in modules if m.version and DRIVER_VERSION_RE.match(m.version)}
     kernels = {m.kernel_release for m in modules if m.kernel_release}
     flavours = {"open" if m.license in OPEN_LICENSES else "proprietary"
                 for m in modules if m.name == "nvidia" and m.license}
-    identity = _Identity(
+    identity = Identity(
         _agree("driver version", request.driver_version, versions, "--driver-version"),
         _agree("kernel release", request.kernel_release, kernels, "--kernel-release"),
         _agree("module flavour", request.flavour, flavours, "--flavour"))
@@ -274,7 +247,7 @@ def _identity(request: BuildRequest, picked: list[Picked], modules: list[ModuleI
     return identity
 
 
-def _destination(request: BuildRequest, identity: _Identity) -> Path:
+def _destination(request: BuildRequest, identity: Identity) -> Path:
     if request.repo is not None:
         target = request.repo / package_path(identity.kernel_release, identity.driver_version,
                                              identity.flavour)
@@ -287,103 +260,3 @@ def _destination(request: BuildRequest, identity: _Identity) -> Path:
     return target
 
 
-def _write_package(destination: Path, identity: _Identity, request: BuildRequest,
-                   picked: list[Picked], links: list[LinkEntry], modules: list[ModuleInfo],
-                   ordered: list[ModuleInfo], signatures: tuple[SignatureEntry, ...],
-                   provenance: dict[str, Any] | None
-                   ) -> tuple[Manifest, bytes]:
-    """Copy and hash every file into a temp dir beside `destination`, then swap it in."""
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{destination.name}.", dir=destination.parent))
-    try:
-        picked = [_firmware_home(item, identity.driver_version) for item in picked]
-        module_files = [Picked(f"modules/{m.path.name}", m.path, "module") for m in modules]
-        entries = [_copy(item, tmp) for item in sorted(picked + module_files,
-                                                       key=lambda p: p.relpath)]
-        manifest = manifest_from_dict(manifest_to_dict(Manifest(
-            1, identity.driver_version, identity.kernel_release, request.arch,
-            identity.flavour, request.os, tuple(entries),
-            tuple(ModuleEntry(m.name, f"modules/{m.path.name}", m.depends, {})
-                  for m in ordered), tuple(links), signatures, provenance)))
-        data = dump_manifest(manifest)
-        (tmp / MANIFEST_NAME).write_bytes(data)
-        tmp.chmod(0o755)
-        _swap_into_place(tmp, destination)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return manifest, data
-
-
-def _firmware_home(item: Picked, version: str) -> Picked:
-    """GSP firmware goes where the module asks for it: `nvidia/<version>/` (the .run is flat)."""
-    prefix = f"firmware/nvidia/{version}/"
-    if item.kind != "firmware" or item.relpath.startswith(prefix):
-        return item
-    return Picked(prefix + item.relpath.rsplit("/", 1)[-1], item.source, item.kind)
-
-
-def _copy(item: Picked, root: Path) -> FileEntry:
-    """Copy one file while hashing it (one pass) and give it its kind's fixed mode."""
-    target = root / item.relpath
-    target.parent.mkdir(parents=True, exist_ok=True)
-    digest, size = hashlib.sha256(), 0
-    with item.source.open("rb") as source, target.open("wb") as out:
-        while chunk := source.read(COPY_CHUNK):
-            digest.update(chunk)
-            out.write(chunk)
-            size += len(chunk)
-    mode = KIND_MODES[item.kind]
-    target.chmod(mode)
-    return FileEntry(item.relpath, size, digest.hexdigest(), mode, item.kind)
-
-
-def _swap_into_place(tmp: Path, destination: Path) -> None:
-    old = None
-    if destination.exists():
-        old = destination.with_name(f".{destination.name}.old-{os.getpid()}")
-        os.rename(destination, old)
-    os.rename(tmp, destination)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-
-
-def _write_tarball(directory: Path, target: Path) -> Path:
-    """A reproducible tar.gz of the package (sorted names, fixed owner and times)."""
-    def clean(info: tarfile.TarInfo) -> tarfile.TarInfo:
-        info.uid = info.gid = 0
-        info.uname = info.gname = "root"
-        info.mtime = 0
-        return info
-
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-    with tmp.open("wb") as raw, gzip.GzipFile(filename="", mode="wb", compresslevel=1,
-                                               fileobj=raw, mtime=0) as compressed, \
-            tarfile.open(fileobj=compressed, mode="w", format=tarfile.PAX_FORMAT) as archive:
-        for path in sorted(p for p in directory.rglob("*") if p.is_file()):
-            archive.add(path, arcname=path.relative_to(directory).as_posix(), filter=clean)
-    os.replace(tmp, target)
-    return target
-
-
-def _update_index(request: BuildRequest, manifest: Manifest, digest: str
-                  ) -> tuple[Path, dict[str, str]]:
-    """Add the package to `<repo>/index.json` (creating it), set aliases, write atomically."""
-    assert request.repo is not None
-    path = request.repo / INDEX_NAME
-    index = Index()
-    if path.exists():
-        with path.open("rb") as handle:
-            index = parse_index(handle.read(MAX_INDEX_BYTES + 1), str(path))
-    aliases = {name: manifest.driver_version for name in request.aliases}
-    candidate = Candidate(manifest.driver_version, manifest.kernel_release, manifest.arch,
-                          manifest.flavour, manifest.key, digest, manifest.os)
-    tmp = path.with_name(f".{INDEX_NAME}.tmp-{os.getpid()}")
-    try:
-        tmp.write_bytes(index_to_bytes(with_package(index, candidate, aliases)))
-        os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-    return path, aliases

@@ -1,0 +1,150 @@
+"""Write a built package: files hashed while copied, manifest, atomic swap, tarball, index.
+
+Everything lands in a temp directory beside its destination and is renamed into place
+only when complete; `index.json` is replaced atomically, so a reader never sees half.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import hashlib
+import os
+import shutil
+import tarfile
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from installer.packages.build.inputs import COPY_CHUNK, KIND_MODES, ModuleInfo, Picked
+from installer.packages.manifest import (
+    MANIFEST_NAME,
+    FileEntry,
+    LinkEntry,
+    Manifest,
+    ModuleEntry,
+    dump_manifest,
+    manifest_from_dict,
+    manifest_to_dict,
+)
+from installer.packages.repository import (
+    INDEX_NAME,
+    MAX_INDEX_BYTES,
+    Candidate,
+    Index,
+    index_to_bytes,
+    parse_index,
+    with_package,
+)
+from installer.packages.signatures import SignatureEntry
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who the package is: driver version, kernel release, module flavour."""
+
+    driver_version: str
+    kernel_release: str
+    flavour: str
+
+
+def write_package(destination: Path, identity: Identity, arch: str,
+                  os_info: dict[str, str] | None, picked: list[Picked], links: list[LinkEntry],
+                  modules: list[ModuleInfo], ordered: list[ModuleInfo],
+                  signatures: tuple[SignatureEntry, ...], provenance: dict[str, Any] | None
+                  ) -> tuple[Manifest, bytes]:
+    """Copy and hash every file into a temp dir beside `destination`, then swap it in."""
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{destination.name}.", dir=destination.parent))
+    try:
+        picked = [_firmware_home(item, identity.driver_version) for item in picked]
+        module_files = [Picked(f"modules/{m.path.name}", m.path, "module") for m in modules]
+        entries = [_copy(item, tmp) for item in sorted(picked + module_files,
+                                                       key=lambda p: p.relpath)]
+        manifest = manifest_from_dict(manifest_to_dict(Manifest(
+            1, identity.driver_version, identity.kernel_release, arch,
+            identity.flavour, os_info, tuple(entries),
+            tuple(ModuleEntry(m.name, f"modules/{m.path.name}", m.depends, {})
+                  for m in ordered), tuple(links), signatures, provenance)))
+        data = dump_manifest(manifest)
+        (tmp / MANIFEST_NAME).write_bytes(data)
+        tmp.chmod(0o755)
+        _swap_into_place(tmp, destination)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return manifest, data
+
+
+def _firmware_home(item: Picked, version: str) -> Picked:
+    """GSP firmware goes where the module asks for it: `nvidia/<version>/` (the .run is flat)."""
+    prefix = f"firmware/nvidia/{version}/"
+    if item.kind != "firmware" or item.relpath.startswith(prefix):
+        return item
+    return Picked(prefix + item.relpath.rsplit("/", 1)[-1], item.source, item.kind)
+
+
+def _copy(item: Picked, root: Path) -> FileEntry:
+    """Copy one file while hashing it (one pass) and give it its kind's fixed mode."""
+    target = root / item.relpath
+    target.parent.mkdir(parents=True, exist_ok=True)
+    digest, size = hashlib.sha256(), 0
+    with item.source.open("rb") as source, target.open("wb") as out:
+        while chunk := source.read(COPY_CHUNK):
+            digest.update(chunk)
+            out.write(chunk)
+            size += len(chunk)
+    mode = KIND_MODES[item.kind]
+    target.chmod(mode)
+    return FileEntry(item.relpath, size, digest.hexdigest(), mode, item.kind)
+
+
+def _swap_into_place(tmp: Path, destination: Path) -> None:
+    old = None
+    if destination.exists():
+        old = destination.with_name(f".{destination.name}.old-{os.getpid()}")
+        os.rename(destination, old)
+    os.rename(tmp, destination)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def write_tarball(directory: Path, target: Path) -> Path:
+    """A reproducible tar.gz of the package (sorted names, fixed owner and times)."""
+    def clean(info: tarfile.TarInfo) -> tarfile.TarInfo:
+        info.uid = info.gid = 0
+        info.uname = info.gname = "root"
+        info.mtime = 0
+        return info
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    with tmp.open("wb") as raw, gzip.GzipFile(filename="", mode="wb", compresslevel=1,
+                                               fileobj=raw, mtime=0) as compressed, \
+            tarfile.open(fileobj=compressed, mode="w", format=tarfile.PAX_FORMAT) as archive:
+        for path in sorted(p for p in directory.rglob("*") if p.is_file()):
+            archive.add(path, arcname=path.relative_to(directory).as_posix(), filter=clean)
+    os.replace(tmp, target)
+    return target
+
+
+def update_index(repo: Path, manifest: Manifest, digest: str, alias_names: tuple[str, ...]
+                 ) -> tuple[Path, dict[str, str]]:
+    """Add the package to `<repo>/index.json` (creating it), set aliases, write atomically."""
+    path = repo / INDEX_NAME
+    index = Index()
+    if path.exists():
+        with path.open("rb") as handle:
+            index = parse_index(handle.read(MAX_INDEX_BYTES + 1), str(path))
+    aliases = {name: manifest.driver_version for name in alias_names}
+    candidate = Candidate(manifest.driver_version, manifest.kernel_release, manifest.arch,
+                          manifest.flavour, manifest.key, digest, manifest.os)
+    tmp = path.with_name(f".{INDEX_NAME}.tmp-{os.getpid()}")
+    try:
+        tmp.write_bytes(index_to_bytes(with_package(index, candidate, aliases)))
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+    return path, aliases
