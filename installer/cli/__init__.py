@@ -3,5 +3,8 @@ tables generated from the code (`docs`). Commands parse, call one pipeline funct
 render; the sequencing lives in `installer.pipeline`."""
 
 from installer.cli.commands import cli, main
+from installer.cli.package import package
+
+cli.add_command(package)
 
 __all__ = ["cli", "main"]

@@ -1,0 +1,91 @@
+"""`gpu-node-installer package ...`: make driver packages (from .debs/.run, or compiled).
+
+The flags map one to one onto `installer.packages.build.BuildRequest`; the work and every
+refusal live there.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from installer.cli import logs
+from installer.cli.commands import emit, output_option
+
+
+@click.group()
+def package() -> None:
+    """Make driver packages (see docs/package-format.md)."""
+
+
+_IN_FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
+_IN_DIR = click.Path(exists=True, file_okay=False, path_type=Path)
+_OUT = click.Path(path_type=Path)
+
+
+@package.command(name="build")
+@click.option("--deb", "debs", multiple=True, type=_IN_FILE,
+              help="a Debian NVIDIA package (.deb), repeatable")
+@click.option("--tree", "trees", multiple=True, type=_IN_DIR,
+              help="a tree the .debs were extracted into (dpkg-deb -x), repeatable")
+@click.option("--run", "run_files", multiple=True, type=_IN_FILE,
+              help="NVIDIA's .run installer (makeself), repeatable")
+@click.option("--modules", "modules_dir", type=_IN_DIR,
+              help="directory of kernel modules built for one kernel release")
+@click.option("--nvidia-source", type=click.Path(exists=True, path_type=Path),
+              help="compile the modules from NVIDIA's sources: nvidia-kernel-source or "
+                   "nvidia-open-kernel-source .deb, NVIDIA's .run, a tarball or directory")
+@click.option("--kernel-headers", "kernel_headers", multiple=True,
+              type=click.Path(exists=True, path_type=Path),
+              help="with --nvidia-source: linux-headers .debs (with their -common and "
+                   "linux-kbuild .debs), a tarball or a build directory; repeatable")
+@click.option("--patch", "patches", multiple=True, type=_IN_FILE,
+              help="with --nvidia-source: apply this patch (-p1, in the module tree) first; "
+                   "repeatable, in order")
+@click.option("--jobs", type=click.IntRange(min=1), default=None,
+              help="parallel compile jobs (default: the number of cores)")
+@click.option("--driver-version", help="driver version (default: read from the inputs)")
+@click.option("--kernel-release", help="kernel release (default: the modules' vermagic)")
+@click.option("--flavour", type=click.Choice(["open", "proprietary"]),
+              help="module flavour (default: the nvidia module's licence)")
+@click.option("--arch", type=click.Choice(["x86_64", "aarch64"]), default="x86_64",
+              show_default=True, help="architecture of the files to take")
+@click.option("--os-id", help="only for nodes whose os-release ID is this")
+@click.option("--os-version-id", help="only for nodes whose os-release VERSION_ID is this")
+@click.option("--os-build-id", help="only for nodes whose os-release BUILD_ID is this")
+@click.option("--out-dir", "output_dir", type=_OUT, help="write the package directory here")
+@click.option("--repo", type=_OUT,
+              help="write into this repository (<kernel>/<driver>/<flavour>/, index.json)")
+@click.option("--alias", "aliases", multiple=True,
+              help="with --repo: point default, latest or a branch (535) at this version")
+@click.option("--tarball", type=_OUT, help="also write the package as this .tar.gz")
+@click.option("--force", is_flag=True, help="replace an existing package directory")
+@click.option("--sign-key", type=_IN_FILE, help="sign every module with this private key")
+@click.option("--sign-cert", type=_IN_FILE,
+              help="the key's X.509 certificate (with --signatures: verify against it)")
+@click.option("--sign-hash", default="sha256", show_default=True,
+              help="digest of the signatures: sha256, sha384 or sha512")
+@click.option("--resign", is_flag=True, help="replace the signature of signed modules")
+@click.option("--signatures", type=_IN_DIR,
+              help="attach a vendor's detached signatures: <module>.ko.sig per module")
+@output_option
+def package_build(output: str, os_id: str | None, os_version_id: str | None,
+                  os_build_id: str | None, output_dir: Path | None, sign_key: Path | None,
+                  sign_cert: Path | None, sign_hash: str, resign: bool,
+                  signatures: Path | None, **options: Any) -> None:
+    """Make a driver package from .debs/.run and built or compiled kernel modules."""
+    from installer.packages.build import BuildRequest, SigningOptions, build
+
+    logs.configure()  # compile progress: JSON events on stderr, readable lines on a terminal
+    os_match = {key: value for key, value in (("id", os_id), ("version_id", os_version_id),
+                                              ("build_id", os_build_id)) if value}
+    options["debs"], options["trees"] = tuple(options["debs"]), tuple(options["trees"])
+    options["run_files"], options["aliases"] = (tuple(options["run_files"]),
+                                                tuple(options["aliases"]))
+    options["kernel_headers"], options["patches"] = (tuple(options["kernel_headers"]),
+                                                     tuple(options["patches"]))
+    signing = SigningOptions(sign_key, sign_cert, sign_hash, signatures, resign)
+    emit(build(BuildRequest(os=os_match or None, output=output_dir, signing=signing,
+                            **options)), output)
