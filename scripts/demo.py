@@ -5,9 +5,13 @@ What is real: Debian bookworm's own kernel (booted under qemu/TCG), kernel modul
 through finit_module, the device nodes, the driver package built by `package build` from
 NVIDIA's 535.261.03 user-mode files (Debian non-free), a mirror on the guest's 127.0.0.1,
 download + sha256, atomic staging, readiness files, `status`.
+The package is made the way an operator makes one: `gpu-node-installer package build
+--nvidia-source SRC --kernel-headers <Debian's 3 headers .debs> --tree ... --repo ...`,
+the product compiling the modules against the kernel's headers.
 What is simulated, and said so: the GPU (a T4's PCI sysfs entry bind-mounted in the guest),
-the kernel modules (test modules named nvidia/nvidia-uvm/... built for that kernel), and
-NVML/CUDA (C stand-ins replace libnvidia-ml and libcuda in the package).
+the kernel-module *sources* (test stand-ins named nvidia/nvidia-uvm/..., laid out like
+NVIDIA's module tree, so that the modules load without a GPU), and NVML/CUDA (C stand-ins
+replace libnvidia-ml and libcuda in the package).
 Everything is cached outside the repo; a second run takes about a minute.
 """
 
@@ -26,10 +30,15 @@ from artifacts import LIB_DIR, cache_root, nvidia_tree  # noqa: E402
 from kernel import assets, guest  # noqa: E402
 from native import CUDA_SONAME, NVML_SONAME, build_standins  # noqa: E402
 
-from installer.packages.build import BuildRequest, build  # noqa: E402
-
 VERSION = "535.261.03"
 FAKE_GPU = "0000:00:1e.0"  # where the test nvidia module lists its one GPU
+# NVIDIA's module trees are entered with `make modules SYSSRC=... SYSOUT=... CC=...`; the
+# stand-ins hand over to the kernel's Kbuild the same way.
+STANDIN_MAKEFILE = """\
+# Test stand-in for NVIDIA's module-tree Makefile (see scripts/demo.py)
+modules:
+\t$(MAKE) -C $(SYSOUT) M=$(CURDIR) CC=$(CC) modules
+"""
 BANNER = ("no GPU here: NVML simulated (stand-in libnvidia-ml/libcuda), PCI GPU simulated "
           f"(T4 sysfs entry at {FAKE_GPU}); kernel, module loading, device nodes, download "
           "and staging are real")
@@ -79,15 +88,38 @@ def user_tree(work: Path) -> Path:
     return tree
 
 
+def standin_source(work: Path) -> Path:
+    """The stand-in modules' sources as an NVIDIA module tree (Kbuild naming the version)."""
+    tree = work / "standin-source"
+    if tree.exists():
+        shutil.rmtree(tree)
+    tree.mkdir(parents=True)
+    for source in assets.MODULES_SRC.glob("*.c"):
+        shutil.copy(source, tree / source.name)
+    kbuild = (assets.MODULES_SRC / "Kbuild").read_text()
+    (tree / "Kbuild").write_text(kbuild.replace("$(NV_VERSION)", VERSION)
+                                 .replace("ifeq ($(NV_FLAVOUR),open)", "ifeq (open,open)"))
+    (tree / "Makefile").write_text(STANDIN_MAKEFILE)
+    return tree
+
+
 def make_mirror(work: Path, kernel: assets.Kernel) -> Path:
-    """`package build` into a repository directory the guest serves over HTTP."""
-    modules = assets.build_test_modules(kernel, VERSION, flavour="open")
+    """`gpu-node-installer package build --nvidia-source ...` into a repository directory."""
     mirror = work / "mirror"
-    result = build(BuildRequest(trees=(user_tree(work),), modules_dir=modules,
-                                driver_version=VERSION, kernel_release=kernel.release,
-                                repo=mirror,
-                                aliases=("default", "latest"), force=True))
-    say(result.to_text().splitlines()[0])
+    cmd = [sys.executable, "-m", "installer", "package", "build",
+           "--nvidia-source", str(standin_source(work)),
+           *(f"--kernel-headers={deb}" for deb in assets.headers_debs(kernel)),
+           "--tree", str(user_tree(work)), "--repo", str(mirror),
+           "--alias", "default", "--alias", "latest", "--force"]
+    say("$ gpu-node-installer package build --nvidia-source standin-source "
+        + " ".join(f"--kernel-headers {deb.name}" for deb in assets.headers_debs(kernel))
+        + " --tree tree --repo mirror --alias default --alias latest")
+    started = time.monotonic()
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"demo: package build failed (exit {done.returncode}):\n"
+                         f"{done.stderr[-3000:]}")
+    say(f"{done.stdout.splitlines()[0]} ({time.monotonic() - started:.0f}s)")
     return mirror
 
 
@@ -97,7 +129,7 @@ def main() -> int:
         say(f"cannot boot a guest: {reason}; run `make deps` as root first")
         return 2
     start = time.monotonic()
-    say("preparing Debian's kernel, test modules and NVIDIA 535 files (cached after once)")
+    say("preparing Debian's kernel and headers and NVIDIA 535 files (cached after once)")
     kernel = assets.ensure_headers(assets.ensure_kernel(assets.kernel_release()))
     assets.ensure_busybox()
     work = cache_root() / "demo"

@@ -20,3 +20,7 @@ def test_demo_installs_end_to_end(kernel: Kernel) -> None:
     assert f"Kernel:          {kernel.release}" in out
     assert "Ready:           yes: driver 535.261.03" in out
     assert "changed=False" in out  # the second run reloads nothing
+    # the package came from the product compiling sources against the headers .debs
+    assert "$ gpu-node-installer package build --nvidia-source standin-source" in out
+    assert "--kernel-headers linux-kbuild-" in out
+    assert f"built 535.261.03 open for {kernel.release}" in out
