@@ -8,6 +8,11 @@
  *   FAKE_NVML_DRIVER        driver version string (default 535.261.03)
  *   FAKE_NVML_CUDA          CUDA driver version as an int (default 12020)
  *   FAKE_NVML_NAME          GPU name (default "NVIDIA A100-SXM4-40GB")
+ *   FAKE_NVML_NAMES         comma-separated names per GPU index (a mixed node); an index
+ *                           past the list takes the last name
+ *   FAKE_NVML_MEMORY_MIB    comma-separated total memory per GPU in MiB (default 40960)
+ *   FAKE_NVML_COMPUTE       comma-separated compute capability per GPU, "8.0" (default);
+ *                           "unsupported" makes the query return NOT_SUPPORTED
  *   FAKE_NVML_BUS_IDS       comma-separated PCI bus ids (default 00000000:1<i>:00.0)
  *   FAKE_NVML_DEVICE_ERROR  "<index>:<code>": nvmlDeviceGetHandleByIndex fails there
  *   FAKE_NVML_ECC           "unsupported" makes nvmlDeviceGetEccMode return NOT_SUPPORTED
@@ -136,9 +141,34 @@ nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *dev
     return 0;
 }
 
+/* The index-th item of a comma-separated env list (the last one past its end), or 0. */
+static int list_item(const char *env, int index, char *out, size_t size) {
+    const char *p = getenv(env);
+    if (!p || !*p) return 0;
+    for (int i = 0; i < index; i++) {
+        const char *next = strchr(p, ',');
+        if (!next) break;
+        p = next + 1;
+    }
+    size_t n = strcspn(p, ",");
+    if (n >= size) n = size - 1;
+    memcpy(out, p, n); out[n] = 0;
+    return 1;
+}
+
 nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length) {
-    (void)device;
+    char item[96];
+    if (list_item("FAKE_NVML_NAMES", device->index, item, sizeof item))
+        return copy_out(name, length, item);
     return copy_out(name, length, env_str("FAKE_NVML_NAME", "NVIDIA A100-SXM4-40GB"));
+}
+
+nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int *major, int *minor) {
+    char item[32] = "8.0";
+    list_item("FAKE_NVML_COMPUTE", device->index, item, sizeof item);
+    if (strcmp(item, "unsupported") == 0) return 3;
+    if (sscanf(item, "%d.%d", major, minor) != 2) return 2;
+    return 0;
 }
 
 nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length) {
@@ -172,8 +202,9 @@ nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *pci) {
 }
 
 nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) {
-    (void)device;
-    memory->total = 40ULL * 1024 * 1024 * 1024;
+    char item[32] = "40960";
+    list_item("FAKE_NVML_MEMORY_MIB", device->index, item, sizeof item);
+    memory->total = strtoull(item, NULL, 10) * 1024 * 1024;
     memory->used = 512ULL * 1024 * 1024;
     memory->free = memory->total - memory->used;
     return 0;

@@ -74,6 +74,7 @@ class GpuReport:
     remapped_rows_pending: bool | None
     remapped_rows_failure: bool | None
     fabric_state: str | None
+    compute_capability: str | None = None  # "8.0"; labels the node's GPU family
 
 
 @dataclass(frozen=True)
@@ -207,6 +208,8 @@ def _gpu(facts: Facts, index: int, *, fabric: bool) -> GpuReport:
                     pynvml.nvmlDeviceGetRetiredPagesPendingStatus)
     rows = maybe("nvmlDeviceGetRemappedRows", pynvml.nvmlDeviceGetRemappedRows)
     persistence = maybe("nvmlDeviceGetPersistenceMode", pynvml.nvmlDeviceGetPersistenceMode)
+    capability = maybe("nvmlDeviceGetCudaComputeCapability",
+                       pynvml.nvmlDeviceGetCudaComputeCapability)
     return GpuReport(
         index=index,
         name=_text(get("nvmlDeviceGetName", pynvml.nvmlDeviceGetName)),
@@ -219,6 +222,7 @@ def _gpu(facts: Facts, index: int, *, fabric: bool) -> GpuReport:
         remapped_rows_pending=None if rows is None else bool(rows[2]),
         remapped_rows_failure=None if rows is None else bool(rows[3]),
         fabric_state=_fabric_state(handle) if fabric else None,
+        compute_capability=None if capability is None else f"{capability[0]}.{capability[1]}",
     )
 
 
