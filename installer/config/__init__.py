@@ -222,6 +222,10 @@ SETTINGS: tuple[Setting, ...] = (
             "/var/run/secrets/kubernetes.io/serviceaccount",
             "where this pod's service-account token, ca.crt and namespace are",
             "an absolute path", _abs_path),
+    Setting("gpu_label_prefix", "--gpu-label-prefix", "GPU_LABEL_PREFIX", "gpu-node-installer",
+            "prefix of the GPU labels named as gpu-feature-discovery names them (gpu.product, "
+            "gpu.count, ...); nvidia.com for clusters without gpu-feature-discovery",
+            "one of gpu-node-installer, nvidia.com", _choice("gpu-node-installer", "nvidia.com")),
     Setting("driver_root_layout", "--driver-root-layout", "DRIVER_ROOT_LAYOUT", "false",
             "also expose usr/lib/<arch>-linux-gnu and usr/bin in the install dir "
             "(gpu-operator driver-root layout)", "true or false", _bool, is_flag=True),
@@ -275,6 +279,7 @@ class Config:
     node_name: str | None = None
     kube_api: str | None = None
     service_account_dir: Path = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+    gpu_label_prefix: str = "gpu-node-installer"
     driver_root_layout: bool = False
     module_params: tuple[ModuleParam, ...] = ()
     module_params_file: Path | None = None

@@ -280,12 +280,12 @@ class TestDaemonSet:
         assert "system-node-critical" in expression["values"]
         assert int(quota["spec"]["hard"]["pods"]) >= 5000  # Kubernetes' largest cluster
 
-    def test_rbac_is_node_patch_and_event_create_only(self, overlay: str) -> None:
+    def test_rbac_is_node_get_patch_and_event_create_only(self, overlay: str) -> None:
         (role,) = of_kind(render(f"overlays/{overlay}"), "ClusterRole")
         granted = {(group, resource, verb) for rule in role["rules"]
                    for group in rule["apiGroups"] for resource in rule["resources"]
                    for verb in rule["verbs"]}
-        assert granted == {("", "nodes", "patch"), ("", "events", "create"),
+        assert granted == {("", "nodes", "get"), ("", "nodes", "patch"), ("", "events", "create"),
                            ("events.k8s.io", "events", "create")}
         assert not of_kind(render(f"overlays/{overlay}"), "Role")
 

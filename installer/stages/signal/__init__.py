@@ -3,7 +3,9 @@
 Readiness is removed at the start of every run and written last, atomically, only from a
 passed verification: `<install dir>/.ready.json` for our own `wait-ready`, and the env file
 `/run/nvidia/validations/driver-ready` that gpu-operator's consumers wait for and source.
-Labels and an Event on the Node are a courtesy: failing to post them is a warning.
+Labels and an Event on the Node are a courtesy: failing to post them is a warning. The
+labels describe the GPUs too (`installer.compat.nodelabels`), so pods can select a GPU type;
+they are also kept in `.ready.json`, where `check-pod --here` reads them.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from installer import __version__
+from installer.compat import nodelabels
 from installer.compat.toolkit import max_cuda_for_driver, minor_compat_major
 from installer.context import Context, Verified
 from installer.errors import VerificationError
@@ -64,9 +67,10 @@ def run(ctx: Context) -> SignalResult:
         raise NotVerifiedError("readiness not written: verification has not passed",
                                remedy="run `verify` (or `install`) and fix what it reports")
     ready, env_file = ready_paths(ctx.config, ctx.host.roots)
-    write_atomic(ready, json.dumps(ready_document(ctx, verified), indent=2).encode())
+    labels = node_labels(ctx, verified)
+    document = {**ready_document(ctx, verified), "labels": labels}
+    write_atomic(ready, json.dumps(document, indent=2).encode())
     write_atomic(env_file, env_text(ctx).encode())
-    labels = node_labels(verified)
     warnings = tuple(_publish(ctx, verified, labels))
     return SignalResult(str(ctx.config.install_dir / READY_FILE), str(VALIDATION_NODE_PATH),
                         labels if ctx.config.node_name else {}, warnings)
@@ -99,10 +103,28 @@ def env_text(ctx: Context) -> str:
             f"DEV_ROOT_CTR_PATH=/host\n")
 
 
-def node_labels(verified: Verified) -> dict[str, str]:
+def node_labels(ctx: Context, verified: Verified) -> dict[str, str]:
+    """Driver, CUDA and status, then what the GPUs are: verify's NVML facts, with detect's
+    architecture for a GPU whose compute capability NVML did not report."""
+    architectures = {_bus_key(g.pci_address): g.architecture for g in ctx.node_info().gpus}
+    gpus = [nodelabels.GpuFacts(g.name, g.memory_total_mib or None, g.compute_capability,
+                                architectures.get(_bus_key(g.pci_bus_id)))
+            for g in verified.gpus]
     return {f"{LABEL_PREFIX}/driver-version": verified.driver_version,
             f"{LABEL_PREFIX}/cuda-version": verified.cuda_version,
-            f"{LABEL_PREFIX}/status": "ready"}
+            f"{LABEL_PREFIX}/status": "ready",
+            **nodelabels.gpu_labels(gpus, driver=verified.driver_version,
+                                    cuda=verified.cuda_version, flavour=verified.flavour,
+                                    prefix=ctx.config.gpu_label_prefix)}
+
+
+def _bus_key(bus_id: str) -> str:
+    """NVML's `00000000:07:00.0` and sysfs's `0000:07:00.0` as one form."""
+    domain, _, rest = bus_id.strip().lower().partition(":")
+    try:
+        return f"{int(domain, 16):04x}:{rest}"
+    except ValueError:
+        return bus_id.strip().lower()
 
 
 def _publish(ctx: Context, verified: Verified, labels: dict[str, str]) -> list[str]:
@@ -118,8 +140,13 @@ def _publish(ctx: Context, verified: Verified, labels: dict[str, str]) -> list[s
     message = (f"NVIDIA driver {verified.driver_version} ready on {len(verified.gpus)} GPU(s) "
                f"(CUDA {verified.cuda_version}, kernel {verified.kernel_release})")
     warnings = []
+    current: tuple[dict[str, str], dict[str, str]] = ({}, {})
     try:
-        kube.patch_node_labels(api, node, labels)
+        current = kube.node_metadata(api, node)
+    except kube.KubeError as exc:
+        warnings.append(f"could not read the node's labels (stale ones stay): {exc}")
+    try:
+        kube.patch_node(api, node, nodelabels.label_patch(*current, labels))
     except kube.KubeError as exc:
         warnings.append(f"could not label the node: {exc}")
     try:

@@ -40,13 +40,13 @@ class ApiServer:
         return {"Authorization": f"Bearer {token}", "Content-Type": content_type,
                 "Accept": "application/json", "User-Agent": COMPONENT}
 
-    def call(self, method: str, path: str, body: Mapping[str, Any], content_type: str
+    def call(self, method: str, path: str, body: Mapping[str, Any] | None, content_type: str
              ) -> dict[str, Any]:
         """One request; any transport error or non-2xx answer is a KubeError."""
         verify: bool | str = str(self.ca_file) if self.ca_file else True
         try:
             response = requests.request(
-                method, self.base_url + path, data=json.dumps(body),
+                method, self.base_url + path, data=None if body is None else json.dumps(body),
                 headers=self._headers(content_type), verify=verify, timeout=TIMEOUT_S)
         except requests.RequestException as exc:
             raise KubeError(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
@@ -81,8 +81,25 @@ def _url_from_env(environ: Mapping[str, str]) -> str | None:
 
 def patch_node_labels(api: ApiServer, node: str, labels: Mapping[str, str]) -> None:
     """Merge-patch the node's labels (others' labels are left alone)."""
-    api.call("PATCH", f"/api/v1/nodes/{node}", {"metadata": {"labels": dict(labels)}},
-             "application/merge-patch+json")
+    patch_node(api, node, {"metadata": {"labels": dict(labels)}})
+
+
+def patch_node(api: ApiServer, node: str, body: Mapping[str, Any]) -> None:
+    """One JSON merge patch of the Node (null values remove keys)."""
+    api.call("PATCH", f"/api/v1/nodes/{node}", body, "application/merge-patch+json")
+
+
+def node_metadata(api: ApiServer, node: str) -> tuple[dict[str, str], dict[str, str]]:
+    """The Node's current labels and annotations (to find our stale labels)."""
+    answer = api.call("GET", f"/api/v1/nodes/{node}", None, "application/json")
+    metadata = answer.get("metadata")
+    metadata = metadata if isinstance(metadata, dict) else {}
+
+    def strings(name: str) -> dict[str, str]:
+        found = metadata.get(name)
+        return {str(k): str(v) for k, v in found.items()} if isinstance(found, dict) else {}
+
+    return strings("labels"), strings("annotations")
 
 
 def post_node_event(api: ApiServer, node: str, *, reason: str, message: str,

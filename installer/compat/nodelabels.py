@@ -1,0 +1,178 @@
+"""Node labels that describe the GPUs, so pods can pick a GPU type with a nodeSelector.
+
+Kubernetes counts `nvidia.com/gpu` but cannot tell an A100 from a T4; a label per GPU fact
+lets a pod select one. Keys follow NVIDIA gpu-feature-discovery's names (`gpu.product`,
+`gpu.count`, `gpu.memory`, `gpu.family`, `gpu.compute.major/minor`,
+`cuda.driver.major/minor/rev`, `cuda.runtime.major/minor`) under our prefix, or under
+`nvidia.com/` for clusters without gpu-feature-discovery. Keys of our own invention always
+stay under our prefix. `check-pod` reads the same keys back, so both live here.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from installer.compat.toolkit import max_cuda_for_driver, minor_compat_major
+
+OWN_PREFIX = "gpu-node-installer"
+NVIDIA_PREFIX = "nvidia.com"
+PREFIXES = (OWN_PREFIX, NVIDIA_PREFIX)
+MIXED = "mixed"
+# The annotation that remembers which keys we wrote, so keys outside our own prefix
+# (nvidia.com/...) are removed when stale and never confused with another writer's.
+OWNED_ANNOTATION = f"{OWN_PREFIX}/labels"
+# gpu-feature-discovery's names: they take the configured prefix
+GFD_SUFFIXES = ("gpu.product", "gpu.count", "gpu.memory", "gpu.family", "gpu.compute.major",
+                "gpu.compute.minor", "cuda.driver.major", "cuda.driver.minor",
+                "cuda.driver.rev", "cuda.runtime.major", "cuda.runtime.minor")
+# keys that name a GPU type, whatever their prefix (check-pod's "selects a GPU type")
+TYPE_SUFFIXES = ("gpu.product", "gpu.family", "gpu.memory", "gpu.compute.major",
+                 "gpu.compute.minor")
+GKE_ACCELERATOR = "cloud.google.com/gke-accelerator"
+MODEL_SUFFIX = "gpu.model."  # gpu-node-installer/gpu.model.<product>=<count>, one per model
+
+_VALUE_BAD = re.compile(r"[^A-Za-z0-9._-]+")
+_VALUE_RE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_NAME_RE = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+# compute capability major -> gpu-feature-discovery's family name
+FAMILIES = {3: "kepler", 5: "maxwell", 6: "pascal", 8: "ampere", 9: "hopper",
+            10: "blackwell", 12: "blackwell"}
+
+
+@dataclass(frozen=True)
+class GpuFacts:
+    """One GPU as the labels need it (NVML's name, memory and capability; PCI's family)."""
+
+    name: str
+    memory_mib: int | None = None
+    compute_capability: str | None = None  # "8.0"
+    architecture: str | None = None  # detect's name, used when the capability is unknown
+
+
+def sanitize(value: str) -> str:
+    """A Kubernetes label value: runs of other characters become `-`, at most 63
+    characters, starting and ending with a letter or digit (spaces -> `-`, as GFD does)."""
+    text = _VALUE_BAD.sub("-", value.strip())[:63]
+    return text.strip("-_.")
+
+
+def valid_value(value: str) -> bool:
+    """Kubernetes' label-value syntax."""
+    return len(value) <= 63 and bool(_VALUE_RE.match(value))
+
+
+def valid_key(key: str) -> bool:
+    """Kubernetes' label-key syntax: an optional DNS-subdomain prefix, a name of <= 63."""
+    prefix, _, name = key.rpartition("/")
+    if prefix and (len(prefix) > 253 or not re.fullmatch(
+            r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*", prefix)):
+        return False
+    return len(name) <= 63 and bool(_NAME_RE.match(name))
+
+
+def family(capability: str | None, architecture: str | None) -> str | None:
+    """GFD's family for a compute capability (7.0-7.2 volta, 7.5 turing, 8.9 ada-lovelace),
+    else detect's architecture in the same spelling."""
+    if capability:
+        major, _, minor = capability.partition(".")
+        if major.isdigit() and minor.isdigit():
+            if int(major) == 7:
+                return "volta" if int(minor) < 5 else "turing"
+            if int(major) == 8 and int(minor) == 9:
+                return "ada-lovelace"
+            if int(major) in FAMILIES:
+                return FAMILIES[int(major)]
+    if architecture and architecture != "unknown":
+        return sanitize(architecture.lower())
+    return None
+
+
+def _capability_key(capability: str) -> tuple[int, int]:
+    major, _, minor = capability.partition(".")
+    return (int(major), int(minor)) if major.isdigit() and minor.isdigit() else (0, 0)
+
+
+def gpu_labels(gpus: Sequence[GpuFacts], *, driver: str, cuda: str, flavour: str | None,
+               prefix: str = OWN_PREFIX) -> dict[str, str]:
+    """The GPU labels of a node. A mixed node (more than one model) says `mixed` for the
+    product (a pod asking for one model must not land where the device plugin may hand it
+    the other), the smallest memory and lowest compute capability (what every GPU there
+    offers), `mixed` for the family when families differ, and one
+    `gpu-node-installer/gpu.model.<product>=<count>` label per model on every node."""
+    labels: dict[str, str] = {}
+
+    def put(key: str, value: object) -> None:
+        text = sanitize(str(value))
+        if text:
+            labels[key] = text
+
+    gfd = f"{prefix}/"
+    own = f"{OWN_PREFIX}/"
+    models = Counter(sanitize(g.name) or "unknown" for g in gpus)
+    put(gfd + "gpu.count", len(gpus))
+    if gpus:
+        put(gfd + "gpu.product", next(iter(models)) if len(models) == 1 else MIXED)
+        memories = [g.memory_mib for g in gpus if g.memory_mib]
+        if memories and len(memories) == len(gpus):
+            put(gfd + "gpu.memory", min(memories))
+        capabilities = [g.compute_capability for g in gpus if g.compute_capability]
+        if capabilities and len(capabilities) == len(gpus):
+            major, minor = min(_capability_key(c) for c in capabilities)
+            put(gfd + "gpu.compute.major", major)
+            put(gfd + "gpu.compute.minor", minor)
+        families = {family(g.compute_capability, g.architecture) for g in gpus}
+        if None not in families:
+            put(gfd + "gpu.family", families.pop() if len(families) == 1 else MIXED)
+        for model, count in models.items():
+            put(own + (MODEL_SUFFIX + model)[:63].rstrip("-_."), count)
+    parts = driver.split(".")
+    for name, part in zip(("major", "minor", "rev"), parts, strict=False):
+        put(gfd + f"cuda.driver.{name}", part)
+    runtime = cuda.split(".")
+    if len(runtime) >= 2:
+        put(gfd + "cuda.runtime.major", runtime[0])
+        put(gfd + "cuda.runtime.minor", runtime[1])
+    newest, compat_major = max_cuda_for_driver(driver), minor_compat_major(driver)
+    if newest:
+        put(own + "cuda.toolkit.max", newest)
+    if compat_major is not None:
+        put(own + "cuda.compat.major", compat_major)
+    if flavour:
+        put(own + "driver.flavour", flavour)
+    return labels
+
+
+def is_ours(key: str, owned: Iterable[str] = ()) -> bool:
+    """Our prefix is ours alone; another prefix's key only when we recorded writing it."""
+    return key.startswith(f"{OWN_PREFIX}/") or key in set(owned)
+
+
+def owned_keys(annotations: Mapping[str, str] | None) -> tuple[str, ...]:
+    """The keys our annotation says we wrote last time."""
+    text = (annotations or {}).get(OWNED_ANNOTATION, "")
+    return tuple(k for k in text.split(",") if k)
+
+
+def label_patch(current: Mapping[str, str], annotations: Mapping[str, str] | None,
+                labels: Mapping[str, str]) -> dict[str, object]:
+    """A merge patch setting `labels` and removing (null) our keys that are no longer
+    true; labels of others are never touched."""
+    owned = owned_keys(annotations)
+    body: dict[str, str | None] = {key: None for key in sorted(current)
+                                   if key not in labels and is_ours(key, owned)}
+    body.update(labels)
+    foreign = ",".join(sorted(k for k in labels if not k.startswith(f"{OWN_PREFIX}/")))
+    return {"metadata": {"labels": body, "annotations": {OWNED_ANNOTATION: foreign or None}}}
+
+
+def type_keys(prefixes: Sequence[str] = PREFIXES) -> frozenset[str]:
+    """Label keys that name a GPU type (for `check-pod`)."""
+    return frozenset({GKE_ACCELERATOR} | {f"{p}/{s}" for p in prefixes for s in TYPE_SUFFIXES})
+
+
+def names_gpu_type(key: str) -> bool:
+    """Does a nodeSelector or affinity key pick a GPU type?"""
+    return key in type_keys() or key.startswith(f"{OWN_PREFIX}/{MODEL_SUFFIX}")
