@@ -141,12 +141,15 @@ class LockHeldError(InstallerError):
 
 
 class IncompatibleError(InstallerError):
-    """The requested driver cannot serve the node's GPUs or the requested CUDA toolkit."""
+    """The driver cannot serve the node's GPUs or a CUDA toolkit, or a workload would not
+    get a GPU or run on this node (`check-pod`)."""
 
     code = 14
     slug = "incompatible"
-    summary = "driver does not support this GPU or CUDA toolkit"
-    default_remedy = "pick a driver version that supports the GPU (see `compat`)"
+    summary = ("driver does not support this GPU or CUDA toolkit, or a workload breaks a "
+               "GPU pod rule (check-pod)")
+    default_remedy = ("pick a driver version that supports the GPU (see `compat`), or fix "
+                      "the workload as check-pod says")
 
 
 def error_table() -> list[type[InstallerError]]:

@@ -4,7 +4,9 @@ render; the sequencing lives in `installer.pipeline`."""
 
 from installer.cli.commands import cli, main
 from installer.cli.package import package
+from installer.cli.pods import check_pod
 
 cli.add_command(package)
+cli.add_command(check_pod)
 
 __all__ = ["cli", "main"]
