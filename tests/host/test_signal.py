@@ -35,6 +35,7 @@ class ApiRecorder:
 
     requests: list[dict[str, object]] = field(default_factory=list)
     status: int = 200
+    node: dict[str, object] = field(default_factory=lambda: {"kind": "Node", "metadata": {}})
 
 
 def _handler(recorder: ApiRecorder) -> type[BaseHTTPRequestHandler]:
@@ -45,14 +46,15 @@ def _handler(recorder: ApiRecorder) -> type[BaseHTTPRequestHandler]:
                 "method": self.command, "path": self.path, "body": json.loads(body or b"{}"),
                 "authorization": self.headers.get("Authorization"),
                 "content_type": self.headers.get("Content-Type")})
-            answer = json.dumps({"kind": "Status"}).encode()
+            reply = recorder.node if self.command == "GET" else {"kind": "Status"}
+            answer = json.dumps(reply).encode()
             self.send_response(recorder.status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(answer)))
             self.end_headers()
             self.wfile.write(answer)
 
-        do_PATCH = do_POST = _record
+        do_GET = do_PATCH = do_POST = _record
 
         def log_message(self, *args: object) -> None:
             pass
@@ -162,14 +164,16 @@ class TestKubernetes:
         done = invoke(node, "signal", "--node-name", "gpu-node-1", "--kube-api", url,
                       "--service-account-dir", str(service_account(tmp_path)))
         assert done.exit_code == 0, done.output
-        patch, event = recorder.requests
+        get, patch, event = recorder.requests
+        assert get["method"] == "GET" and get["path"] == "/api/v1/nodes/gpu-node-1"
         assert patch["method"] == "PATCH" and patch["path"] == "/api/v1/nodes/gpu-node-1"
         assert patch["content_type"] == "application/merge-patch+json"
         assert patch["authorization"] == f"Bearer {TOKEN}"
-        assert patch["body"] == {"metadata": {"labels": {
-            "gpu-node-installer/driver-version": VERSION,
-            "gpu-node-installer/cuda-version": "12.2",
-            "gpu-node-installer/status": "ready"}}}
+        body = patch["body"]
+        assert isinstance(body, dict)
+        assert body["metadata"]["labels"]["gpu-node-installer/driver-version"] == VERSION
+        assert body["metadata"]["labels"]["gpu-node-installer/cuda-version"] == "12.2"
+        assert body["metadata"]["labels"]["gpu-node-installer/status"] == "ready"
         assert event["method"] == "POST"
         assert event["path"] == "/api/v1/namespaces/default/events"
         assert event["authorization"] == f"Bearer {TOKEN}"
@@ -201,7 +205,8 @@ class TestKubernetes:
                       "--service-account-dir", str(service_account(tmp_path)))
         assert done.exit_code == 0, done.output
         assert "HTTP 403" in done.stdout
-        assert len(recorder.requests) == 2
+        assert "could not read the node's labels (stale ones stay)" in done.stdout
+        assert [r["method"] for r in recorder.requests] == ["GET", "PATCH", "POST"]
 
     def test_no_token_means_no_call(self, node: Path, tmp_path: Path,
                                     api: tuple[str, ApiRecorder]) -> None:
