@@ -296,3 +296,33 @@ class TestBadInput:
         done = check(str(WORKLOADS / "pod.yaml"), "--driver", DRIVER)
         assert done.exit_code == 0, done.output
 
+
+
+class TestReadme:
+    """Acceptance: the README's "Running a GPU pod" examples say what the README says."""
+
+    README = Path(__file__).resolve().parents[2] / "README.md"
+
+    def _block(self, marker: str) -> str:
+        text = self.README.read_text()
+        start = text.index(f"```yaml\n# check-pod example: {marker}\n") + len("```yaml\n")
+        return text[start:text.index("```", start)]
+
+    def _run(self, tmp_path: Path, marker: str) -> Result:
+        path = tmp_path / f"{marker}.yaml"
+        path.write_text(self._block(marker))
+        kubernetes_validate.validate(yaml.safe_load(path.read_text()), "1.33.0", strict=True)
+        return check(str(path), "--driver", DRIVER)
+
+    def test_correct_example_passes(self, tmp_path: Path) -> None:
+        done = self._run(tmp_path, "correct")
+        assert done.exit_code == 0, done.output
+
+    def test_wrong_example_names_each_broken_rule(self, tmp_path: Path) -> None:
+        done = self._run(tmp_path, "wrong")
+        assert done.exit_code == 14
+        failed = [line.split()[1] for line in done.stdout.splitlines()
+                  if line.startswith("  FAIL")]
+        assert failed == ["requests", "whole", "toleration", "gpu-type", "cuda"]
+        assert done.stdout.strip() in self.README.read_text()  # the shown output is current
+        assert done.stderr.startswith("error(incompatible): 5 rule(s) fail")

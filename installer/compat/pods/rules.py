@@ -16,7 +16,7 @@ from fractions import Fraction
 from typing import Any
 
 from installer.compat import nodelabels
-from installer.compat.toolkit import CudaVerdict, check_cuda
+from installer.compat.toolkit import CudaVerdict, check_cuda, minor_compat_major
 from installer.errors import ConfigError
 
 GPU = "nvidia.com/gpu"
@@ -326,9 +326,11 @@ def cuda_rule(spec: Mapping[str, Any], names: Sequence[str], node: NodeView,
     if failed:
         newest = failed[0][1].max_cuda or "an older toolkit"
         need = failed[0][1].minimum_driver or failed[0][1].minor_version_floor or "newer"
+        major = minor_compat_major(node.driver)
+        also = f" (or any {major}.x, through minor version compatibility)" if major else ""
         return RuleResult("cuda", FAIL, "; ".join(line for line, _ in failed),
                           f"run it on nodes with driver >= {need}, or build the image with "
-                          f"CUDA {newest} or older")
+                          f"CUDA {newest} or older{also}")
     if not passed:
         return RuleResult("cuda", SKIP, "; ".join(unknown),
                           "give --cuda X.Y, or set NVIDIA_REQUIRE_CUDA/CUDA_VERSION in the "
