@@ -326,3 +326,10 @@ class TestReadme:
         assert failed == ["requests", "whole", "toleration", "gpu-type", "cuda"]
         assert done.stdout.strip() in self.README.read_text()  # the shown output is current
         assert done.stderr.startswith("error(incompatible): 5 rule(s) fail")
+
+
+def test_the_deploy_example_pod_passes() -> None:
+    """daemonset/examples/gpu-pod.yaml (GKE: selects by gke-accelerator) is a correct pod."""
+    example = Path(__file__).resolve().parents[2] / "daemonset/examples/gpu-pod.yaml"
+    done = check(str(example), "--driver", DRIVER, "--cuda", "12.2")
+    assert done.exit_code == 0, done.output
