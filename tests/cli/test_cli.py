@@ -20,6 +20,12 @@ from installer.node.host import Roots
 NodeMaker = Callable[[str], Path]
 
 
+@pytest.fixture(autouse=True)
+def _termination_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Failures before the config loads go to $TERMINATION_LOG: never the CI host's /dev."""
+    monkeypatch.setenv("TERMINATION_LOG", str(tmp_path / "termination-log"))
+
+
 def _invoke(args: list[str], env: dict[str, str] | None = None,
             obj: dict[str, object] | None = None) -> tuple[int, str, str]:
     result = CliRunner().invoke(cli, args, env=env, obj=obj)
