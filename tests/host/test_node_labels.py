@@ -273,6 +273,30 @@ class TestCheckPodHere:
                in done.stdout
         assert "FAIL  cuda" in done.stdout
 
+    def test_before_an_install_labels_come_from_pci_ids(self, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+        """No readiness yet: detect's GPUs (an L4 by PCI id) and the loaded driver."""
+        monkeypatch.delenv("GPU_LABEL_PREFIX", raising=False)
+        root = tmp_path / "n"
+        build_node(root, NodeSpec(os="debian-12", kernel="6.1.0-26-cloud-amd64",
+                                  pci=(PciSpec("0000:00:05.0", 0x27B8, 0x030200),)))
+        nvrm = root / "proc/driver/nvidia/version"
+        nvrm.parent.mkdir(parents=True)
+        nvrm.write_text(NVRM.format("470.256.02"))
+        document = json.loads(_pod("L4", "12.2"))
+        document["spec"]["nodeSelector"] = {P + "gpu.family": "ada-lovelace"}
+        pod = tmp_path / "pod.json"
+        pod.write_text(json.dumps(document))
+        done = CliRunner().invoke(cli, ["check-pod", str(pod), "--here", *node_args(root),
+                                        "--termination-log", str(tmp_path / "tl"),
+                                        "--output", "json"])
+        assert done.exit_code == 14, done.output  # CUDA 12.2 needs more than 470
+        report = json.loads(done.stdout)
+        assert report["node"] == {"labels_from": "this node's PCI ids (no verified install "
+                                                 "yet)", "driver": "470.256.02"}
+        status = {r["rule"]: r["status"] for r in report["workloads"][0]["rules"]}
+        assert (status["gpu-type"], status["cuda"]) == ("pass", "fail")
+
 
 def _pod(product: str, cuda: str) -> str:
     return json.dumps({
