@@ -17,6 +17,18 @@ def _reset_structlog() -> None:
     structlog.reset_defaults()
 
 
+@pytest.fixture(autouse=True)
+def _termination_log(tmp_path_factory: pytest.TempPathFactory,
+                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test (nor a CLI it starts) writes the host's real /dev/termination-log.
+
+    The default is Kubernetes' path; on a test machine it is host data. Tests that check
+    the termination log set TERMINATION_LOG (or --termination-log) themselves.
+    """
+    monkeypatch.setenv("TERMINATION_LOG",
+                       str(tmp_path_factory.mktemp("termlog") / "termination-log"))
+
+
 @pytest.fixture
 def make_node(tmp_path: Path) -> Callable[[str], Path]:
     """Build a sample node's host tree (by name) under a fresh temp dir; returns its root."""
