@@ -46,7 +46,8 @@ from installer.packages.repository import (
     package_path,
 )
 
-__all__ = ["BuildRequest", "BuildResult", "PackageBuildError", "SigningOptions", "build"]
+__all__ = ["BuildRequest", "BuildResult", "PackageBuildError", "SigningOptions", "build",
+           "check_request"]
 _ALIAS_NAMES = ("default", "latest")
 
 
@@ -115,7 +116,7 @@ class BuildResult:
 
 def build(request: BuildRequest) -> BuildResult:
     """Validate the request, gather the files, write the package (and index, tarball)."""
-    _check_request(request)
+    check_request(request)
     with tempfile.TemporaryDirectory(prefix="gni-build-") as work:
         roots = _user_trees(request, Path(work))
         picked, links = pick_user_files(roots, request.arch)
@@ -143,7 +144,8 @@ def _fail(message: str, remedy: str | None = None) -> PackageBuildError:
     return PackageBuildError(message, remedy=remedy)
 
 
-def _check_request(request: BuildRequest) -> None:
+def check_request(request: BuildRequest) -> None:
+    """Every refusal that needs no unpacking (also run once for a whole many-kernel build)."""
     if not (request.debs or request.trees or request.run_files or request.modules_dir
             or request.nvidia_source):
         raise _fail("nothing to build from",

@@ -181,14 +181,16 @@ def _make(build: Path, kernel: KernelTree, compiler: str, modules: list[str], jo
                 name = Path(linked["path"]).name
                 elapsed = round(time.monotonic() - started, 1)
                 if tty:
-                    stream.write(f"compiled {name} ({elapsed:.0f} s)\n")
+                    stream.write(f"compiled {name} for {kernel.release} ({elapsed:.0f} s)\n")
                     stream.flush()
                 else:
-                    log.info("module compiled", module=name, elapsed_s=elapsed)
+                    log.info("module compiled", module=name, release=kernel.release,
+                             elapsed_s=elapsed)
         rc = proc.wait()
     if rc != 0:
         raise ModuleCompileError(_first_error(kept, build, kernel, rc))
-    log.info("modules compiled", elapsed_s=round(time.monotonic() - started, 1))
+    log.info("modules compiled", release=kernel.release,
+             elapsed_s=round(time.monotonic() - started, 1))
 
 
 def _first_error(lines: list[str], build: Path, kernel: KernelTree, rc: int) -> str:
