@@ -281,14 +281,14 @@ def _patch_headers_makefile(makefile: Path, src: Path) -> None:
     makefile.write_text(text.replace("include /usr/src/", f"include {src}/"))
 
 
-def ensure_debs(name: str, specs: list[str]) -> list[Path]:
+def ensure_debs(name: str, specs: list[str], index: Apt | None = None) -> list[Path]:
     """The .deb files themselves (downloaded, never installed), cached under `kernel-debs/`."""
     dest = cache_root() / "kernel-debs" / name
     with locked(f"kernel-debs-{name}"):
         if not dest.is_dir():
             log(f"downloading {', '.join(specs)}")
             with staging(dest) as tmp:
-                apt().download(specs, tmp)
+                (index or apt()).download(specs, tmp)
     debs = sorted(dest.glob("*.deb"))
     if len(debs) != len(specs):
         raise AssetError(f"{dest} holds {len(debs)} .debs, not {len(specs)}; delete it to refetch")
@@ -347,7 +347,7 @@ def trixie_source_debs(version: str = "550.163.01") -> dict[str, Path]:
         matching = [v for v in a.versions(name) if v.startswith(version)]
         if not matching:
             raise AssetError(f"no {name} {version} in Debian trixie")
-        out[name] = ensure_debs(f"{name}-{matching[0]}", [f"{name}={matching[0]}"])[0]
+        out[name] = ensure_debs(f"{name}-{matching[0]}", [f"{name}={matching[0]}"], a)[0]
     return out
 
 

@@ -3,7 +3,8 @@
 `--kernel-headers` of several releases are grouped by release (`headers.group_headers`);
 `--flavour both` builds `open` and `proprietary`, each from the `--nvidia-source` that has
 that module tree (a `.run` has both; Debian splits them into `nvidia-kernel-source` and
-`nvidia-open-kernel-source`). Every (release, flavour) is one single-kernel `build()`.
+`nvidia-open-kernel-source`), with the `--patch`es whose files that tree has. Every
+(release, flavour) is one single-kernel `build()`.
 
 Concurrency rule: at most `--jobs` compile jobs at once overall. `min(builds, jobs)` builds
 run side by side and each one's make gets `jobs // that` (at least 1) jobs. A build that
@@ -109,7 +110,7 @@ def build_matrix(request: BuildRequest, sources: tuple[Path, ...],
     if not sources or not groups:
         raise PackageBuildError("several kernels or --flavour both compile modules: give "
                                 "--nvidia-source and --kernel-headers")
-    by_flavour = _pick_sources(sources, request.flavour)
+    by_flavour = _pick_sources(sources, request.flavour, request.patches)
     tasks = [(release, flavour) for release in sorted(groups) for flavour in by_flavour]
     what = f"{len(tasks)} packages ({', '.join(f'{r} {f}' for r, f in tasks)})"
     if request.output is not None:
@@ -122,7 +123,7 @@ def build_matrix(request: BuildRequest, sources: tuple[Path, ...],
         raise PackageBuildError(f"--kernel-release {request.kernel_release} cannot name "
                                 f"{len(groups)} kernels", remedy="drop --kernel-release")
     first = tasks[0]
-    check_request(dataclasses.replace(request, nvidia_source=by_flavour[first[1]],
+    check_request(dataclasses.replace(request, nvidia_source=by_flavour[first[1]][0],
                                       kernel_headers=groups[first[0]], flavour=first[1]))
     jobs = request.jobs or os.cpu_count() or 1
     concurrent = max(1, min(len(tasks), jobs))
@@ -132,9 +133,10 @@ def build_matrix(request: BuildRequest, sources: tuple[Path, ...],
     def one(task: tuple[str, str]) -> BuildResult | Failure:
         release, flavour = task
         try:
+            source, patches = by_flavour[flavour]
             return build(dataclasses.replace(
-                request, nvidia_source=by_flavour[flavour], kernel_headers=groups[release],
-                flavour=flavour, jobs=make_jobs))
+                request, nvidia_source=source, kernel_headers=groups[release],
+                flavour=flavour, patches=patches, jobs=make_jobs))
         except InstallerError as exc:
             return Failure(release, flavour, exc.message)
         except Exception as exc:  # a bug in one build must not lose the others' packages
@@ -149,16 +151,23 @@ def build_matrix(request: BuildRequest, sources: tuple[Path, ...],
                         index)
 
 
-def _pick_sources(sources: tuple[Path, ...], flavour: str | None) -> dict[str, Path]:
-    """Per flavour to build, the first source that has its module tree (one version)."""
+def _pick_sources(sources: tuple[Path, ...], flavour: str | None, patches: tuple[Path, ...]
+                  ) -> dict[str, tuple[Path, tuple[Path, ...]]]:
+    """Per flavour to build, the first source that has its module tree (one version), and
+    the patches for that tree: those whose files it has (`open` and `proprietary` trees
+    differ: a fix for one may have nothing to patch in the other). A patch for no tree is
+    refused."""
     found: dict[str, Path] = {}
     versions: dict[str, str] = {}
+    fits: dict[str, tuple[Path, ...]] = {}
     with tempfile.TemporaryDirectory(prefix="gni-probe-") as work:
         for number, path in enumerate(sources):
             source = unpack_source(path, Path(work) / str(number))
             versions[path.name] = source.version
-            for name in source.trees:
-                found.setdefault(name, path)
+            for name, tree in source.trees.items():
+                if name not in found:
+                    found[name] = path
+                    fits[name] = tuple(p for p in patches if _patches_tree(p, tree))
     if len(set(versions.values())) > 1:
         raise PackageBuildError(
             "the --nvidia-source are of different driver versions ("
@@ -177,4 +186,18 @@ def _pick_sources(sources: tuple[Path, ...], flavour: str | None) -> dict[str, P
             remedy="add nvidia-open-kernel-source (Debian contrib) for open, "
                    "nvidia-kernel-source (non-free) for proprietary, or NVIDIA's .run "
                    "(it has both)")
-    return {name: found[name] for name in wanted}
+    unused = [p.name for p in patches if not any(p in fits[name] for name in wanted)]
+    if unused:
+        raise PackageBuildError(f"patch {unused[0]} changes no file of the "
+                                f"{' or '.join(wanted)} module sources",
+                                remedy="make the patch -p1 relative to the module tree "
+                                       "(where Kbuild is) of these sources")
+    return {name: (found[name], fits[name]) for name in wanted}
+
+
+def _patches_tree(patch: Path, tree: Path) -> bool:
+    """Whether every file the (-p1) patch changes exists in the module tree."""
+    targets = [line[4:].split("\t")[0].strip().split("/", 1)[-1]
+               for line in patch.read_text(errors="replace").splitlines()
+               if line.startswith("+++ ") and not line.startswith("+++ /dev/null")]
+    return bool(targets) and all((tree / target).is_file() for target in targets)
