@@ -73,25 +73,31 @@ int broken(void) { return undeclared_thing; }
 #endif
 """
 _KBUILD_MAKEFILE = """\
-# a stand-in of the kernel's Kbuild: each module is a real gcc object with real .modinfo
+# a stand-in of the kernel's Kbuild: each module is a real gcc object with real .modinfo,
+# one make target each (so make runs them in parallel), start/end times in jobs.log
 LICENSE := $(shell grep -qs 'MODULE_LICENSE("NVIDIA")' $(M)/nvidia/nv-frontend.c \\
              && echo NVIDIA || echo GPL)
-modules:
-\t$(foreach m,$(NV_KERNEL_MODULES),$(CC) -c -o $(M)/$(m).ko -DNAME='"$(subst -,_,$(m))"' \\
-\t  -DRELEASE='"{release}"' -DVERSION='"{version}"' -DLICENSE='"$(LICENSE)"' {extra} \\
-\t  $(CURDIR)/modinfo.c &&) true
+modules: $(NV_KERNEL_MODULES)
+$(NV_KERNEL_MODULES):
+\t@echo "start $$(date +%s.%N)" >> $(CURDIR)/jobs.log
+\t$(CC) -c -o $(M)/$@.ko -DNAME='"$(subst -,_,$@)"' -DRELEASE='"{release}"' \\
+\t  -DVERSION='"{version}"' -DLICENSE='"$(LICENSE)"' {extra} $(CURDIR)/modinfo.c
+\t@sleep {sleep}
+\t@echo "end $$(date +%s.%N)" >> $(CURDIR)/jobs.log
+.PHONY: modules $(NV_KERNEL_MODULES)
 """
 
 
 def fake_kbuild(dest: Path, release: str, *, version: str = "535.261.03",
-                broken: bool = False) -> Path:
+                broken: bool = False, sleep: float = 0) -> Path:
     """A build tree whose `make modules` really runs gcc: each module an ELF object with
     the .modinfo of `release` (and the nvidia licence the sources declare); `broken` makes
-    gcc fail with a real compiler error. Fast stand-in headers for many-kernel builds."""
+    gcc fail with a real compiler error; each module's job takes `sleep` s more and logs
+    its start and end in `dest/jobs.log`. Fast stand-in headers for many-kernel builds."""
     fake_headers(dest, release)
     (dest / "modinfo.c").write_text(_KBUILD_C)
     (dest / "Makefile").write_text(_KBUILD_MAKEFILE.format(
-        release=release, version=version, extra="-DBROKEN" if broken else ""))
+        release=release, version=version, extra="-DBROKEN" if broken else "", sleep=sleep))
     return dest
 
 

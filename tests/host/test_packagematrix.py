@@ -155,7 +155,7 @@ class TestPartialFailure:
         failed = [line for line in done.stdout.splitlines() if line.startswith("FAILED")]
         assert len(failed) == 1 and failed[0].startswith(f"FAILED {BAD} proprietary: ")
         assert done.stdout.startswith("built 2 of 3 packages in ")
-        assert "(2 at a time, make -j1 each)" in done.stdout.splitlines()[0]
+        assert "(2 at a time, sharing 2 make jobs)" in done.stdout.splitlines()[0]
         assert not (repo / BAD).exists()
         for release in (GOOD, OTHER):
             manifest = parse_manifest(
@@ -176,7 +176,7 @@ class TestPartialFailure:
         assert sorted((f["kernel_release"], f["flavour"]) for f in result["failures"]) == [
             (BAD, "open"), (BAD, "proprietary")]
         assert all("undeclared_thing" in f["error"] for f in result["failures"])
-        assert (result["concurrent_builds"], result["make_jobs"]) == (3, 1)
+        assert (result["concurrent_builds"], result["jobs"]) == (3, 3)
 
 
 class TestBothFlavours:
@@ -197,3 +197,39 @@ class TestBothFlavours:
             assert manifest.provenance is not None
             assert manifest.provenance["nvidia_source"]["name"] == name
         assert done.stdout.startswith("built 2 of 2 packages")
+
+
+def _most_at_once(logs: list[Path]) -> int:
+    """The most compile jobs that ran at the same moment, from the stand-ins' jobs.log."""
+    events = sorted((float(stamp), 1 if kind == "start" else -1)
+                    for log in logs for kind, stamp in (line.split()
+                                                        for line in log.read_text().splitlines()))
+    running = peak = 0
+    for _, step in events:
+        running += step
+        peak = max(peak, running)
+    return peak
+
+
+class TestJobs:
+    """--jobs bounds the compile jobs of all builds together, and they use all of it."""
+
+    @pytest.mark.parametrize("jobs", [1, 2, 3])
+    def test_three_kernels_share_the_jobs(self, tmp_path: Path, jobs: int) -> None:
+        trees = [fake_kbuild(tmp_path / f"h{n}", f"6.1.0-{n}-amd64", sleep=0.4)
+                 for n in (50, 51, 52)]
+        source = proprietary_source(tmp_path / "kernel")
+        done = _cli(f"--nvidia-source={source}", *(f"--kernel-headers={t}" for t in trees),
+                    f"--jobs={jobs}", f"--repo={tmp_path / 'repo'}")
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert len(_index(tmp_path / "repo")) == 3
+        assert _most_at_once([t / "jobs.log" for t in trees]) == jobs
+        if jobs == 2:  # 2 builds at once, then the third alone gets the freed job too
+            assert max(_most_at_once([t / "jobs.log"]) for t in trees) == 2
+
+    def test_one_kernel_uses_its_jobs(self, tmp_path: Path) -> None:
+        tree = fake_kbuild(tmp_path / "h", GOOD, sleep=0.4)
+        done = _cli(f"--nvidia-source={proprietary_source(tmp_path / 'kernel')}",
+                    f"--kernel-headers={tree}", "--jobs=3", f"--out-dir={tmp_path / 'out'}")
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert _most_at_once([tree / "jobs.log"]) == 3

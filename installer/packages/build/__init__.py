@@ -74,6 +74,7 @@ class BuildRequest:
     kernel_headers: tuple[Path, ...] = ()
     patches: tuple[Path, ...] = ()
     jobs: int | None = None
+    jobserver: tuple[int, int] | None = None  # many builds at once: make's shared job pool
 
 
 @dataclass(frozen=True)
@@ -194,7 +195,8 @@ def _compile(request: BuildRequest, work: Path, picked: list[Picked]) -> Compile
     work.mkdir()
     return compile_modules(CompileRequest(
         request.nvidia_source or Path(), request.kernel_headers, request.flavour, request.arch,
-        request.patches, request.jobs, frozenset(_library_versions(picked))),
+        request.patches, request.jobs, frozenset(_library_versions(picked)),
+        request.jobserver),
         work, structlog.get_logger("package-build"))
 
 

@@ -52,6 +52,7 @@ class CompileRequest:
     patches: tuple[Path, ...] = ()
     jobs: int | None = None
     user_versions: frozenset[str] = frozenset()
+    jobserver: tuple[int, int] | None = None  # a GNU make jobserver's pipe, shared by builds
 
 
 @dataclass(frozen=True)
@@ -82,8 +83,8 @@ def compile_modules(request: CompileRequest, work: Path, log: Any,
         _apply(patch, build)
     modules = [m for m in MODULES + OPTIONAL if (build / m).is_dir() or m in MODULES]
     started = time.monotonic()
-    _make(build, kernel, compiler, modules, request.jobs or os.cpu_count() or 1,
-          _maps(work, build, kernel), log, stream or sys.stderr)
+    _make(build, kernel, compiler, modules, request.jobserver or request.jobs or
+          os.cpu_count() or 1, _maps(work, build, kernel), log, stream or sys.stderr)
     out = work / "modules"
     out.mkdir()
     for module in modules:
@@ -156,20 +157,28 @@ def build_env(maps: list[str]) -> dict[str, str]:
     return env
 
 
-def _make(build: Path, kernel: KernelTree, compiler: str, modules: list[str], jobs: int,
-          maps: list[str], log: Any, stream: TextIO) -> None:
-    cmd = ["make", "-C", str(build), f"-j{jobs}", "modules", f"SYSSRC={kernel.syssrc}",
+def _make(build: Path, kernel: KernelTree, compiler: str, modules: list[str],
+          jobs: int | tuple[int, int], maps: list[str], log: Any, stream: TextIO) -> None:
+    """make -jN, or make as a client of a shared jobserver (no -j: it takes tokens)."""
+    env, fds = build_env(maps), tuple[int, ...]()
+    if isinstance(jobs, tuple):
+        fds = jobs
+        env["MAKEFLAGS"] = f"-j --jobserver-fds={jobs[0]},{jobs[1]} " \
+                           f"--jobserver-auth={jobs[0]},{jobs[1]}"
+    cmd = ["make", "-C", str(build), *([] if fds else [f"-j{jobs}"]), "modules",
+           f"SYSSRC={kernel.syssrc}",
            f"SYSOUT={kernel.sysout}", f"KERNEL_UNAME={kernel.release}", f"CC={compiler}",
            f"NV_KERNEL_MODULES={' '.join(modules)}"]
     if shutil.which("make") is None:
         raise PackageBuildError("make not found", remedy="apt-get install make")
     tty = stream.isatty()
     started = time.monotonic()
-    log.info("compiling modules", modules=modules, release=kernel.release, jobs=jobs,
+    log.info("compiling modules", modules=modules, release=kernel.release,
+             jobs="shared jobserver" if fds else jobs,
              compiler=kernel.cc_version_text)
     kept: list[str] = []
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          errors="replace", env=build_env(maps), cwd=build,
+                          errors="replace", env=env, cwd=build, pass_fds=fds,
                           stdin=subprocess.DEVNULL) as proc:
         assert proc.stdout is not None
         for line in proc.stdout:

@@ -7,7 +7,8 @@ that module tree (a `.run` has both; Debian splits them into `nvidia-kernel-sour
 (release, flavour) is one single-kernel `build()`.
 
 Concurrency rule: at most `--jobs` compile jobs at once overall. `min(builds, jobs)` builds
-run side by side and each one's make gets `jobs // that` (at least 1) jobs. A build that
+run side by side, and their makes share one GNU make jobserver of `--jobs` slots (a
+finished build's slot goes to the ones still compiling, so no core idles at the tail). A build that
 fails is reported with its release and first compiler error; the others are still
 published: each finished package updates `index.json` at once, under the repository's
 lock (`publish.update_index`), so a good kernel is never lost to a bad one. Every refusal
@@ -20,9 +21,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import queue
 import tempfile
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,7 +59,7 @@ class MatrixResult:
     built: tuple[BuildResult, ...]
     failures: tuple[Failure, ...]
     concurrent: int
-    make_jobs: int
+    jobs: int
     seconds: float
     index: Path | None
 
@@ -64,7 +67,7 @@ class MatrixResult:
         return {"packages": [r.to_dict() for r in self.built],
                 "failures": [f.to_dict() for f in self.failures],
                 "index": str(self.index) if self.index else None,
-                "concurrent_builds": self.concurrent, "make_jobs": self.make_jobs,
+                "concurrent_builds": self.concurrent, "jobs": self.jobs,
                 "seconds": round(self.seconds, 1)}
 
     def to_json(self) -> str:
@@ -73,7 +76,7 @@ class MatrixResult:
     def to_text(self) -> str:
         total = len(self.built) + len(self.failures)
         lines = [f"built {len(self.built)} of {total} packages in {self.seconds:.0f} s "
-                 f"({self.concurrent} at a time, make -j{self.make_jobs} each)"]
+                 f"({self.concurrent} at a time, sharing {self.jobs} make jobs)"]
         for result in self.built:
             m = result.manifest
             lines.append(f"ok     {m.kernel_release} {m.driver_version} {m.flavour}: "
@@ -127,28 +130,63 @@ def build_matrix(request: BuildRequest, sources: tuple[Path, ...],
                                       kernel_headers=groups[first[0]], flavour=first[1]))
     jobs = request.jobs or os.cpu_count() or 1
     concurrent = max(1, min(len(tasks), jobs))
-    make_jobs = max(1, jobs // concurrent)
     started = time.monotonic()
 
-    def one(task: tuple[str, str]) -> BuildResult | Failure:
+    def one(task: tuple[str, str], jobserver: tuple[int, int]) -> BuildResult | Failure:
         release, flavour = task
+        source, patches = by_flavour[flavour]
         try:
-            source, patches = by_flavour[flavour]
             return build(dataclasses.replace(
                 request, nvidia_source=source, kernel_headers=groups[release],
-                flavour=flavour, patches=patches, jobs=make_jobs))
+                flavour=flavour, patches=patches, jobs=None, jobserver=jobserver))
         except InstallerError as exc:
             return Failure(release, flavour, exc.message)
         except Exception as exc:  # a bug in one build must not lose the others' packages
             return Failure(release, flavour, f"{type(exc).__name__}: {exc}")
 
-    with ThreadPoolExecutor(max_workers=concurrent, thread_name_prefix="gni-build") as pool:
-        outcomes = list(pool.map(one, tasks))
+    outcomes = _run_shared(tasks, concurrent, jobs, one)
     built = tuple(o for o in outcomes if isinstance(o, BuildResult))
     failures = tuple(o for o in outcomes if isinstance(o, Failure))
     index = next((r.index for r in built if r.index), None)
-    return MatrixResult(built, failures, concurrent, make_jobs, time.monotonic() - started,
-                        index)
+    return MatrixResult(built, failures, concurrent, jobs, time.monotonic() - started, index)
+
+
+def _run_shared(tasks: list[tuple[str, str]], concurrent: int, jobs: int,
+                one: Callable[[tuple[str, str], tuple[int, int]], BuildResult | Failure]
+                ) -> list[BuildResult | Failure]:
+    """Run the tasks on `concurrent` threads whose makes share one GNU make jobserver.
+
+    Each make holds one implicit job and takes more from the pipe's tokens: `jobs -
+    concurrent` at the start, and a worker with nothing left to build adds its own, so
+    at every moment at most `jobs` compile jobs run and none is left idle at the tail.
+    """
+    pending: queue.SimpleQueue[int] = queue.SimpleQueue()
+    for number in range(len(tasks)):
+        pending.put(number)
+    outcomes: list[BuildResult | Failure | None] = [None] * len(tasks)
+    read, write = os.pipe()
+    os.write(write, b"+" * (jobs - concurrent))
+
+    def worker() -> None:
+        while True:
+            try:
+                number = pending.get_nowait()
+            except queue.Empty:
+                os.write(write, b"+")  # this worker's job slot goes to the others' makes
+                return
+            outcomes[number] = one(tasks[number], (read, write))
+
+    threads = [threading.Thread(target=worker, name=f"gni-build-{n}")
+               for n in range(concurrent)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        os.close(read)
+        os.close(write)
+    return [o for o in outcomes if o is not None]
 
 
 def _pick_sources(sources: tuple[Path, ...], flavour: str | None, patches: tuple[Path, ...]
