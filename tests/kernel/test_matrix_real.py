@@ -23,7 +23,7 @@ import pytest
 from installer.node import kmod
 from installer.packages.manifest import parse_manifest
 
-from . import assets, guest
+from . import assets, guest, trixie
 from .assets import Kernel
 from .conftest import REPO
 
@@ -77,7 +77,7 @@ def two_kernels_repo(kernel: Kernel) -> Path:
 
 @pytest.fixture(scope="session")
 def both_flavours_repo(kernel: Kernel) -> Path:
-    sources = assets.trixie_source_debs()
+    sources = trixie.trixie_source_debs()
     headers = assets.headers_debs(kernel)
     return _repo(kernel, "matrix-550-both",
                  [*(f"--nvidia-source={s}" for s in sources.values()), "--flavour=both",
