@@ -138,7 +138,8 @@ def build_matrix(request: BuildRequest, sources: tuple[Path, ...],
         try:
             return build(dataclasses.replace(
                 request, nvidia_source=source, kernel_headers=groups[release],
-                flavour=flavour, patches=patches, jobs=None, jobserver=jobserver))
+                flavour=flavour if request.flavour else None,  # None: as one build does
+                patches=patches, jobs=None, jobserver=jobserver))
         except InstallerError as exc:
             return Failure(release, flavour, exc.message)
         except Exception as exc:  # a bug in one build must not lose the others' packages
