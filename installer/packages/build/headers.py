@@ -83,7 +83,8 @@ def _dir_release(path: Path) -> str:
 
 
 def prepare_headers(paths: tuple[Path, ...], work: Path) -> KernelTree:
-    """Make the given headers one usable build tree (one kernel per build)."""
+    """Make the given headers one usable build tree (one kernel per build; many kernels
+    are split by `group_headers` first)."""
     root = work / "headers"
     claims: dict[Path, str] = {}  # tree -> the release its package or directory name claims
     inputs: list[dict[str, str]] = []
@@ -119,8 +120,10 @@ def prepare_headers(paths: tuple[Path, ...], work: Path) -> KernelTree:
     kernels = [_tree(t, root, claims.get(t), tuple(inputs)) for t in found]
     releases = sorted({k.release for k in kernels})
     if len(releases) != 1:
-        raise PackageBuildError(f"--kernel-headers are for {len(releases)} kernels "
-                                f"({', '.join(releases)}); build one kernel at a time")
+        raise PackageBuildError(f"one --kernel-headers input holds {len(releases)} kernels "
+                                f"({', '.join(releases)})",
+                                remedy="give each kernel's headers as its own .debs, "
+                                       "tarball or directory")
     for kernel in kernels[1:]:
         if kernel.sysout != kernels[0].sysout:
             raise PackageBuildError(f"two build trees for {releases[0]}: {kernels[0].sysout}"

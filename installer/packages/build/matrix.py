@@ -38,6 +38,7 @@ from installer.packages.build.nvsource import unpack_source
 
 BOTH = "both"
 _FLAVOURS = ("open", "proprietary")
+_MAX_TOKENS = 4096  # well under a pipe's 64 KiB, so writing the tokens never blocks
 
 
 @dataclass(frozen=True)
@@ -166,7 +167,7 @@ def _run_shared(tasks: list[tuple[str, str]], concurrent: int, jobs: int,
         pending.put(number)
     outcomes: list[BuildResult | Failure | None] = [None] * len(tasks)
     read, write = os.pipe()
-    os.write(write, b"+" * (jobs - concurrent))
+    os.write(write, b"+" * min(jobs - concurrent, _MAX_TOKENS))
 
     def worker() -> None:
         while True:
