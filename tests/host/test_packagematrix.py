@@ -132,7 +132,7 @@ class TestRefusals:
         patch.write_text("--- a/nvidia/nv-pci.c\n+++ b/nvidia/nv-pci.c\n@@ -1 +1 @@\n-a\n+b\n")
         line = _refused(_cli(f"--nvidia-source={run_tree}", f"--kernel-headers={kernels[GOOD]}",
                              "--flavour=both", f"--patch={patch}", f"--repo={tmp_path / 'r'}"))
-        assert "patch fix.patch changes no file of the open or proprietary module" in line
+        assert "patch fix.patch applies to none of the open or proprietary module" in line
 
 
 class TestPartialFailure:

@@ -117,6 +117,16 @@ def _check(request: CompileRequest, source: NvSource, kernel: KernelTree) -> Non
             f"{', '.join(others)}", remedy="give sources and user-mode files of one version")
 
 
+def patch_applies(patch: Path, tree: Path) -> bool:
+    """Whether `patch -p1 --dry-run` applies cleanly in the module tree (changes nothing)."""
+    if shutil.which("patch") is None:
+        raise PackageBuildError("patch not found", remedy="apt-get install patch")
+    done = subprocess.run(["patch", "-p1", "--batch", "--forward", "--dry-run", "-r", "-",
+                           "-i", str(patch.resolve())], cwd=tree, capture_output=True,
+                          check=False, stdin=subprocess.DEVNULL)
+    return done.returncode == 0
+
+
 def _apply(patch: Path, tree: Path) -> None:
     """`patch -p1` in the module tree; checked with --dry-run first so a failure changes nothing."""
     if shutil.which("patch") is None:

@@ -3,7 +3,7 @@
 `--kernel-headers` of several releases are grouped by release (`headers.group_headers`);
 `--flavour both` builds `open` and `proprietary`, each from the `--nvidia-source` that has
 that module tree (a `.run` has both; Debian splits them into `nvidia-kernel-source` and
-`nvidia-open-kernel-source`), with the `--patch`es whose files that tree has. Every
+`nvidia-open-kernel-source`), with the `--patch`es that apply to that tree. Every
 (release, flavour) is one single-kernel `build()`.
 
 Concurrency rule: at most `--jobs` compile jobs at once overall. `min(builds, jobs)` builds
@@ -32,6 +32,7 @@ from typing import Any
 
 from installer.errors import InstallerError
 from installer.packages.build import BuildRequest, BuildResult, build, check_request
+from installer.packages.build.compile import patch_applies
 from installer.packages.build.headers import group_headers
 from installer.packages.build.inputs import PackageBuildError
 from installer.packages.build.nvsource import unpack_source
@@ -194,9 +195,9 @@ def _run_shared(tasks: list[tuple[str, str]], concurrent: int, jobs: int,
 def _pick_sources(sources: tuple[Path, ...], flavour: str | None, patches: tuple[Path, ...]
                   ) -> dict[str, tuple[Path, tuple[Path, ...]]]:
     """Per flavour to build, the first source that has its module tree (one version), and
-    the patches for that tree: those whose files it has (`open` and `proprietary` trees
-    differ: a fix for one may have nothing to patch in the other). A patch for no tree is
-    refused."""
+    the patches for that tree: those that apply to it cleanly (`open` and `proprietary`
+    trees differ: a fix for one may have nothing to patch in the other). A patch that
+    applies to no tree is refused."""
     found: dict[str, Path] = {}
     versions: dict[str, str] = {}
     fits: dict[str, tuple[Path, ...]] = {}
@@ -207,7 +208,7 @@ def _pick_sources(sources: tuple[Path, ...], flavour: str | None, patches: tuple
             for name, tree in source.trees.items():
                 if name not in found:
                     found[name] = path
-                    fits[name] = tuple(p for p in patches if _patches_tree(p, tree))
+                    fits[name] = tuple(p for p in patches if patch_applies(p, tree))
     if len(set(versions.values())) > 1:
         raise PackageBuildError(
             "the --nvidia-source are of different driver versions ("
@@ -228,16 +229,8 @@ def _pick_sources(sources: tuple[Path, ...], flavour: str | None, patches: tuple
                    "(it has both)")
     unused = [p.name for p in patches if not any(p in fits[name] for name in wanted)]
     if unused:
-        raise PackageBuildError(f"patch {unused[0]} changes no file of the "
+        raise PackageBuildError(f"patch {unused[0]} applies to none of the "
                                 f"{' or '.join(wanted)} module sources",
                                 remedy="make the patch -p1 relative to the module tree "
                                        "(where Kbuild is) of these sources")
     return {name: (found[name], fits[name]) for name in wanted}
-
-
-def _patches_tree(patch: Path, tree: Path) -> bool:
-    """Whether every file the (-p1) patch changes exists in the module tree."""
-    targets = [line[4:].split("\t")[0].strip().split("/", 1)[-1]
-               for line in patch.read_text(errors="replace").splitlines()
-               if line.startswith("+++ ") and not line.startswith("+++ /dev/null")]
-    return bool(targets) and all((tree / target).is_file() for target in targets)
