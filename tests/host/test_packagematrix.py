@@ -233,3 +233,25 @@ class TestJobs:
                     f"--kernel-headers={tree}", "--jobs=3", f"--out-dir={tmp_path / 'out'}")
         assert done.returncode == 0, done.stderr[-2000:]
         assert _most_at_once([tree / "jobs.log"]) == 3
+
+
+def test_patch_goes_only_to_the_tree_it_applies_to(tmp_path: Path, kernels: dict[str, Path],
+                                                   run_tree: Path) -> None:
+    """Like 550's pci_resize_resource fix: the open tree has the line, the other does not."""
+    with (run_tree / "kernel-open" / "nvidia.c").open("a") as handle:
+        handle.write('MODULE_INFO(gni_fix, "no");\n')
+    patch = tmp_path / "open-only.patch"
+    text = (run_tree / "kernel-open" / "nvidia.c").read_text().splitlines()
+    patch.write_text(f"--- a/nvidia.c\n+++ b/nvidia.c\n@@ -{len(text)} +{len(text)} @@\n"
+                     '-MODULE_INFO(gni_fix, "no");\n+MODULE_INFO(gni_fix, "yes");\n')
+    repo = tmp_path / "repo"
+    done = _cli(f"--nvidia-source={run_tree}", f"--kernel-headers={kernels[GOOD]}",
+                "--flavour=both", f"--patch={patch}", f"--repo={repo}")
+    assert done.returncode == 0, done.stderr[-2000:]
+    patches = {}
+    for flavour in ("open", "proprietary"):
+        manifest = parse_manifest(
+            (repo / GOOD / "535.261.03" / flavour / "manifest.json").read_bytes())
+        assert manifest.provenance is not None
+        patches[flavour] = [p["name"] for p in manifest.provenance["patches"]]
+    assert patches == {"open": ["open-only.patch"], "proprietary": []}
