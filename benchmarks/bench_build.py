@@ -1,6 +1,7 @@
 """Benchmark: `package build --nvidia-source` against a bare `make` of the same sources.
 
     .venv/bin/python benchmarks/bench_build.py [--jobs 2] [--source real|mini]
+    .venv/bin/python benchmarks/bench_build.py --matrix [--jobs 2] [--source real|mini]
 
 Inputs are the real-kernel tier's (tests/kernel/assets.py, cached): bookworm's real
 `nvidia-kernel-source` .deb (535.261.03) and Debian 6.1's real headers .debs, or with
@@ -12,6 +13,12 @@ Inputs are the real-kernel tier's (tests/kernel/assets.py, cached): bookworm's r
          unpacked headers (only the compile)
 and prints both, their ratio (target: build <= 1.2x make), and whether the build's .ko files
 are byte-identical to the cached package the kernel tests use (reproducibility, real 535).
+
+`--matrix` times the many-kernel path instead: one `package build --repo` for 1 kernel
+(6.1.0-57) and one for 3 bookworm kernels (6.1.0-57, -56, -55: nine headers .debs, the
+shared linux-kbuild given once), both with the same `--jobs`, cold, and prints both wall
+times and the scaling (3-kernel time / 1-kernel time; 3.0 = no gain from sharing the cores,
+less = the serial parts of one build overlap another's compile).
 """
 
 from __future__ import annotations
@@ -41,7 +48,12 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--source", choices=("real", "mini"), default="real")
+    parser.add_argument("--matrix", action="store_true",
+                        help="1 kernel vs 3 kernels in one command (many-kernel builds)")
     args = parser.parse_args()
+    if args.matrix:
+        matrix(args.jobs, args.source)
+        return
     kernel = assets.ensure_headers(assets.ensure_kernel(assets.kernel_release()))
     headers = assets.headers_debs(kernel)
     with tempfile.TemporaryDirectory(prefix="gni-bench-build-") as tmp:
@@ -81,6 +93,35 @@ def main() -> None:
                           "make_s": round(make_s, 1), "build_s": round(build_s, 1),
                           "ratio": round(build_s / make_s, 3), "target_ratio": 1.2,
                           "identical_to_cached_build": same}, indent=1))
+
+
+MATRIX_RELEASES = ("6.1.0-57-amd64", "6.1.0-56-amd64", "6.1.0-55-amd64")
+
+
+def matrix(jobs: int, source_kind: str) -> None:
+    """Wall time of `package build --repo` for 1 and for 3 kernels, and their ratio."""
+    debs = {r: assets.release_headers_debs(r) for r in MATRIX_RELEASES}
+    with tempfile.TemporaryDirectory(prefix="gni-bench-matrix-") as tmp:
+        work = Path(tmp)
+        source = (assets.nvidia_source_deb() if source_kind == "real"
+                  else mini_source(work / "nvidia-src"))
+        times = {}
+        for count in (1, 3):
+            unique = {d.name: d for r in MATRIX_RELEASES[:count] for d in debs[r]}
+            started = time.monotonic()
+            done = subprocess.run([*CLI, "package", "build", f"--nvidia-source={source}",
+                                   *(f"--kernel-headers={d}" for d in unique.values()),
+                                   f"--jobs={jobs}", f"--repo={work / f'repo{count}'}",
+                                   "--output=json"], capture_output=True, text=True, check=False)
+            times[count] = time.monotonic() - started
+            if done.returncode != 0:
+                sys.exit(f"{count} kernels: exit {done.returncode}: {done.stderr[-2000:]}")
+            index = json.loads((work / f"repo{count}" / "index.json").read_text())
+            assert len(index["packages"]) == count, index
+        print(json.dumps({"source": source_kind, "jobs": jobs,
+                          "kernels_1_s": round(times[1], 1), "kernels_3_s": round(times[3], 1),
+                          "scaling_3_over_1": round(times[3] / times[1], 2),
+                          "per_kernel_s_in_matrix": round(times[3] / 3, 1)}, indent=1))
 
 
 if __name__ == "__main__":

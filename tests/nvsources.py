@@ -59,3 +59,51 @@ def make_deb(root: Path, package: str, version: str, out: Path) -> Path:
     subprocess.run(["dpkg-deb", "--root-owner-group", "-Zxz", "--build", str(root),
                     str(target)], check=True, capture_output=True)
     return target
+
+
+_KBUILD_C = """\
+#define INFO(key, value) static const char info_##key[] \\
+    __attribute__((section(".modinfo"), used, aligned(1))) = #key "=" value
+INFO(name, NAME);
+INFO(vermagic, RELEASE " SMP preempt mod_unload modversions ");
+INFO(version, VERSION);
+INFO(license, LICENSE);
+#ifdef BROKEN
+int broken(void) { return undeclared_thing; }
+#endif
+"""
+_KBUILD_MAKEFILE = """\
+# a stand-in of the kernel's Kbuild: each module is a real gcc object with real .modinfo,
+# one make target each (so make runs them in parallel), start/end times in jobs.log
+LICENSE := $(shell grep -qs 'MODULE_LICENSE("NVIDIA")' $(M)/nvidia/nv-frontend.c \\
+             && echo NVIDIA || echo GPL)
+modules: $(NV_KERNEL_MODULES)
+$(NV_KERNEL_MODULES):
+\t@echo "start $$(date +%s.%N)" >> $(CURDIR)/jobs.log
+\t$(CC) -c -o $(M)/$@.ko -DNAME='"$(subst -,_,$@)"' -DRELEASE='"{release}"' \\
+\t  -DVERSION='"{version}"' -DLICENSE='"$(LICENSE)"' {extra} $(CURDIR)/modinfo.c
+\t@sleep {sleep}
+\t@echo "end $$(date +%s.%N)" >> $(CURDIR)/jobs.log
+.PHONY: modules $(NV_KERNEL_MODULES)
+"""
+
+
+def fake_kbuild(dest: Path, release: str, *, version: str = "535.261.03",
+                broken: bool = False, sleep: float = 0) -> Path:
+    """A build tree whose `make modules` really runs gcc: each module an ELF object with
+    the .modinfo of `release` (and the nvidia licence the sources declare); `broken` makes
+    gcc fail with a real compiler error; each module's job takes `sleep` s more and logs
+    its start and end in `dest/jobs.log`. Fast stand-in headers for many-kernel builds."""
+    fake_headers(dest, release)
+    (dest / "modinfo.c").write_text(_KBUILD_C)
+    (dest / "Makefile").write_text(_KBUILD_MAKEFILE.format(
+        release=release, version=version, extra="-DBROKEN" if broken else "", sleep=sleep))
+    return dest
+
+
+def proprietary_source(dest: Path, version: str = "535.261.03") -> Path:
+    """`mini_source` declaring NVIDIA's licence (nvidia/nv-frontend.c): proprietary."""
+    mini_source(dest, version)
+    (dest / "nvidia").mkdir()
+    (dest / "nvidia" / "nv-frontend.c").write_text('MODULE_LICENSE("NVIDIA");\n')
+    return dest

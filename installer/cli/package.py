@@ -34,22 +34,27 @@ _OUT = click.Path(path_type=Path)
               help="NVIDIA's .run installer (makeself), repeatable")
 @click.option("--modules", "modules_dir", type=_IN_DIR,
               help="directory of kernel modules built for one kernel release")
-@click.option("--nvidia-source", type=click.Path(exists=True, path_type=Path),
+@click.option("--nvidia-source", "nvidia_sources", multiple=True,
+              type=click.Path(exists=True, path_type=Path),
               help="compile the modules from NVIDIA's sources: nvidia-kernel-source or "
-                   "nvidia-open-kernel-source .deb, NVIDIA's .run, a tarball or directory")
+                   "nvidia-open-kernel-source .deb, NVIDIA's .run, a tarball or directory; "
+                   "repeatable (one version; e.g. both Debian packages for --flavour both)")
 @click.option("--kernel-headers", "kernel_headers", multiple=True,
               type=click.Path(exists=True, path_type=Path),
               help="with --nvidia-source: linux-headers .debs (with their -common and "
-                   "linux-kbuild .debs), a tarball or a build directory; repeatable")
+                   "linux-kbuild .debs), a tarball or a build directory; repeatable, and "
+                   "headers of several releases build one package per release (--repo)")
 @click.option("--patch", "patches", multiple=True, type=_IN_FILE,
               help="with --nvidia-source: apply this patch (-p1, in the module tree) first; "
                    "repeatable, in order")
 @click.option("--jobs", type=click.IntRange(min=1), default=None,
-              help="parallel compile jobs (default: the number of cores)")
+              help="parallel compile jobs, overall (default: the number of cores); "
+                   "several kernels: min(builds, jobs) at once, each make -j jobs/that")
 @click.option("--driver-version", help="driver version (default: read from the inputs)")
 @click.option("--kernel-release", help="kernel release (default: the modules' vermagic)")
-@click.option("--flavour", type=click.Choice(["open", "proprietary"]),
-              help="module flavour (default: the nvidia module's licence)")
+@click.option("--flavour", type=click.Choice(["open", "proprietary", "both"]),
+              help="module flavour (default: the nvidia module's licence); both: compile "
+                   "and publish each (--repo)")
 @click.option("--arch", type=click.Choice(["x86_64", "aarch64"]), default="x86_64",
               show_default=True, help="architecture of the files to take")
 @click.option("--os-id", help="only for nodes whose os-release ID is this")
@@ -76,7 +81,8 @@ def package_build(output: str, os_id: str | None, os_version_id: str | None,
                   sign_cert: Path | None, sign_hash: str, resign: bool,
                   signatures: Path | None, **options: Any) -> None:
     """Make a driver package from .debs/.run and built or compiled kernel modules."""
-    from installer.packages.build import BuildRequest, SigningOptions, build
+    from installer.packages.build import BuildRequest, SigningOptions
+    from installer.packages.build.matrix import MatrixResult, build_packages
 
     logs.configure()  # compile progress: JSON events on stderr, readable lines on a terminal
     os_match = {key: value for key, value in (("id", os_id), ("version_id", os_version_id),
@@ -87,5 +93,9 @@ def package_build(output: str, os_id: str | None, os_version_id: str | None,
     options["kernel_headers"], options["patches"] = (tuple(options["kernel_headers"]),
                                                      tuple(options["patches"]))
     signing = SigningOptions(sign_key, sign_cert, sign_hash, signatures, resign)
-    emit(build(BuildRequest(os=os_match or None, output=output_dir, signing=signing,
-                            **options)), output)
+    sources = tuple(options.pop("nvidia_sources"))
+    result = build_packages(BuildRequest(os=os_match or None, output=output_dir,
+                                         signing=signing, **options), sources)
+    emit(result, output)
+    if isinstance(result, MatrixResult) and (failed := result.error()) is not None:
+        raise failed  # after the report: what was built is published and listed

@@ -145,3 +145,13 @@ def test_run_layout_needs_a_flavour_when_it_has_both(tmp_path: Path, headers: Pa
     line = _refused(tmp_path, f"--nvidia-source={extracted}", f"--kernel-headers={headers}",
                     "--flavour=open", env={"PATH": str(empty)})
     assert "gcc-12 not found" in line  # open chosen, every check passed up to the compiler
+
+
+def test_licence_in_nv_c_is_proprietary(tmp_path: Path, headers: Path) -> None:
+    """550 moved MODULE_LICENSE("NVIDIA") from nv-frontend.c to nv.c: still proprietary."""
+    source = mini_source(tmp_path / "nvidia-kernel")
+    (source / "nvidia").mkdir()
+    (source / "nvidia" / "nv.c").write_text('MODULE_LICENSE("NVIDIA");\n')
+    line = _refused(tmp_path, f"--nvidia-source={source}", f"--kernel-headers={headers}",
+                    "--flavour=open")
+    assert "has no open modules (it has proprietary)" in line

@@ -127,6 +127,10 @@ class Apt:
     def __init__(self, root: Path) -> None:
         self.root = root
 
+    def stanzas(self) -> list[dict[str, str]]:
+        """The deb822 sources this index reads (bookworm's, widened to non-free)."""
+        return _debian_stanzas()
+
     def options(self) -> list[str]:
         r = self.root
         opts = [
@@ -149,7 +153,7 @@ class Apt:
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         (self.root / "sources.list").write_text("")
         text = "\n".join(
-            "".join(f"{k}: {v}\n" for k, v in stanza.items()) for stanza in _debian_stanzas()
+            "".join(f"{k}: {v}\n" for k, v in stanza.items()) for stanza in self.stanzas()
         )
         (self.root / "sources.list.d" / "gni-test.sources").write_text(text)
         log("apt-get update (private index, incl. non-free)")
@@ -277,14 +281,14 @@ def _patch_headers_makefile(makefile: Path, src: Path) -> None:
     makefile.write_text(text.replace("include /usr/src/", f"include {src}/"))
 
 
-def ensure_debs(name: str, specs: list[str]) -> list[Path]:
+def ensure_debs(name: str, specs: list[str], index: Apt | None = None) -> list[Path]:
     """The .deb files themselves (downloaded, never installed), cached under `kernel-debs/`."""
     dest = cache_root() / "kernel-debs" / name
     with locked(f"kernel-debs-{name}"):
         if not dest.is_dir():
             log(f"downloading {', '.join(specs)}")
             with staging(dest) as tmp:
-                apt().download(specs, tmp)
+                (index or apt()).download(specs, tmp)
     debs = sorted(dest.glob("*.deb"))
     if len(debs) != len(specs):
         raise AssetError(f"{dest} holds {len(debs)} .debs, not {len(specs)}; delete it to refetch")
@@ -293,14 +297,25 @@ def ensure_debs(name: str, specs: list[str]) -> list[Path]:
 
 def headers_debs(kernel: Kernel) -> list[Path]:
     """linux-headers-<release>, its -common and linux-kbuild-X.Y as .deb files."""
+    return release_headers_debs(kernel.release)
+
+
+def release_headers_debs(release: str) -> list[Path]:
+    """The three headers .debs of any bookworm release (e.g. an older 6.1.0-N), cached."""
     a = apt()
-    pkg = f"linux-headers-{kernel.release}"
+    pkg = f"linux-headers-{release}"
     version = a.version(pkg)
-    common = kernel.release.rsplit("-", 1)[0] + "-common"
-    kbuild = "linux-kbuild-" + ".".join(kernel.release.split(".")[:2])
-    return ensure_debs(f"headers-{kernel.release}-{version}",
+    common = release.rsplit("-", 1)[0] + "-common"
+    kbuild = "linux-kbuild-" + ".".join(release.split(".")[:2])
+    # linux-kbuild-X.Y is shared by every ABI: the archive keeps only its newest builds,
+    # so an older release takes the newest one of its upstream version
+    kbuilds = a.versions(kbuild)
+    upstream = version.split("-")[0]
+    kversion = version if version in kbuilds else next(
+        (v for v in kbuilds if v.split("-")[0] == upstream), version)
+    return ensure_debs(f"headers-{release}-{version}",
                        [f"{pkg}={version}", f"linux-headers-{common}={version}",
-                        f"{kbuild}={version}"])
+                        f"{kbuild}={kversion}"])
 
 
 def nvidia_source_deb() -> Path:

@@ -204,7 +204,17 @@ def _modules_dep_line(name: str) -> str:
                  if kmod.module_name(line.split(":")[0]) == name), "")
 
 
-GROUPS = {"main": group_main, "sig_enforce": group_sig_enforce}
+def group_flavours(args: dict[str, Any]) -> dict[str, Any]:
+    """Each flavour's real nvidia.ko from one repository (--flavour both): load them in turn."""
+    out: dict[str, Any] = {"release": RELEASE, "before": observe()}
+    for flavour, ko_dir in sorted(args["packages"].items()):
+        pkg = package(f"flavours/{flavour}", Path(ko_dir), args["version"], FULL)
+        out[flavour] = attempt(lambda pkg=pkg: load.load_package(HOST, pkg))
+        out[flavour]["dmesg_nvrm"] = [line for line in _dmesg() if "NVRM" in line][-3:]
+    return out
+
+
+GROUPS = {"main": group_main, "sig_enforce": group_sig_enforce, "flavours": group_flavours}
 
 if __name__ == "__main__":
     group, args_path, out_path = sys.argv[1:4]

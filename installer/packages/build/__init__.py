@@ -46,7 +46,8 @@ from installer.packages.repository import (
     package_path,
 )
 
-__all__ = ["BuildRequest", "BuildResult", "PackageBuildError", "SigningOptions", "build"]
+__all__ = ["BuildRequest", "BuildResult", "PackageBuildError", "SigningOptions", "build",
+           "check_request"]
 _ALIAS_NAMES = ("default", "latest")
 
 
@@ -73,6 +74,7 @@ class BuildRequest:
     kernel_headers: tuple[Path, ...] = ()
     patches: tuple[Path, ...] = ()
     jobs: int | None = None
+    jobserver: tuple[int, int] | None = None  # many builds at once: make's shared job pool
 
 
 @dataclass(frozen=True)
@@ -115,7 +117,7 @@ class BuildResult:
 
 def build(request: BuildRequest) -> BuildResult:
     """Validate the request, gather the files, write the package (and index, tarball)."""
-    _check_request(request)
+    check_request(request)
     with tempfile.TemporaryDirectory(prefix="gni-build-") as work:
         roots = _user_trees(request, Path(work))
         picked, links = pick_user_files(roots, request.arch)
@@ -143,7 +145,8 @@ def _fail(message: str, remedy: str | None = None) -> PackageBuildError:
     return PackageBuildError(message, remedy=remedy)
 
 
-def _check_request(request: BuildRequest) -> None:
+def check_request(request: BuildRequest) -> None:
+    """Every refusal that needs no unpacking (also run once for a whole many-kernel build)."""
     if not (request.debs or request.trees or request.run_files or request.modules_dir
             or request.nvidia_source):
         raise _fail("nothing to build from",
@@ -192,7 +195,8 @@ def _compile(request: BuildRequest, work: Path, picked: list[Picked]) -> Compile
     work.mkdir()
     return compile_modules(CompileRequest(
         request.nvidia_source or Path(), request.kernel_headers, request.flavour, request.arch,
-        request.patches, request.jobs, frozenset(_library_versions(picked))),
+        request.patches, request.jobs, frozenset(_library_versions(picked)),
+        request.jobserver),
         work, structlog.get_logger("package-build"))
 
 

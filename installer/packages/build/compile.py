@@ -52,6 +52,7 @@ class CompileRequest:
     patches: tuple[Path, ...] = ()
     jobs: int | None = None
     user_versions: frozenset[str] = frozenset()
+    jobserver: tuple[int, int] | None = None  # a GNU make jobserver's pipe, shared by builds
 
 
 @dataclass(frozen=True)
@@ -82,8 +83,8 @@ def compile_modules(request: CompileRequest, work: Path, log: Any,
         _apply(patch, build)
     modules = [m for m in MODULES + OPTIONAL if (build / m).is_dir() or m in MODULES]
     started = time.monotonic()
-    _make(build, kernel, compiler, modules, request.jobs or os.cpu_count() or 1,
-          _maps(work, build, kernel), log, stream or sys.stderr)
+    _make(build, kernel, compiler, modules, request.jobserver or request.jobs or
+          os.cpu_count() or 1, _maps(work, build, kernel), log, stream or sys.stderr)
     out = work / "modules"
     out.mkdir()
     for module in modules:
@@ -114,6 +115,16 @@ def _check(request: CompileRequest, source: NvSource, kernel: KernelTree) -> Non
         raise PackageBuildError(
             f"the NVIDIA sources are version {source.version} but the user-mode files are "
             f"{', '.join(others)}", remedy="give sources and user-mode files of one version")
+
+
+def patch_applies(patch: Path, tree: Path) -> bool:
+    """Whether `patch -p1 --dry-run` applies cleanly in the module tree (changes nothing)."""
+    if shutil.which("patch") is None:
+        raise PackageBuildError("patch not found", remedy="apt-get install patch")
+    done = subprocess.run(["patch", "-p1", "--batch", "--forward", "--dry-run", "-r", "-",
+                           "-i", str(patch.resolve())], cwd=tree, capture_output=True,
+                          check=False, stdin=subprocess.DEVNULL)
+    return done.returncode == 0
 
 
 def _apply(patch: Path, tree: Path) -> None:
@@ -156,20 +167,28 @@ def build_env(maps: list[str]) -> dict[str, str]:
     return env
 
 
-def _make(build: Path, kernel: KernelTree, compiler: str, modules: list[str], jobs: int,
-          maps: list[str], log: Any, stream: TextIO) -> None:
-    cmd = ["make", "-C", str(build), f"-j{jobs}", "modules", f"SYSSRC={kernel.syssrc}",
+def _make(build: Path, kernel: KernelTree, compiler: str, modules: list[str],
+          jobs: int | tuple[int, int], maps: list[str], log: Any, stream: TextIO) -> None:
+    """make -jN, or make as a client of a shared jobserver (no -j: it takes tokens)."""
+    env, fds = build_env(maps), tuple[int, ...]()
+    if isinstance(jobs, tuple):
+        fds = jobs
+        env["MAKEFLAGS"] = f"-j --jobserver-fds={jobs[0]},{jobs[1]} " \
+                           f"--jobserver-auth={jobs[0]},{jobs[1]}"
+    cmd = ["make", "-C", str(build), *([] if fds else [f"-j{jobs}"]), "modules",
+           f"SYSSRC={kernel.syssrc}",
            f"SYSOUT={kernel.sysout}", f"KERNEL_UNAME={kernel.release}", f"CC={compiler}",
            f"NV_KERNEL_MODULES={' '.join(modules)}"]
     if shutil.which("make") is None:
         raise PackageBuildError("make not found", remedy="apt-get install make")
     tty = stream.isatty()
     started = time.monotonic()
-    log.info("compiling modules", modules=modules, release=kernel.release, jobs=jobs,
+    log.info("compiling modules", modules=modules, release=kernel.release,
+             jobs="shared jobserver" if fds else jobs,
              compiler=kernel.cc_version_text)
     kept: list[str] = []
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          errors="replace", env=build_env(maps), cwd=build,
+                          errors="replace", env=env, cwd=build, pass_fds=fds,
                           stdin=subprocess.DEVNULL) as proc:
         assert proc.stdout is not None
         for line in proc.stdout:
@@ -181,14 +200,16 @@ def _make(build: Path, kernel: KernelTree, compiler: str, modules: list[str], jo
                 name = Path(linked["path"]).name
                 elapsed = round(time.monotonic() - started, 1)
                 if tty:
-                    stream.write(f"compiled {name} ({elapsed:.0f} s)\n")
+                    stream.write(f"compiled {name} for {kernel.release} ({elapsed:.0f} s)\n")
                     stream.flush()
                 else:
-                    log.info("module compiled", module=name, elapsed_s=elapsed)
+                    log.info("module compiled", module=name, release=kernel.release,
+                             elapsed_s=elapsed)
         rc = proc.wait()
     if rc != 0:
         raise ModuleCompileError(_first_error(kept, build, kernel, rc))
-    log.info("modules compiled", elapsed_s=round(time.monotonic() - started, 1))
+    log.info("modules compiled", release=kernel.release,
+             elapsed_s=round(time.monotonic() - started, 1))
 
 
 def _first_error(lines: list[str], build: Path, kernel: KernelTree, rc: int) -> str:

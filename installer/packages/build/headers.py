@@ -41,8 +41,50 @@ class KernelTree:
         return self.cc_version_text.split()[0] if self.cc_version_text else "gcc"
 
 
+def group_headers(paths: tuple[Path, ...]) -> dict[str, tuple[Path, ...]]:
+    """Split `--kernel-headers` by kernel release, without unpacking anything.
+
+    A `linux-headers-<release>` .deb starts a release; Debian's shared companions go to
+    every release they serve (`linux-headers-<abi>-common*` to releases `<abi>-*`,
+    `linux-kbuild-X.Y` to releases `X.Y.*`, any other .deb to all). A directory is its own
+    release (its `UTS_RELEASE`), and so is a tarball (named by its file name).
+    """
+    releases: dict[str, list[Path]] = {}
+    shared: list[tuple[Path, str]] = []
+    for path in sorted(paths):
+        if not path.exists():
+            raise PackageBuildError(f"--kernel-headers {path} does not exist")
+        if path.is_dir():
+            releases.setdefault(_dir_release(path), []).append(path)
+        elif path.open("rb").read(8) != b"!<arch>\n":
+            releases.setdefault(path.name, []).append(path)
+        else:
+            name = deb_control(path).get("Package", path.name)
+            release = name.removeprefix("linux-headers-")
+            if name.startswith("linux-headers-") and not re.search(r"-common(-\w+)?$", name):
+                releases.setdefault(release, []).append(path)
+            elif name.startswith("linux-headers-"):
+                shared.append((path, re.sub(r"-common(-\w+)?$", "", release) + "-"))
+            elif name.startswith("linux-kbuild-"):
+                shared.append((path, name.removeprefix("linux-kbuild-") + "."))
+            else:
+                shared.append((path, ""))
+    if not releases:  # only companions: one group, which prepare_headers will refuse
+        return {"": tuple(path for path, _ in shared)}
+    return {release: tuple(sorted([*own, *(p for p, prefix in shared
+                                           if release.startswith(prefix))]))
+            for release, own in releases.items()}
+
+
+def _dir_release(path: Path) -> str:
+    uts = path / "include" / "generated" / "utsrelease.h"
+    found = _UTS_RE.search(uts.read_text(errors="replace")) if uts.is_file() else None
+    return found[1] if found else path.name
+
+
 def prepare_headers(paths: tuple[Path, ...], work: Path) -> KernelTree:
-    """Make the given headers one usable build tree (one kernel per build)."""
+    """Make the given headers one usable build tree (one kernel per build; many kernels
+    are split by `group_headers` first)."""
     root = work / "headers"
     claims: dict[Path, str] = {}  # tree -> the release its package or directory name claims
     inputs: list[dict[str, str]] = []
@@ -78,8 +120,10 @@ def prepare_headers(paths: tuple[Path, ...], work: Path) -> KernelTree:
     kernels = [_tree(t, root, claims.get(t), tuple(inputs)) for t in found]
     releases = sorted({k.release for k in kernels})
     if len(releases) != 1:
-        raise PackageBuildError(f"--kernel-headers are for {len(releases)} kernels "
-                                f"({', '.join(releases)}); build one kernel at a time")
+        raise PackageBuildError(f"one --kernel-headers input holds {len(releases)} kernels "
+                                f"({', '.join(releases)})",
+                                remedy="give each kernel's headers as its own .debs, "
+                                       "tarball or directory")
     for kernel in kernels[1:]:
         if kernel.sysout != kernels[0].sysout:
             raise PackageBuildError(f"two build trees for {releases[0]}: {kernels[0].sysout}"

@@ -4,7 +4,8 @@ Accepted: Debian's `nvidia-kernel-source` / `nvidia-open-kernel-source` `.deb` (
 `usr/src/nvidia*.tar.xz` inside), NVIDIA's `.run` (its `kernel/` and `kernel-open/` trees),
 a tarball of either tree, or a directory (an extracted `.run`, or one module tree). A module
 tree is a directory with NVIDIA's `Kbuild` (it names the version, `NV_VERSION_STRING`) and
-`Makefile`; it is proprietary when `nvidia/nv-frontend.c` declares the NVIDIA licence.
+`Makefile`; it is proprietary when it declares the NVIDIA licence (`nvidia/nv-frontend.c`,
+or `nvidia/nv.c` from 550 on).
 """
 
 from __future__ import annotations
@@ -130,9 +131,13 @@ def _find_trees(root: Path, name: str) -> dict[str, Path]:
 
 
 def _licence_flavour(tree: Path) -> str:
-    frontend = tree / "nvidia" / "nv-frontend.c"
-    text = frontend.read_text(errors="replace") if frontend.is_file() else ""
-    return "proprietary" if 'MODULE_LICENSE("NVIDIA")' in text else "open"
+    """Proprietary when the tree declares NVIDIA's licence (in `nv-frontend.c` up to 535,
+    in `nv.c` from 550 on); Debian's open tree also carries an `nv-kernel.o_binary`."""
+    for name in ("nv-frontend.c", "nv.c"):
+        source = tree / "nvidia" / name
+        if source.is_file() and 'MODULE_LICENSE("NVIDIA")' in source.read_text(errors="replace"):
+            return "proprietary"
+    return "open"
 
 
 def _version(tree: Path) -> str:

@@ -7,6 +7,7 @@ only when complete; `index.json` is replaced atomically, so a reader never sees 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import gzip
 import hashlib
 import os
@@ -131,7 +132,19 @@ def write_tarball(directory: Path, target: Path) -> Path:
 
 def update_index(repo: Path, manifest: Manifest, digest: str, alias_names: tuple[str, ...]
                  ) -> tuple[Path, dict[str, str]]:
-    """Add the package to `<repo>/index.json` (creating it), set aliases, write atomically."""
+    """Add the package to `<repo>/index.json` (creating it), set aliases, write atomically.
+
+    Read, change and replace happen under an exclusive lock on `<repo>/.index.json.lock`,
+    so builds finishing together (threads of one command, or two commands) lose nothing.
+    """
+    repo.mkdir(parents=True, exist_ok=True)
+    with (repo / f".{INDEX_NAME}.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _update_index(repo, manifest, digest, alias_names)
+
+
+def _update_index(repo: Path, manifest: Manifest, digest: str, alias_names: tuple[str, ...]
+                  ) -> tuple[Path, dict[str, str]]:
     path = repo / INDEX_NAME
     index = Index()
     if path.exists():

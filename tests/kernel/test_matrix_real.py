@@ -1,0 +1,134 @@
+"""`package build` of many kernels and both flavours in one command: NVIDIA's real sources.
+
+(a) bookworm's real 535.261.03 `nvidia-kernel-source` compiled for two bookworm kernel
+releases in one command into one repository; (b) trixie's real 550.163.01
+`nvidia-kernel-source` and `nvidia-open-kernel-source` compiled with `--flavour both`
+against bookworm's headers (the open tree with the `pci_resize_resource` patch), and each
+flavour's `nvidia.ko` loaded in the guest, where it fails with ENODEV (no GPU). Both
+repositories are cached under the kernel's dir, keyed by the inputs' and the build code's
+digests, like `assets.build_nvidia_cli`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from installer.node import kmod
+from installer.packages.manifest import parse_manifest
+
+from . import assets, guest, trixie
+from .assets import Kernel
+from .conftest import REPO
+
+pytestmark = pytest.mark.timeout(3600)
+SECOND_RELEASE = "6.1.0-56-amd64"
+PATCH = REPO / "tests" / "kernel" / "patches" / "nvidia-550.163.01-pci-resize-resource.patch"
+
+
+def _unique(debs: list[Path]) -> list[Path]:
+    """linux-kbuild-6.1 is shared by the releases: give it once."""
+    seen: dict[str, Path] = {}
+    for deb in debs:
+        seen.setdefault(deb.name, deb)
+    return list(seen.values())
+
+
+def _repo(kernel: Kernel, name: str, args: list[str], inputs: list[Path]) -> Path:
+    """Run `package build ... --repo` once per inputs and code (cached): the repository."""
+    code = sorted((REPO / "installer" / "packages" / "build").glob("*.py"))
+    key = hashlib.sha256(b"".join(hashlib.sha256(p.read_bytes()).digest()
+                                  for p in [*inputs, *code]) + " ".join(args).encode()
+                         ).hexdigest()[:16]
+    out = kernel.root / f"{name}-{key}"
+    with assets.locked(f"{name}-{kernel.release}"):
+        if out.is_dir():
+            return out / "repo"
+        with assets.staging(out) as tmp:
+            started = time.monotonic()
+            output = assets.run([sys.executable, "-m", "installer", "package", "build", *args,
+                                 f"--repo={tmp / 'repo'}", "--output=json"],
+                                env=assets.build_env())
+            (tmp / "result.json").write_text(output)
+            (tmp / "seconds").write_text(f"{time.monotonic() - started:.1f}\n")
+    return out / "repo"
+
+
+def _index(repo: Path) -> list[dict[str, Any]]:
+    packages: list[dict[str, Any]] = json.loads((repo / "index.json").read_text())["packages"]
+    return packages
+
+
+@pytest.fixture(scope="session")
+def two_kernels_repo(kernel: Kernel) -> Path:
+    source = assets.nvidia_source_deb()
+    headers = _unique([*assets.headers_debs(kernel),
+                       *assets.release_headers_debs(SECOND_RELEASE)])
+    return _repo(kernel, "matrix-535", [f"--nvidia-source={source}", "--jobs=2",
+                                        *(f"--kernel-headers={h}" for h in headers)],
+                 [source, *headers])
+
+
+@pytest.fixture(scope="session")
+def both_flavours_repo(kernel: Kernel) -> Path:
+    sources = trixie.trixie_source_debs()
+    headers = assets.headers_debs(kernel)
+    return _repo(kernel, "matrix-550-both",
+                 [*(f"--nvidia-source={s}" for s in sources.values()), "--flavour=both",
+                  f"--patch={PATCH}", "--jobs=2", *(f"--kernel-headers={h}" for h in headers)],
+                 [*sources.values(), *headers, PATCH])
+
+
+def test_two_releases_of_535_in_one_repository(kernel: Kernel, two_kernels_repo: Path
+                                               ) -> None:
+    index = _index(two_kernels_repo)
+    assert sorted((p["kernel_release"], p["flavour"], p["driver_version"]) for p in index) == [
+        (SECOND_RELEASE, "proprietary", "535.261.03"),
+        (kernel.release, "proprietary", "535.261.03")]
+    for entry in index:
+        directory = two_kernels_repo / entry["path"]
+        data = (directory / "manifest.json").read_bytes()
+        assert hashlib.sha256(data).hexdigest() == entry["manifest_sha256"]
+        manifest = parse_manifest(data)
+        assert manifest.kernel_release == entry["kernel_release"]
+        for ko in sorted((directory / "modules").glob("*.ko")):
+            vermagic = kmod.modinfo(ko.read_bytes())["vermagic"][0].split()[0]
+            assert vermagic == entry["kernel_release"], ko
+        assert manifest.provenance is not None
+        assert {h["name"] for h in manifest.provenance["kernel_headers"]} == {
+            f"linux-headers-{entry['kernel_release']}",
+            f"linux-headers-{entry['kernel_release'][:-6]}-common", "linux-kbuild-6.1"}
+
+
+def test_both_flavours_of_550_load_and_find_no_gpu(kernel: Kernel, both_flavours_repo: Path,
+                                                   tmp_path: Path) -> None:
+    index = _index(both_flavours_repo)
+    assert sorted((p["kernel_release"], p["flavour"]) for p in index) == [
+        (kernel.release, "open"), (kernel.release, "proprietary")]
+    dirs = {p["flavour"]: both_flavours_repo / p["path"] for p in index}
+    licences = {f: kmod.modinfo((d / "modules" / "nvidia.ko").read_bytes())["license"][0]
+                for f, d in dirs.items()}
+    assert licences == {"open": "Dual MIT/GPL", "proprietary": "NVIDIA"}
+    open_manifest = parse_manifest((dirs["open"] / "manifest.json").read_bytes())
+    assert open_manifest.provenance is not None
+    assert open_manifest.provenance["nvidia_source"]["name"] == "nvidia-open-kernel-source"
+    assert [p["name"] for p in open_manifest.provenance["patches"]] == [PATCH.name]
+    (tmp_path / "args.json").write_text(json.dumps({
+        "version": "550.163.01", "packages": {f: str(d / "modules") for f, d in dirs.items()}}))
+    result = guest.run_in_guest(
+        'python3 tests/kernel/scenarios.py flavours "$GNI_OUT/args.json" '
+        '"$GNI_OUT/results.json"\n'.replace("python3", sys.executable),
+        kernel=kernel, timeout=600, cwd=REPO, env={"PYTHONPATH": str(REPO)}, out_dir=tmp_path)
+    assert result.rc == 0, result.describe()
+    data = result.json("results.json")
+    for flavour in ("open", "proprietary"):
+        error = data[flavour]["error"]
+        assert error["type"] == "NoGpuRespondedError", (flavour, error)
+        assert "no NVIDIA GPU responded" in error["message"]
+        assert data[flavour]["after"]["modules"] == data["before"]["modules"], flavour
