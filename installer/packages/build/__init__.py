@@ -6,7 +6,8 @@ place only when complete; the same inputs always give the same manifest digest. 
 `--repo` the package goes to `<repo>/<kernel>/<driver>/<flavour>/` and `index.json` is
 updated (atomically) with its manifest digest and any aliases asked for. With
 `--nvidia-source` and `--kernel-headers` the modules are first compiled
-(`installer.packages.build.compile`) into a temp modules directory, then built as above.
+(`installer.packages.build.compile`) into a temp modules directory, then built as above;
+`--nvidia-source` without headers makes a source package (`installer.packages.build.source`).
 """
 
 from __future__ import annotations
@@ -115,6 +116,10 @@ class BuildResult:
 
 def build(request: BuildRequest) -> BuildResult:
     """Validate the request, gather the files, write the package (and index, tarball)."""
+    if request.nvidia_source is not None and not request.kernel_headers:
+        from installer.packages.build.source import build_source  # sources for no kernel
+
+        return build_source(request)
     _check_request(request)
     with tempfile.TemporaryDirectory(prefix="gni-build-") as work:
         roots = _user_trees(request, Path(work))
@@ -150,9 +155,9 @@ def _check_request(request: BuildRequest) -> None:
                     remedy="give --deb, --tree, --run, --modules and/or --nvidia-source")
     if request.nvidia_source is not None and request.modules_dir is not None:
         raise _fail("give either --modules (built modules) or --nvidia-source (compile them)")
-    if (request.nvidia_source is None) != (not request.kernel_headers):
-        raise _fail("--nvidia-source and --kernel-headers go together (compile the sources "
-                    "against those headers)")
+    if request.kernel_headers and request.nvidia_source is None:
+        raise _fail("--kernel-headers needs --nvidia-source (the sources to compile against "
+                    "those headers)")
     if request.patches and request.nvidia_source is None:
         raise _fail("--patch needs --nvidia-source")
     for patch in request.patches:
