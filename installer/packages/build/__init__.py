@@ -34,6 +34,7 @@ from installer.packages.build.inputs import (
 )
 from installer.packages.build.publish import Identity, update_index, write_package, write_tarball
 from installer.packages.build.signing import SigningOptions, apply, check_options
+from installer.packages.build.source import build_source
 from installer.packages.manifest import (
     ARCHES,
     DRIVER_VERSION_RE,
@@ -116,11 +117,9 @@ class BuildResult:
 
 def build(request: BuildRequest) -> BuildResult:
     """Validate the request, gather the files, write the package (and index, tarball)."""
-    if request.nvidia_source is not None and not request.kernel_headers:
-        from installer.packages.build.source import build_source  # sources for no kernel
-
-        return build_source(request)
     _check_request(request)
+    if request.nvidia_source is not None and not request.kernel_headers:  # for no kernel yet
+        return BuildResult(*build_source(request, _user_trees, _destination))
     with tempfile.TemporaryDirectory(prefix="gni-build-") as work:
         roots = _user_trees(request, Path(work))
         picked, links = pick_user_files(roots, request.arch)

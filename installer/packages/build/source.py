@@ -11,16 +11,17 @@ package (kernel `source`), so older readers parse the index and simply never mat
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from installer.packages.build.inputs import PackageBuildError, Picked, pick_user_files
 from installer.packages.build.nvsource import unpack_source
 from installer.packages.build.publish import Identity, update_index, write_package, write_tarball
-from installer.packages.manifest import SOURCE_RELEASE, Manifest, sha256_hex
+from installer.packages.manifest import DRIVER_VERSION_RE, SOURCE_RELEASE, Manifest, sha256_hex
 
 if TYPE_CHECKING:
-    from installer.packages.build import BuildRequest, BuildResult
+    from installer.packages.build import BuildRequest
 
 SOURCE_DIR = "kernel-source"
 
@@ -39,32 +40,27 @@ def source_files(tree: Path) -> list[Picked]:
     return picked
 
 
-def build_source(request: BuildRequest) -> BuildResult:
-    """Build a source package for `request` (a BuildRequest without --kernel-headers)."""
-    from installer.packages.build import (
-        BuildResult,
-        _check_request,
-        _destination,
-        _library_versions,
-        _user_trees,
-    )
-
-    _check_request(request)
+def build_source(request: BuildRequest, user_trees: Callable[[Any, Path], list[Path]],
+                 destination_of: Callable[[Any, Identity], Path]
+                 ) -> tuple[Manifest, str, Path, Path | None, Path | None, dict[str, str]]:
+    """Write a source package for a checked request without --kernel-headers (the caller's
+    `user_trees` unpacks the user-mode inputs, `destination_of` says where it goes)."""
     with tempfile.TemporaryDirectory(prefix="gni-source-") as work:
         source = unpack_source(request.nvidia_source or Path(), Path(work) / "nv")
         flavour, tree = source.tree(request.flavour)
-        picked, links = pick_user_files(_user_trees(request, Path(work)), request.arch)
+        picked, links = pick_user_files(user_trees(request, Path(work)), request.arch)
         if not any(p.kind == "library" for p in picked):
             raise PackageBuildError("a source package needs the user-mode files too",
                                     remedy="also give --deb, --run or --tree")
-        others = sorted(_library_versions(picked) - {source.version})
+        tails = {p.relpath.rsplit(".so.", 1)[1] for p in picked if ".so." in p.relpath}
+        others = sorted(t for t in tails if DRIVER_VERSION_RE.match(t) and t != source.version)
         if others or (request.driver_version not in (None, source.version)):
             raise PackageBuildError(
                 f"the NVIDIA sources are version {source.version} but the user-mode files or "
                 f"--driver-version say {', '.join(others or [str(request.driver_version)])}",
                 remedy="give sources and user-mode files of one version")
         identity = Identity(source.version, SOURCE_RELEASE, flavour)
-        destination = _destination(request, identity)
+        destination = destination_of(request, identity)
         provenance = {"nvidia_source": {"name": source.name, "version": source.package_version
                                         or source.version, "sha256": source.sha256},
                       "kernel_headers": [], "compiler": "", "patches": []}
@@ -75,7 +71,7 @@ def build_source(request: BuildRequest) -> BuildResult:
     tarball = write_tarball(destination, request.tarball) if request.tarball else None
     index, aliases = (update_index(request.repo, manifest, digest, request.aliases)
                       if request.repo else (None, {}))
-    return BuildResult(manifest, digest, destination, tarball, index, aliases)
+    return manifest, digest, destination, tarball, index, aliases
 
 
 def is_source(manifest: Manifest) -> bool:

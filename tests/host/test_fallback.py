@@ -1,0 +1,200 @@
+"""`install` with BUILD_FALLBACK: no package for the kernel, a source package in the repository.
+
+The node is a host tree whose kernel (FakeKernelHost) runs Debian's 6.1.0-57-amd64, with that
+kernel's real headers unpacked under the host root as dpkg lays them out and the absolute
+`/lib/modules/<release>/build` link a real node has. The source package holds the NVML/CUDA
+stand-ins and an NVIDIA-shaped module tree (the stand-in modules), which the fallback really
+compiles with make and gcc-12 against those headers (seconds, not the real 535's minutes).
+Refusals are one line with their exit code, and leave the install dir empty.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from e2e import events, run_cli, standin_env
+from helpers import node_args
+from native import build_standins
+from native.packages import standin_tree
+from nvsources import fake_headers, mini_source
+
+from installer.packages.build import BuildRequest, build
+from installer.packages.manifest import SOURCE_RELEASE, parse_manifest
+from installer.packages.repository import parse_index
+from installer.testing import SAMPLE_NODES, build_node
+from installer.testing.kernel import write_host_module
+
+RELEASE = "6.1.0-57-amd64"
+VERSION = "535.261.03"
+FLAVOUR = "open"  # the stand-in modules are GPL, like the open flavour
+INSTALL_DIR = "home/kubernetes/bin/nvidia"
+HEADERS_DEBS = Path.home() / ".cache/gpu-node-installer-test/kernel-debs"
+
+
+def _headers_debs() -> list[Path]:
+    debs = sorted(HEADERS_DEBS.glob(f"headers-{RELEASE}-*/*.deb"))
+    if len(debs) != 3 or shutil.which("dpkg-deb") is None or shutil.which("gcc-12") is None:
+        pytest.skip(f"needs the kernel tier's cached linux-headers-{RELEASE} .debs (make "
+                    "kernel-assets), dpkg-deb and gcc-12")
+    return debs
+
+
+@pytest.fixture(scope="module")
+def headers_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The three headers .debs unpacked as dpkg would (once per module; hard-linked after)."""
+    root = tmp_path_factory.mktemp("headers")
+    for deb in _headers_debs():
+        subprocess.run(["dpkg-deb", "-x", str(deb), str(root)], check=True)
+    return root
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A repository holding only a source package (stand-in user mode, stand-in sources)."""
+    work = tmp_path_factory.mktemp("source")
+    tree = standin_tree(work / "tree", build_standins(work / "built"), VERSION)
+    result = build(BuildRequest(trees=(tree,), nvidia_source=mini_source(work / "nv"),
+                                repo=work / "repo", aliases=("default",)))
+    assert result.manifest.kernel_release == SOURCE_RELEASE
+    return work / "repo"
+
+
+def _node(base: Path, headers: Path | None, **security: object) -> Path:
+    root = base / "node"
+    root.mkdir()
+    build_node(root, dataclasses.replace(SAMPLE_NODES["gke-ubuntu-t4"], kernel=RELEASE,
+                                         **security))  # type: ignore[arg-type]
+    if headers is not None:
+        subprocess.run(["cp", "-al", f"{headers}/.", str(root)], check=True)
+        build = root / "lib/modules" / RELEASE / "build"
+        build.parent.mkdir(parents=True, exist_ok=True)
+        build.unlink(missing_ok=True)
+        build.symlink_to(f"/usr/src/linux-headers-{RELEASE}")  # absolute, as on a node
+        _host_drm(root / "lib/modules" / RELEASE)
+    return root
+
+
+def _host_drm(tree: Path) -> None:
+    """The node's own drm and drm_kms_helper (the stand-in nvidia-drm needs them)."""
+    drm, helper = "kernel/drivers/gpu/drm/drm.ko", "kernel/drivers/gpu/drm/drm_kms_helper.ko"
+    write_host_module(tree, drm, "drm")
+    write_host_module(tree, helper, "drm_kms_helper", ["drm"])
+    (tree / "modules.dep").write_text(f"{drm}:\n{helper}: {drm}\n")
+
+
+def _install(root: Path, repo: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return run_cli(["install", *node_args(root), "--log-format", "json", "--output", "json",
+                    "--mirror", f"file://{repo}", "--driver-version", VERSION, *extra],
+                   standin_env(VERSION), timeout=300)
+
+
+def _refused(done: subprocess.CompletedProcess[str], code: int, root: Path) -> str:
+    lines = [line for line in done.stderr.splitlines() if line.startswith("error(")]
+    assert done.returncode == code, done.stderr[-2000:]
+    assert len(lines) == 1, done.stderr[-2000:]
+    install = root / INSTALL_DIR
+    assert not (install / ".ready.json").exists() and not (install / ".current").exists()
+    assert not (install / "lib64").exists()
+    return lines[0]
+
+
+class TestSourcePackage:
+    """`package build --nvidia-source` without headers: a source package, marked as such."""
+
+    def test_manifest_and_index_mark_it(self, repo: Path) -> None:
+        path = repo / SOURCE_RELEASE / VERSION / FLAVOUR
+        manifest = parse_manifest((path / "manifest.json").read_bytes())
+        kinds = {f.kind for f in manifest.files}
+        assert manifest.kernel_release == SOURCE_RELEASE and not manifest.modules
+        assert {"library", "source"} <= kinds
+        assert any(f.path == "kernel-source/Kbuild" for f in manifest.files)
+        raw = json.loads((repo / "index.json").read_text())
+        entry = raw["packages"][0]
+        # only the fields every reader knows: an older installer parses it, never matches it
+        assert set(entry) <= {"driver_version", "kernel_release", "arch", "flavour", "path",
+                              "manifest_sha256", "os"}
+        assert entry["kernel_release"] == SOURCE_RELEASE
+        assert entry["path"] == f"source/{VERSION}/{FLAVOUR}"
+        assert parse_index((repo / "index.json").read_bytes()).packages[0].kernel_release \
+            == SOURCE_RELEASE
+
+
+class TestRefusals:
+    def test_never_names_the_fallback(self, tmp_path: Path, repo: Path) -> None:
+        root = _node(tmp_path, None)
+        line = _refused(_install(root, repo), 5, root)
+        assert f"for kernel {RELEASE}" in line and "BUILD_FALLBACK=auto" in line
+
+    def test_no_build_tree_names_the_headers_package(self, tmp_path: Path, repo: Path
+                                                     ) -> None:
+        root = _node(tmp_path, None)
+        line = _refused(_install(root, repo, "--build-fallback", "auto"), 5, root)
+        assert f"no kernel build tree for {RELEASE}" in line
+        assert f"apt-get install linux-headers-{RELEASE}" in line
+
+    def test_sig_enforce_without_key(self, tmp_path: Path, repo: Path) -> None:
+        root = _node(tmp_path, None, sig_enforce=True)
+        line = _refused(_install(root, repo, "--build-fallback", "auto"), 8, root)
+        assert "only loads signed modules" in line and "BUILD_SIGN_KEY" in line
+
+    def test_no_compiler_names_the_build_image(self, tmp_path: Path, repo: Path) -> None:
+        root = _node(tmp_path, None)
+        fake_headers(root / "usr/src" / f"linux-headers-{RELEASE}", RELEASE)
+        (root / "lib/modules" / RELEASE).mkdir(parents=True, exist_ok=True)
+        (root / "lib/modules" / RELEASE / "build").symlink_to(
+            f"/usr/src/linux-headers-{RELEASE}")
+        env = {**standin_env(VERSION), "PATH": str(tmp_path / "empty")}
+        done = run_cli(["install", *node_args(root), "--log-format", "json", "--mirror",
+                        f"file://{repo}", "--driver-version", VERSION, "--build-fallback",
+                        "auto"], env)
+        line = _refused(done, 5, root)
+        assert "gcc-12 not found" in line and "target `build`" in line
+
+    def test_corrupt_source_package(self, tmp_path: Path, repo: Path,
+                                    headers_root: Path) -> None:
+        broken = tmp_path / "repo"
+        shutil.copytree(repo, broken)
+        kbuild = broken / SOURCE_RELEASE / VERSION / FLAVOUR / "kernel-source/Kbuild"
+        kbuild.write_text(kbuild.read_text() + "# tampered\n")
+        root = _node(tmp_path, headers_root)
+        line = _refused(_install(root, broken, "--build-fallback", "auto"), 7, root)
+        assert "Kbuild" in line
+
+    def test_no_source_package(self, tmp_path: Path, headers_root: Path) -> None:
+        empty = tmp_path / "repo"
+        empty.mkdir()
+        (empty / "index.json").write_text('{"schema_version": 1, "packages": []}')
+        root = _node(tmp_path, headers_root)
+        line = _refused(_install(root, empty, "--build-fallback", "auto"), 5, root)
+        assert "no source package for driver" in line
+
+
+def test_builds_on_the_node_then_fast_path(tmp_path: Path, repo: Path, headers_root: Path
+                                           ) -> None:
+    """Built with make against the node's real headers, cached by digest, then fast path."""
+    root = _node(tmp_path, headers_root)
+    first = _install(root, repo, "--build-fallback", "auto")
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert json.loads(first.stdout)["fast_path"] is False
+    built = [e for e in events(first.stderr) if e["event"] == "package built on node"]
+    assert len(built) == 1 and float(str(built[0]["duration_s"])) > 0
+    install = root / INSTALL_DIR
+    assert json.loads((install / ".ready.json").read_text())["driver_version"] == VERSION
+    state = json.loads((install / ".state.json").read_text())
+    assert state["kernel_release"] == RELEASE
+    ref = json.loads((install / ".cache/refs" / f"{state['package_digest']}.json").read_text())
+    assert ref["kernel_release"] == RELEASE and ref["digest"] == state["package_digest"]
+    modules = sorted(p.name for p in (install / "drivers").iterdir())
+    assert "nvidia.ko" in modules
+    assert not list((install / ".cache/tmp").glob("run-*/*build*"))  # work area removed
+    second = _install(root, repo, "--build-fallback", "auto")
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert json.loads(second.stdout)["fast_path"] is True
+    assert not [e for e in events(second.stderr) if e["event"] == "package built on node"]
+    assert os.readlink(install / ".current").endswith(f"{VERSION}-{RELEASE}-{FLAVOUR}")
