@@ -10,7 +10,6 @@ Refusals are one line with their exit code, and leave the install dir empty.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import shutil
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from e2e import events, run_cli, standin_env
+from fallbacknode import RELEASE, headers_debs, make_node, unpack_headers
 from helpers import node_args
 from native import build_standins
 from native.packages import standin_tree
@@ -27,31 +27,20 @@ from nvsources import fake_headers, mini_source
 from installer.packages.build import BuildRequest, build
 from installer.packages.manifest import SOURCE_RELEASE, parse_manifest
 from installer.packages.repository import parse_index
-from installer.testing import SAMPLE_NODES, build_node
-from installer.testing.kernel import write_host_module
 
-RELEASE = "6.1.0-57-amd64"
 VERSION = "535.261.03"
 FLAVOUR = "open"  # the stand-in modules are GPL, like the open flavour
 INSTALL_DIR = "home/kubernetes/bin/nvidia"
-HEADERS_DEBS = Path.home() / ".cache/gpu-node-installer-test/kernel-debs"
-
-
-def _headers_debs() -> list[Path]:
-    debs = sorted(HEADERS_DEBS.glob(f"headers-{RELEASE}-*/*.deb"))
-    if len(debs) != 3 or shutil.which("dpkg-deb") is None or shutil.which("gcc-12") is None:
-        pytest.skip(f"needs the kernel tier's cached linux-headers-{RELEASE} .debs (make "
-                    "kernel-assets), dpkg-deb and gcc-12")
-    return debs
 
 
 @pytest.fixture(scope="module")
 def headers_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The three headers .debs unpacked as dpkg would (once per module; hard-linked after)."""
-    root = tmp_path_factory.mktemp("headers")
-    for deb in _headers_debs():
-        subprocess.run(["dpkg-deb", "-x", str(deb), str(root)], check=True)
-    return root
+    debs = headers_debs()
+    if debs is None:
+        pytest.skip(f"needs the kernel tier's cached linux-headers-{RELEASE} .debs (make "
+                    "kernel-assets), dpkg-deb and gcc-12")
+    return unpack_headers(debs, tmp_path_factory.mktemp("headers") / "root")
 
 
 @pytest.fixture(scope="module")
@@ -66,26 +55,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _node(base: Path, headers: Path | None, **security: object) -> Path:
-    root = base / "node"
-    root.mkdir()
-    build_node(root, dataclasses.replace(SAMPLE_NODES["gke-ubuntu-t4"], kernel=RELEASE,
-                                         **security))  # type: ignore[arg-type]
-    if headers is not None:
-        subprocess.run(["cp", "-al", f"{headers}/.", str(root)], check=True)
-        build = root / "lib/modules" / RELEASE / "build"
-        build.parent.mkdir(parents=True, exist_ok=True)
-        build.unlink(missing_ok=True)
-        build.symlink_to(f"/usr/src/linux-headers-{RELEASE}")  # absolute, as on a node
-        _host_drm(root / "lib/modules" / RELEASE)
-    return root
-
-
-def _host_drm(tree: Path) -> None:
-    """The node's own drm and drm_kms_helper (the stand-in nvidia-drm needs them)."""
-    drm, helper = "kernel/drivers/gpu/drm/drm.ko", "kernel/drivers/gpu/drm/drm_kms_helper.ko"
-    write_host_module(tree, drm, "drm")
-    write_host_module(tree, helper, "drm_kms_helper", ["drm"])
-    (tree / "modules.dep").write_text(f"{drm}:\n{helper}: {drm}\n")
+    return make_node(base / "node", headers, **security)
 
 
 def _install(root: Path, repo: Path, *extra: str) -> subprocess.CompletedProcess[str]:
