@@ -1,4 +1,5 @@
-"""Boot a real Debian kernel under qemu (TCG) and run a script inside it, host files visible."""
+"""Boot a real Debian kernel under qemu (TCG, or KVM on request) and run a script inside it,
+host files visible."""
 
 from __future__ import annotations
 
@@ -162,8 +163,28 @@ def ensure_initramfs(kernel: Kernel) -> Path:
     return path
 
 
+def kvm_unavailable_reason() -> str | None:
+    """Why `run_in_guest(kvm=True)` cannot use KVM here (a test then skips saying so), or None.
+
+    /dev/kvm must open read-write and answer KVM_GET_API_VERSION with the stable API (12)."""
+    try:
+        fd = os.open("/dev/kvm", os.O_RDWR | os.O_CLOEXEC)
+    except OSError as exc:
+        return f"/dev/kvm cannot be opened ({exc.strerror}): no hardware virtualization here"
+    try:
+        import fcntl
+
+        version = fcntl.ioctl(fd, 0xAE00)  # KVM_GET_API_VERSION
+    except OSError as exc:
+        return f"/dev/kvm does not answer KVM_GET_API_VERSION ({exc.strerror})"
+    finally:
+        os.close(fd)
+    return None if version == 12 else f"/dev/kvm speaks API {version}, not 12"
+
+
 def _qemu_command(
-    kernel: Kernel, initrd: Path, out: Path, cmdline: str, memory_mb: int
+    kernel: Kernel, initrd: Path, out: Path, cmdline: str, memory_mb: int,
+    *, kvm: bool = False, cpus: int = 2,
 ) -> list[str]:
     append = (
         f"console=ttyS0 quiet panic=-1 rdinit=/init gni.out={out} "
@@ -171,8 +192,8 @@ def _qemu_command(
     )
     return [
         QEMU,
-        "-accel", "tcg",
-        "-smp", str(min(2, os.cpu_count() or 1)),
+        *(("-accel", "kvm", "-cpu", "host") if kvm else ("-accel", "tcg")),
+        "-smp", str(min(cpus, os.cpu_count() or 1)),
         "-m", str(memory_mb),
         "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
         "-serial", "stdio", "-monitor", "none",
@@ -216,17 +237,24 @@ def run_in_guest(
     cwd: Path | None = None,
     memory_mb: int = 2048,
     out_dir: Path | None = None,
+    kvm: bool = False,
+    cpus: int = 2,
 ) -> GuestResult:
     """Boot `kernel`, run `script` with bash as root inside it, and return what it reported.
 
     qemu's own exit status says nothing about the script, so the guest writes the
     script's exit code and output into the shared out dir ($GNI_OUT), which is also
-    where the script leaves result files for the test to read.
+    where the script leaves result files for the test to read. `kvm=True` runs the guest
+    under KVM (`-accel kvm -cpu host`) for work TCG is too slow for (a compile); callers
+    check `kvm_unavailable_reason()` first and skip with its reason, never silently.
     """
+    if kvm and (reason := kvm_unavailable_reason()):
+        raise RuntimeError(f"kvm=True but {reason}")
     out = Path(out_dir or tempfile.mkdtemp(prefix="gni-guest-")).resolve()
     work = Path(cwd or Path.cwd()).resolve()
     _write_bookkeeping(out, script, guest_env(kernel, out, env), work)
-    cmd = _qemu_command(kernel, ensure_initramfs(kernel), out, cmdline, memory_mb)
+    cmd = _qemu_command(kernel, ensure_initramfs(kernel), out, cmdline, memory_mb, kvm=kvm,
+                        cpus=cpus)
     start = time.monotonic()
     console_path = out / GNI_DIR / "console.log"
     with open(console_path, "wb") as console:
