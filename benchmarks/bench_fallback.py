@@ -46,6 +46,7 @@ VERSION = "535.261.03"
 
 def bare_make(source: Path, work: Path, headers: Path, jobs: int, modules: str) -> float:
     """Seconds of `make modules` in an unpacked copy of the sources (only the compile)."""
+    work.mkdir(parents=True)
     if source.is_dir():
         tree = source
     else:
@@ -97,6 +98,7 @@ def main() -> None:
                 f"file://{work / 'repo'}", "--driver-version", VERSION,
                 "--build-fallback", "auto"]
         cold, rss = timed_install(args, env)
+        print(f"cold install with the on-node build: {cold:.1f} s", flush=True)
         reboots = []
         for _ in range(opts.runs):
             reboot(root / "proc")
