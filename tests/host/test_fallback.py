@@ -168,3 +168,39 @@ def test_builds_on_the_node_then_fast_path(tmp_path: Path, repo: Path, headers_r
     assert json.loads(second.stdout)["fast_path"] is True
     assert not [e for e in events(second.stderr) if e["event"] == "package built on node"]
     assert os.readlink(install / ".current").endswith(f"{VERSION}-{RELEASE}-{FLAVOUR}")
+
+
+class TestBuildTree:
+    """The node's build tree, copied into our work area with every name re-rooted."""
+
+    def test_links_and_common_include_point_under_the_host_root(
+            self, tmp_path: Path, headers_root: Path) -> None:
+        from installer.node.host import Roots
+        from installer.stages.fetch.buildtree import copy_build_tree, find_build_tree
+
+        root = _node(tmp_path, headers_root)
+        roots = Roots(root, root / "proc", root / "sys", root / "dev")
+        tree = find_build_tree(roots, RELEASE)
+        assert tree == root / "usr/src" / f"linux-headers-{RELEASE}"  # absolute link, confined
+        copy = copy_build_tree(roots, tree, tmp_path / "copy")
+        scripts = copy / "scripts"
+        assert scripts.is_symlink() and os.readlink(scripts).startswith(f"{root}/")
+        assert (scripts / "Makefile.build").is_file()
+        common = RELEASE.rsplit("-", 1)[0] + "-common"
+        assert f"include {root}/usr/src/linux-headers-{common}/Makefile" in (
+            copy / "Makefile").read_text()
+        # the node's own tree is untouched (its Makefile still names the node's path)
+        assert f"include /usr/src/linux-headers-{common}/Makefile" in (tree / "Makefile"
+                                                                        ).read_text()
+
+
+def test_sign_key_and_cert_go_together(tmp_path: Path) -> None:
+    from installer.config import load_config
+    from installer.errors import ConfigError
+
+    flags = {"host_root": str(tmp_path), "proc_root": str(tmp_path), "sys_root": str(tmp_path)}
+    with pytest.raises(ConfigError, match="--build-sign-key and --build-sign-cert go together"):
+        load_config(flags, {"BUILD_SIGN_KEY": "/keys/key.pem"})
+    with pytest.raises(ConfigError, match="BUILD_FALLBACK='sometimes' is invalid"):
+        load_config(flags, {"BUILD_FALLBACK": "sometimes"})
+    assert load_config(flags, {}).build_fallback == "never"

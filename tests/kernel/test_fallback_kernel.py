@@ -40,7 +40,9 @@ mkdir -p "$fake"
 echo 0x10de > "$fake/vendor"; echo 0x1eb8 > "$fake/device"
 echo 0x030200 > "$fake/class"; echo -1 > "$fake/numa_node"
 mount --bind /tmp/fake-pci /sys/bus/pci/devices
-for deb in {debs}; do dpkg-deb -x "$deb" /; done
+# as dpkg lays them out: a merged-/usr root keeps its /lib -> usr/lib link (dpkg-deb -x would
+# replace it with a directory, and the dynamic loader with it)
+for deb in {debs}; do dpkg-deb --fsys-tarfile "$deb" | tar -x --keep-directory-symlink -C /; done
 readlink /lib/modules/$(uname -r)/build > "$GNI_OUT/build-link"
 args="--host-root / --proc-root /proc --sys-root /sys --dev-root /dev --log-format json
       --mirror file://{repo} --driver-version {version} --build-fallback auto
