@@ -204,3 +204,21 @@ def test_sign_key_and_cert_go_together(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="BUILD_FALLBACK='sometimes' is invalid"):
         load_config(flags, {"BUILD_FALLBACK": "sometimes"})
     assert load_config(flags, {}).build_fallback == "never"
+
+
+def test_sig_enforce_node_gets_modules_signed_with_the_configured_key(
+        tmp_path: Path, repo: Path, headers_root: Path) -> None:
+    """With BUILD_SIGN_KEY/CERT the built modules carry a signature the enforcing kernel takes;
+    a key that cannot sign is refused before anything is fetched or compiled."""
+    from signing_keys import make_key
+
+    keys = make_key(tmp_path / "keys")
+    root = _node(tmp_path, headers_root, sig_enforce=True)
+    bad = _install(root, repo, "--build-fallback", "auto", "--build-sign-key",
+                   str(keys.cert), "--build-sign-cert", str(keys.cert))
+    assert "BUILD_SIGN_KEY/BUILD_SIGN_CERT" in _refused(bad, 2, root)
+    done = _install(root, repo, "--build-fallback", "auto", "--build-sign-key", str(keys.key),
+                    "--build-sign-cert", str(keys.cert))
+    assert done.returncode == 0, done.stderr[-3000:]
+    nvidia = root / INSTALL_DIR / "drivers" / "nvidia.ko"
+    assert nvidia.read_bytes().endswith(b"~Module signature appended~\n")

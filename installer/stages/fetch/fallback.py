@@ -20,12 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from installer.context import Context
-from installer.errors import PackageNotFoundError, SignatureRejectedError
+from installer.errors import ConfigError, PackageNotFoundError, SignatureRejectedError
 from installer.node.facts import NodeInfo
 from installer.packages.build.compile import CompileRequest, compile_modules
 from installer.packages.build.inputs import PackageBuildError, Picked, load_order, scan_modules
 from installer.packages.build.publish import Identity, write_package
-from installer.packages.build.signing import SigningOptions, apply
+from installer.packages.build.signing import SigningOptions, apply, load_cert, load_key
 from installer.packages.build.source import SOURCE_DIR, is_source
 from installer.packages.cache import Cache
 from installer.packages.manifest import SOURCE_RELEASE, Package
@@ -60,6 +60,12 @@ def preflight(ctx: Context, node: NodeInfo) -> Path:
             "lockdown) and no key to sign modules built here is configured",
             remedy="set BUILD_SIGN_KEY and BUILD_SIGN_CERT to a key the node trusts (MOK), "
                    "or publish signed packages for this kernel")
+    if config.build_sign_key is not None and config.build_sign_cert is not None:
+        try:  # a key that cannot sign is refused now, not after minutes of compiling
+            load_key(config.build_sign_key, load_cert(config.build_sign_cert))
+        except PackageBuildError as exc:
+            raise ConfigError(f"BUILD_SIGN_KEY/BUILD_SIGN_CERT: {exc.message}",
+                              remedy=exc.remedy) from None
     tree = find_build_tree(ctx.host.roots, node.kernel_release)
     compiler, text = kernel_compiler(tree)
     for tool, why in ((compiler, f"kernel {node.kernel_release} was built with "
