@@ -9,6 +9,10 @@
 #   PRELOADED_DIR  a directory in the build context holding a driver repository (index.json and
 #                  packages) to bake into the image for air-gapped nodes; empty by default.
 #   VERSION        the installer version being packaged (the Makefile passes the package's).
+#
+# Targets: the default (last) stage is the small runtime image. `--target build` adds the
+# compiler and make for BUILD_FALLBACK=auto (modules built on the node from a source package);
+# its gcc must be the one the node's kernel was built with (gcc-12 for Debian bookworm).
 ARG BASE_IMAGE=docker.io/library/python:3.11-slim-bookworm
 
 # --- builder: wheels for the installer and every dependency, from PyPI or a mirror
@@ -25,8 +29,8 @@ RUN --mount=type=secret,id=pip-ca,required=false \
     && /opt/build/bin/pip wheel --no-cache-dir --disable-pip-version-check \
        --index-url "${PIP_INDEX_URL}" --wheel-dir /wheels .
 
-# --- final: the wheels installed into a venv; no source tree, no compiler, no pip
-FROM ${BASE_IMAGE}
+# --- runtime: the wheels installed into a venv; no source tree, no compiler, no pip
+FROM ${BASE_IMAGE} AS runtime
 ARG VERSION=0.1.0
 ARG PRELOADED_DIR=daemonset/preloaded
 LABEL org.opencontainers.image.title="gpu-node-installer" \
@@ -50,3 +54,17 @@ ENV DRIVER_PRELOADED_DIR=/var/lib/gpu-node-installer/preloaded \
     PYTHONUNBUFFERED=1
 ENTRYPOINT ["gpu-node-installer"]
 CMD ["install"]
+
+# --- build: the runtime plus what compiling NVIDIA's modules against a node's headers needs
+#     (`--target build`); on-node builds are then on unless the DaemonSet says otherwise.
+FROM runtime AS build
+ARG KERNEL_CC=gcc-12
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends "${KERNEL_CC}" make libc6-dev libelf-dev \
+       xz-utils \
+    && rm -rf /var/lib/apt/lists/*
+ENV BUILD_FALLBACK=auto
+
+# --- the default target: the small runtime image, unchanged
+FROM runtime

@@ -38,7 +38,8 @@ _OUT = click.Path(path_type=Path)
               type=click.Path(exists=True, path_type=Path),
               help="compile the modules from NVIDIA's sources: nvidia-kernel-source or "
                    "nvidia-open-kernel-source .deb, NVIDIA's .run, a tarball or directory; "
-                   "repeatable (one version; e.g. both Debian packages for --flavour both)")
+                   "repeatable (one version; e.g. both Debian packages for --flavour both); "
+                   "without --kernel-headers: a source package (built on nodes later)")
 @click.option("--kernel-headers", "kernel_headers", multiple=True,
               type=click.Path(exists=True, path_type=Path),
               help="with --nvidia-source: linux-headers .debs (with their -common and "

@@ -244,6 +244,17 @@ SETTINGS: tuple[Setting, ...] = (
             "load even when preflight predicts a refusal (signature enforcement, GPU bound "
             "to nouveau/vfio-pci, package built for another kernel)", "true or false", _bool,
             is_flag=True),
+    # on-node build when no package exists for the kernel (fetch stage)
+    Setting("build_fallback", "--build-fallback", "BUILD_FALLBACK", "never",
+            "when no package exists for the running kernel: build one on the node from a "
+            "source package and the node's headers (auto) or fail (never)",
+            "one of auto, never", _choice("auto", "never")),
+    Setting("build_sign_key", "--build-sign-key", "BUILD_SIGN_KEY", None,
+            "private key (PEM) that signs modules built on the node", "an absolute path",
+            _abs_path),
+    Setting("build_sign_cert", "--build-sign-cert", "BUILD_SIGN_CERT", None,
+            "certificate (PEM or DER) of --build-sign-key, enrolled in the node's keyring",
+            "an absolute path", _abs_path),
 )
 
 SETTINGS_BY_NAME = {setting.name: setting for setting in SETTINGS}
@@ -284,6 +295,9 @@ class Config:
     module_params: tuple[ModuleParam, ...] = ()
     module_params_file: Path | None = None
     force_load: bool = False
+    build_fallback: str = "never"
+    build_sign_key: Path | None = None
+    build_sign_cert: Path | None = None
 
 
 def _raw_value(setting: Setting, flags: Mapping[str, Any], environ: Mapping[str, str]
@@ -317,6 +331,9 @@ def load_config(flags: Mapping[str, Any], environ: Mapping[str, str]) -> Config:
     config = Config(**values)
     _check_roots(config)
     _check_mirrors(config)
+    if (config.build_sign_key is None) != (config.build_sign_cert is None):
+        raise ConfigError("--build-sign-key and --build-sign-cert go together",
+                          remedy="set both BUILD_SIGN_KEY and BUILD_SIGN_CERT, or neither")
     return config
 
 

@@ -23,7 +23,7 @@ from installer.packages.signatures import SignatureEntry, parse_signatures, sign
 
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
-KINDS = ("module", "library", "binary", "firmware", "config")
+KINDS = ("module", "library", "binary", "firmware", "config", "source")
 FLAVOURS = ("open", "proprietary")
 ARCHES = ("x86_64", "aarch64")
 MAX_FILE_SIZE = 8 * 1024**3
@@ -34,6 +34,7 @@ MAX_PATH_CHARS = 1024
 HASH_CHUNK = 1024 * 1024
 DRIVER_VERSION_RE = re.compile(r"^\d{3,4}\.\d{1,3}(\.\d{1,3})?$")
 KERNEL_RELEASE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+~-]{0,127}$")
+SOURCE_RELEASE = "source"  # the kernel_release of a source package (built for no kernel)
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 _MODULE_NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,63}$")
 _OS_KEYS = ("id", "version_id", "build_id")

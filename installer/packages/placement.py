@@ -1,7 +1,8 @@
 """Where a package's files land when staged, and which packages would collide there.
 
 Libraries, binaries and modules are flattened to `lib64/<basename>`, `bin/<basename>`,
-`drivers/<basename>`; firmware keeps its path below `firmware/`. Two entries that land on
+`drivers/<basename>`; firmware keeps its path below `firmware/` (a source package's
+module sources, never staged themselves, keep theirs below `src/`). Two entries that land on
 one staged path would overwrite each other at staging (and, through a hard link, the
 verified cache blob of the first), so validation refuses such a manifest outright, and also
 names equal under case folding in one directory (a case-insensitive filesystem merges them).
@@ -16,7 +17,7 @@ from typing import Protocol
 from installer.errors import IntegrityError
 
 KIND_DIRS = {"library": "lib64", "binary": "bin", "module": "drivers", "firmware": "firmware",
-             "config": "etc"}
+             "config": "etc", "source": "src"}
 
 
 class Placed(Protocol):
@@ -47,6 +48,8 @@ def destination(entry: Placed) -> PurePosixPath:
     if entry.kind == "firmware" and "firmware" in path.parts[:-1]:
         index = len(path.parts) - 1 - path.parts[::-1].index("firmware")
         return PurePosixPath("firmware", *path.parts[index + 1:])
+    if entry.kind == "source":  # a source package's module tree keeps its shape (never staged)
+        return PurePosixPath(KIND_DIRS["source"], path)
     return PurePosixPath(KIND_DIRS[entry.kind], path.name)
 
 

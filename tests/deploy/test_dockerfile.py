@@ -41,12 +41,33 @@ class TestDockerfile:
     def test_multi_stage_from_a_chosen_base(self) -> None:
         instructions = _instructions()
         froms = [args for key, args in instructions if key == "FROM"]
-        assert froms == ["${BASE_IMAGE} AS builder", "${BASE_IMAGE}"]
+        assert froms == ["${BASE_IMAGE} AS builder", "${BASE_IMAGE} AS runtime",
+                         "runtime AS build", "runtime"]
         assert instructions[0][0] == "ARG" and instructions[0][1].startswith("BASE_IMAGE=")
+
+    def test_default_target_is_the_runtime_unchanged(self) -> None:
+        """`podman build` without --target builds the last stage: the small runtime."""
+        instructions = _instructions()
+        last = max(i for i, (k, _) in enumerate(instructions) if k == "FROM")
+        assert instructions[last:] == [("FROM", "runtime")]
+
+    def test_build_target_adds_the_compiler_and_turns_the_fallback_on(self) -> None:
+        instructions = _instructions()
+        start = instructions.index(("FROM", "runtime AS build"))
+        stage = instructions[start:instructions.index(("FROM", "runtime"))]
+        runs = " ".join(args for key, args in stage if key == "RUN")
+        for package in ('"${KERNEL_CC}"', "make", "libc6-dev", "libelf-dev"):
+            assert f" {package} " in f" {runs} ", package
+        assert "--no-install-recommends" in runs and "rm -rf /var/lib/apt/lists/*" in runs
+        assert ("ARG", "KERNEL_CC=gcc-12") in stage
+        assert ("ENV", "BUILD_FALLBACK=auto") in stage
+        runtime = instructions[instructions.index(("FROM", "${BASE_IMAGE} AS runtime")):start]
+        assert "apt-get" not in " ".join(args for _, args in runtime)
 
     def test_final_stage_installs_wheels_not_sources(self) -> None:
         instructions = _instructions()
-        final = instructions[max(i for i, (k, _) in enumerate(instructions) if k == "FROM"):]
+        final = instructions[instructions.index(("FROM", "${BASE_IMAGE} AS runtime")):
+                             instructions.index(("FROM", "runtime AS build"))]
         sources = [args.split()[:-1] for key, args in final if key == "COPY"]
         assert sources == [["${PRELOADED_DIR}/"]], sources
         runs = " ".join(args for key, args in final if key == "RUN")

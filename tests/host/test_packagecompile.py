@@ -127,9 +127,10 @@ def test_open_flavour_needs_open_sources(tmp_path: Path, headers: Path) -> None:
     assert "has no open modules" in line
 
 
-def test_sources_need_headers(tmp_path: Path, source: Path) -> None:
+def test_sources_alone_make_no_package(tmp_path: Path, source: Path) -> None:
+    """Without headers the sources make a source package, which needs user-mode files."""
     line = _refused(tmp_path, f"--nvidia-source={source}")
-    assert "--nvidia-source and --kernel-headers go together" in line
+    assert "a source package needs the user-mode files too" in line
 
 
 def test_run_layout_needs_a_flavour_when_it_has_both(tmp_path: Path, headers: Path) -> None:

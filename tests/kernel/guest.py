@@ -1,4 +1,5 @@
-"""Boot a real Debian kernel under qemu (TCG) and run a script inside it, host files visible."""
+"""Boot a real Debian kernel under qemu (TCG, or KVM on request) and run a script inside it,
+host files visible."""
 
 from __future__ import annotations
 
@@ -162,8 +163,64 @@ def ensure_initramfs(kernel: Kernel) -> Path:
     return path
 
 
+_KVM_PROBE_S = 30.0
+_kvm_reason: list[str | None] = []  # the probe's answer, once per process
+
+
+def kvm_unavailable_reason(kernel: Kernel | None = None) -> str | None:
+    """Why `run_in_guest(kvm=True)` cannot use KVM here (a test then skips saying so), or None.
+
+    /dev/kvm must open and speak the stable API (12), and, given a kernel, actually boot it:
+    some hosts offer a /dev/kvm whose hypervisor cannot run a stock kernel, which would show
+    as a guest that never prints a line. The boot probe stops at the kernel's first line."""
+    if _kvm_reason:
+        return _kvm_reason[0]
+    reason = _kvm_device_reason() or (_kvm_boot_reason(kernel) if kernel else None)
+    _kvm_reason.append(reason)
+    return reason
+
+
+def _kvm_device_reason() -> str | None:
+    try:
+        fd = os.open("/dev/kvm", os.O_RDWR | os.O_CLOEXEC)
+    except OSError as exc:
+        return f"/dev/kvm cannot be opened ({exc.strerror}): no hardware virtualization here"
+    try:
+        import fcntl
+
+        version = fcntl.ioctl(fd, 0xAE00)  # KVM_GET_API_VERSION
+    except OSError as exc:
+        return f"/dev/kvm does not answer KVM_GET_API_VERSION ({exc.strerror})"
+    finally:
+        os.close(fd)
+    return None if version == 12 else f"/dev/kvm speaks API {version}, not 12"
+
+
+def _kvm_boot_reason(kernel: Kernel) -> str | None:
+    cmd = [QEMU, "-accel", "kvm", "-cpu", "host", "-m", "256", "-nodefaults",
+           "-no-user-config", "-display", "none", "-no-reboot", "-serial", "stdio",
+           "-monitor", "none", "-kernel", str(kernel.vmlinuz), "-append",
+           "console=ttyS0 earlyprintk=serial panic=-1"]
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          stdin=subprocess.DEVNULL) as proc:
+        assert proc.stdout is not None
+        os.set_blocking(proc.stdout.fileno(), False)
+        seen, deadline = b"", time.monotonic() + _KVM_PROBE_S
+        while time.monotonic() < deadline and proc.poll() is None and b"Linux version" not in seen:
+            seen += proc.stdout.read() or b""
+            time.sleep(0.2)
+        proc.kill()
+    if b"Linux version" in seen:
+        return None
+    tail = seen.decode(errors="replace").strip()[-200:]
+    return (f"/dev/kvm is there but {kernel.release} printed no 'Linux version' in "
+            f"{_KVM_PROBE_S:.0f} s under -accel kvm (a hypervisor that cannot boot stock "
+            f"kernels)" + (f"; last output: {tail}" if tail else ""))
+
+
 def _qemu_command(
-    kernel: Kernel, initrd: Path, out: Path, cmdline: str, memory_mb: int
+    kernel: Kernel, initrd: Path, out: Path, cmdline: str, memory_mb: int,
+    *, kvm: bool = False, cpus: int = 2,
 ) -> list[str]:
     append = (
         f"console=ttyS0 quiet panic=-1 rdinit=/init gni.out={out} "
@@ -171,8 +228,8 @@ def _qemu_command(
     )
     return [
         QEMU,
-        "-accel", "tcg",
-        "-smp", str(min(2, os.cpu_count() or 1)),
+        *(("-accel", "kvm", "-cpu", "host") if kvm else ("-accel", "tcg")),
+        "-smp", str(min(cpus, os.cpu_count() or 1)),
         "-m", str(memory_mb),
         "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
         "-serial", "stdio", "-monitor", "none",
@@ -216,17 +273,24 @@ def run_in_guest(
     cwd: Path | None = None,
     memory_mb: int = 2048,
     out_dir: Path | None = None,
+    kvm: bool = False,
+    cpus: int = 2,
 ) -> GuestResult:
     """Boot `kernel`, run `script` with bash as root inside it, and return what it reported.
 
     qemu's own exit status says nothing about the script, so the guest writes the
     script's exit code and output into the shared out dir ($GNI_OUT), which is also
-    where the script leaves result files for the test to read.
+    where the script leaves result files for the test to read. `kvm=True` runs the guest
+    under KVM (`-accel kvm -cpu host`) for work TCG is too slow for (a compile); callers
+    check `kvm_unavailable_reason()` first and skip with its reason, never silently.
     """
+    if kvm and (reason := kvm_unavailable_reason(kernel)):
+        raise RuntimeError(f"kvm=True but {reason}")
     out = Path(out_dir or tempfile.mkdtemp(prefix="gni-guest-")).resolve()
     work = Path(cwd or Path.cwd()).resolve()
     _write_bookkeeping(out, script, guest_env(kernel, out, env), work)
-    cmd = _qemu_command(kernel, ensure_initramfs(kernel), out, cmdline, memory_mb)
+    cmd = _qemu_command(kernel, ensure_initramfs(kernel), out, cmdline, memory_mb, kvm=kvm,
+                        cpus=cpus)
     start = time.monotonic()
     console_path = out / GNI_DIR / "console.log"
     with open(console_path, "wb") as console:

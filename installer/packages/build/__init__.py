@@ -6,7 +6,8 @@ place only when complete; the same inputs always give the same manifest digest. 
 `--repo` the package goes to `<repo>/<kernel>/<driver>/<flavour>/` and `index.json` is
 updated (atomically) with its manifest digest and any aliases asked for. With
 `--nvidia-source` and `--kernel-headers` the modules are first compiled
-(`installer.packages.build.compile`) into a temp modules directory, then built as above.
+(`installer.packages.build.compile`) into a temp modules directory, then built as above;
+`--nvidia-source` without headers makes a source package (`installer.packages.build.source`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from installer.packages.build.inputs import (
 )
 from installer.packages.build.publish import Identity, update_index, write_package, write_tarball
 from installer.packages.build.signing import SigningOptions, apply, check_options
+from installer.packages.build.source import build_source
 from installer.packages.manifest import (
     ARCHES,
     DRIVER_VERSION_RE,
@@ -118,6 +120,8 @@ class BuildResult:
 def build(request: BuildRequest) -> BuildResult:
     """Validate the request, gather the files, write the package (and index, tarball)."""
     check_request(request)
+    if request.nvidia_source is not None and not request.kernel_headers:  # for no kernel yet
+        return BuildResult(*build_source(request, _user_trees, _destination))
     with tempfile.TemporaryDirectory(prefix="gni-build-") as work:
         roots = _user_trees(request, Path(work))
         picked, links = pick_user_files(roots, request.arch)
@@ -153,9 +157,9 @@ def check_request(request: BuildRequest) -> None:
                     remedy="give --deb, --tree, --run, --modules and/or --nvidia-source")
     if request.nvidia_source is not None and request.modules_dir is not None:
         raise _fail("give either --modules (built modules) or --nvidia-source (compile them)")
-    if (request.nvidia_source is None) != (not request.kernel_headers):
-        raise _fail("--nvidia-source and --kernel-headers go together (compile the sources "
-                    "against those headers)")
+    if request.kernel_headers and request.nvidia_source is None:
+        raise _fail("--kernel-headers needs --nvidia-source (the sources to compile against "
+                    "those headers)")
     if request.patches and request.nvidia_source is None:
         raise _fail("--patch needs --nvidia-source")
     for patch in request.patches:

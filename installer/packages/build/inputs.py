@@ -31,7 +31,7 @@ OPEN_LICENSES = ("Dual MIT/GPL", "GPL", "Dual BSD/GPL")
 # in a .run but not part of a node's driver: the installer itself and the X11/GUI tools
 NOT_SHIPPED = ("nvidia-installer", "nvidia-uninstall", "nvidia-settings", "nvidia-xconfig")
 KIND_MODES = {"library": 0o644, "binary": 0o755, "module": 0o644, "firmware": 0o644,
-              "config": 0o644}
+              "config": 0o644, "source": 0o644}
 COPY_CHUNK = 1024 * 1024
 
 

@@ -1,6 +1,7 @@
 """The fetch stage: resolve the driver version for this node and get its package, verified.
 
-Sources in order: the preloaded directory, the host cache, the mirrors. Versions are
+Sources in order: the preloaded directory, the host cache, the mirrors (and, when none has
+a package for the kernel and BUILD_FALLBACK=auto, a build on the node: `fallback`). Versions are
 resolved once over everything the sources offer (`repository.resolve`), then the first
 source that holds the chosen package and delivers it intact wins. `available()` backs the
 `versions` command.
@@ -35,6 +36,7 @@ from installer.packages.repository import (
     package_path,
     resolve,
 )
+from installer.stages.fetch import fallback
 from installer.stages.fetch.failures import DeadlineExpired, SourceFailure, combined
 from installer.stages.fetch.sources import CacheSource, MirrorSource, Offer, PreloadedSource
 
@@ -51,7 +53,8 @@ def run(ctx: Context) -> Package:
     """Stage entry point: the verified package for this node (also stored by the runner)."""
     node = ctx.node_info()
     with _sources(ctx) as (cache, sources):
-        package = _local_exact(ctx, node, sources) or _resolve_and_get(ctx, node, sources)
+        package = _local_exact(ctx, node, sources) or _resolve_and_get(ctx, node, sources,
+                                                                       cache)
         data = cache.manifest_data(package.digest)
         if data is not None:  # a preloaded tree is not in the cache; note the use otherwise
             cache.record(package.manifest, data, ctx.config.driver_version)
@@ -72,14 +75,19 @@ def _local_exact(ctx: Context, node: NodeInfo, sources: list[Source]) -> Package
         return None
 
 
-def _resolve_and_get(ctx: Context, node: NodeInfo, sources: list[Source]) -> Package:
+def _resolve_and_get(ctx: Context, node: NodeInfo, sources: list[Source], cache: Cache
+                     ) -> Package:
     offers = gather(sources, ctx.log)
     try:
         choice = choose(ctx, node, offers)
     except PackageNotFoundError as exc:  # perhaps because a source failed: say which, why
         failed = [SourceFailure(o.source, o.failure) for o in offers if o.failure is not None]
         if not failed:
-            raise
+            if ctx.config.build_fallback == "never":
+                raise fallback.with_hint(exc) from None
+            return fallback.build_missing(
+                ctx, node, cache, [c for o in offers for c in o.index.packages],
+                _aliases(offers), lambda c: get_first(sources, offers, c, ctx.log))
         answered = any(o.index.packages for o in offers if o.failure is None)
         what = exc.message if answered else (
             f"no source could list driver {ctx.config.driver_version} for kernel "
