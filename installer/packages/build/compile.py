@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from installer.packages.build.buildroot import CHROOT_PATH, BuildRoot, resolve
 from installer.packages.build.headers import KernelTree, prepare_headers, which_compiler
 from installer.packages.build.inputs import PackageBuildError, file_sha256
 from installer.packages.build.nvsource import NvSource, unpack_source
@@ -52,6 +53,9 @@ class CompileRequest:
     patches: tuple[Path, ...] = ()
     jobs: int | None = None
     user_versions: frozenset[str] = frozenset()
+    build_root: str | None = None  # a root directory, or "auto" (see buildroot.py)
+    build_root_cache: Path | None = None
+    mirror: str | None = None
 
 
 @dataclass(frozen=True)
@@ -74,7 +78,9 @@ def compile_modules(request: CompileRequest, work: Path, log: Any,
     flavour, tree = source.tree(request.flavour)
     kernel = prepare_headers(request.headers, work / "in")
     _check(request, source, kernel)
-    compiler = which_compiler(kernel)
+    root = (resolve(request.build_root, kernel, request.build_root_cache, request.mirror, log)
+            if request.build_root else None)
+    compiler = root.compiler if root else which_compiler(kernel)
     patches = [{"name": p.name, "sha256": file_sha256(p)} for p in request.patches]
     build = work / "build" / f"nvidia-{source.version}"
     shutil.copytree(tree, build, symlinks=True)
@@ -82,8 +88,12 @@ def compile_modules(request: CompileRequest, work: Path, log: Any,
         _apply(patch, build)
     modules = [m for m in MODULES + OPTIONAL if (build / m).is_dir() or m in MODULES]
     started = time.monotonic()
-    _make(build, kernel, compiler, modules, request.jobs or os.cpu_count() or 1,
-          _maps(work, build, kernel), log, stream or sys.stderr)
+    try:
+        _make(build, kernel, compiler, modules, request.jobs or os.cpu_count() or 1,
+              _maps(work, build, kernel), log, stream or sys.stderr, root, work)
+    finally:
+        if root:
+            root.cleanup(work)
     out = work / "modules"
     out.mkdir()
     for module in modules:
@@ -99,6 +109,8 @@ def compile_modules(request: CompileRequest, work: Path, log: Any,
         "compiler": kernel.cc_version_text or kernel.compiler,
         "patches": patches,
     }
+    if root:
+        provenance["build_root"] = root.provenance
     return Compiled(out, source.version, kernel.release, flavour, provenance,
                     time.monotonic() - started)
 
@@ -157,19 +169,23 @@ def build_env(maps: list[str]) -> dict[str, str]:
 
 
 def _make(build: Path, kernel: KernelTree, compiler: str, modules: list[str], jobs: int,
-          maps: list[str], log: Any, stream: TextIO) -> None:
+          maps: list[str], log: Any, stream: TextIO, root: BuildRoot | None,
+          work: Path) -> None:
     cmd = ["make", "-C", str(build), f"-j{jobs}", "modules", f"SYSSRC={kernel.syssrc}",
            f"SYSOUT={kernel.sysout}", f"KERNEL_UNAME={kernel.release}", f"CC={compiler}",
            f"NV_KERNEL_MODULES={' '.join(modules)}"]
-    if shutil.which("make") is None:
+    env = build_env(maps)
+    if root:  # same paths inside: work is bind-mounted where it is outside
+        cmd, env["PATH"] = root.command(work, cmd), CHROOT_PATH
+    elif shutil.which("make") is None:
         raise PackageBuildError("make not found", remedy="apt-get install make")
     tty = stream.isatty()
     started = time.monotonic()
     log.info("compiling modules", modules=modules, release=kernel.release, jobs=jobs,
-             compiler=kernel.cc_version_text)
+             compiler=kernel.cc_version_text, build_root=str(root.path) if root else None)
     kept: list[str] = []
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          errors="replace", env=build_env(maps), cwd=build,
+                          errors="replace", env=env, cwd=build,
                           stdin=subprocess.DEVNULL) as proc:
         assert proc.stdout is not None
         for line in proc.stdout:
