@@ -104,6 +104,8 @@ def ensure_kernel(release: str, source: Apt | None = None) -> Kernel:
             log(f"fetching linux-image-{release}")
             with staging(image) as tmp:
                 (source or apt()).download_extract(f"linux-image-{release}", tmp)
+                if (tmp / "usr" / "lib" / "modules").is_dir() and not (tmp / "lib").exists():
+                    (tmp / "lib").symlink_to("usr/lib")  # trixie ships merged-/usr paths
                 run(["depmod", "-b", str(tmp), release])
         if not kernel.vmlinuz.is_file() or not (kernel.modules_dir / "modules.dep").is_file():
             raise AssetError(f"{image} is incomplete; delete it to refetch")
