@@ -135,8 +135,9 @@ def test_two_builds_in_different_roots_and_work_dirs_are_identical(
         trixie_kernel: Kernel, open_package: Path, tmp_path: Path) -> None:
     """A small NVIDIA-shaped source, the real trixie headers: once in the cached auto root
     with work under /tmp, once in a hard-linked copy of it elsewhere with work outside /tmp."""
-    auto_root = next(p for p in trixie.build_roots().iterdir()
-                     if p.name.startswith("debian-trixie-") and p.is_dir())
+    auto_root = max((p for p in trixie.build_roots().iterdir()
+                     if p.name.startswith("debian-trixie-") and p.is_dir()),
+                    key=lambda p: p.stat().st_mtime)  # the one open_package was built in
     copy = Path(tempfile.mkdtemp(prefix="gni-root-copy-", dir=trixie.build_roots()))
     var_tmp = Path(tempfile.mkdtemp(prefix="gni-work-", dir="/var/tmp"))
     try:
@@ -163,6 +164,7 @@ def test_two_builds_in_different_roots_and_work_dirs_are_identical(
             assert (outs[0] / "modules" / name).read_bytes() == (
                 outs[1] / "modules" / name).read_bytes(), name
         assert not (copy / var_tmp.relative_to("/")).exists()  # mount points cleaned up
+        assert (copy / "var" / "tmp").is_dir()  # and only those
         assert json.loads((outs[0] / "manifest.json").read_text())["provenance"][
             "build_root"]["suite"] == "trixie"
     finally:

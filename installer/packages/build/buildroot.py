@@ -36,11 +36,12 @@ DEFAULT_MIRROR = "http://deb.debian.org/debian"
 MIRROR_ENV = "GNI_DEBIAN_MIRROR"
 CACHE_ENV = "GNI_BUILD_ROOT_CACHE"
 CHROOT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-# The Debian suite whose default compiler built the kernel, and the libraries its
-# linux-kbuild tools link (their names changed with the 64-bit time_t transition).
+# The Debian suite whose default compiler built the kernel, and what its linux-kbuild package
+# depends on: the libraries its tools link (renamed by the 64-bit time_t transition) and, in
+# trixie, pahole (6.12's modfinal runs it for BTF; missing, the link step exits 127).
 SUITES = {"12": "bookworm", "14": "trixie"}
-_KBUILD_LIBS = {"bookworm": ("libelf1", "libssl3", "zlib1g"),
-                "trixie": ("libelf1t64", "libssl3t64", "zlib1g")}
+_KBUILD_DEPS = {"bookworm": ("libelf1", "libssl3"),
+                "trixie": ("libelf1t64", "libssl3t64", "zlib1g", "pahole")}
 _GCC_RE = re.compile(r"^gcc-(\d+)$")  # Debian's package of the kernel's compiler
 _MOUNT_SCRIPT = r"""set -e
 root=$1; work=$2; shift 2
@@ -67,13 +68,21 @@ class BuildRoot:
         return ["unshare", "--mount", "--propagation", "private", "sh", "-c", _MOUNT_SCRIPT,
                 "sh", str(self.path), str(work), *cmd]
 
-    def cleanup(self, work: Path) -> None:
-        """Remove the empty mount-point dirs `mkdir -p` left in the root (work outside /tmp)."""
+    def mount_point(self, work: Path) -> list[Path]:
+        """Make the dirs `work` is bind-mounted on (none under /tmp: that is a tmpfs there);
+        returns the ones made, deepest first, for `cleanup`."""
+        if work.is_relative_to("/tmp"):
+            return []
         inside = self.path / work.relative_to("/")
-        for path in [inside, *inside.parents]:
-            if path == self.path or path == self.path / "tmp" or not path.is_relative_to(
-                    self.path):
-                break
+        made = [p for p in [inside, *inside.parents] if p.is_relative_to(self.path)
+                and not p.exists()]
+        inside.mkdir(parents=True, exist_ok=True)
+        return made
+
+    @staticmethod
+    def cleanup(made: list[Path]) -> None:
+        """Remove the (empty) mount-point dirs `mount_point` made, and no others."""
+        for path in made:
             try:
                 path.rmdir()
             except OSError:
@@ -109,9 +118,9 @@ def suite_for(kernel: KernelTree) -> str:
 
 
 def packages_for(kernel: KernelTree, suite: str) -> tuple[str, ...]:
-    """What a root needs to compile modules: the kernel's gcc, make, libc headers, and the
-    libraries the kernel's kbuild tools link."""
-    return (kernel.compiler_package, "make", "libc6-dev", "xz-utils", *_KBUILD_LIBS[suite])
+    """What a root needs to compile modules: the kernel's gcc, make, libc headers, and what
+    the kernel's kbuild tools need."""
+    return (kernel.compiler_package, "make", "libc6-dev", "xz-utils", *_KBUILD_DEPS[suite])
 
 
 def resolve(spec: str, kernel: KernelTree, cache: Path | None, mirror: str | None,

@@ -31,6 +31,7 @@ OPTIONAL = ("nvidia-peermem",)
 BUILD_EPOCH = "0"
 _ERROR_RE = re.compile(r"^(?P<file>[^\s:][^:]*):(?P<line>\d+):(?:\d+:)?\s*(?:fatal )?error: "
                        r"(?P<text>.*)$")
+_NOT_FOUND_RE = re.compile(r"^/bin/sh: \d+: (?P<tool>[\w.+-]+): not found$")
 _LINKED_RE = re.compile(r"^\s*LD \[M\]\s+(?P<path>\S+\.ko)\s*$")
 _ERROR_TAIL = 12
 
@@ -88,12 +89,12 @@ def compile_modules(request: CompileRequest, work: Path, log: Any,
         _apply(patch, build)
     modules = [m for m in MODULES + OPTIONAL if (build / m).is_dir() or m in MODULES]
     started = time.monotonic()
+    made = root.mount_point(work) if root else []
     try:
         _make(build, kernel, compiler, modules, request.jobs or os.cpu_count() or 1,
               _maps(work, build, kernel), log, stream or sys.stderr, root, work)
     finally:
-        if root:
-            root.cleanup(work)
+        BuildRoot.cleanup(made)
     out = work / "modules"
     out.mkdir()
     for module in modules:
@@ -218,6 +219,10 @@ def _first_error(lines: list[str], build: Path, kernel: KernelTree, rc: int) -> 
                 where = where.replace(base, shown)
             return (f"compile failed in {where} line {match['line']}: error: "
                     f"{match['text'][:300]}")
+    missing = next((m for line in lines if (m := _NOT_FOUND_RE.search(line.strip()))), None)
+    if missing:
+        return (f"make exited {rc}: {missing['tool']} not found (the kernel's build runs it; "
+                "install it where make runs)")
     tail = [line for line in lines if line.strip()][-_ERROR_TAIL:]
     last = next((line for line in reversed(tail) if "rror" in line), tail[-1] if tail else "")
     return f"make exited {rc}: {last.strip()[:300]}"
