@@ -135,3 +135,40 @@ def test_not_root_is_refused_with_the_remedy(shared_dir: Path) -> None:
                     env={"HOME": str(shared_dir)})
     assert "--build-root needs root (chroot and a private mount namespace)" in line
     assert "run package build as root" in line
+
+
+def _shell_root(path: Path, make_script: str) -> Path:
+    """A tiny real root: the host's dash (and the libraries ldd names) as /bin/sh, a shell
+    script as make, a placeholder compiler. Enough for chroot to run make, nothing else."""
+    _root(path, "x86_64-linux-gnu-gcc-14")
+    dash = Path(shutil.which("dash") or "/bin/dash").resolve()
+    libs = subprocess.run(["ldd", str(dash)], capture_output=True, text=True, check=True).stdout
+    for found in [dash, *(Path(w) for w in libs.split() if w.startswith("/"))]:
+        target = path / str(found).lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(found.resolve(), target)
+    (path / "bin").mkdir(exist_ok=True)
+    shutil.copy(dash, path / "bin" / "sh")
+    make = path / "usr" / "bin" / "make"
+    make.write_text(make_script)
+    make.chmod(0o755)
+    return path
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chroot needs root")
+def test_make_runs_under_chroot_seeing_only_the_work_dir(tmp_path: Path,
+                                                          inputs: tuple[str, str]) -> None:
+    """make (a script here) runs in the root: the build dir is at its own path, the host's
+    files are not there, and a tool missing there is named in the one error line."""
+    script = ('#!/bin/sh\n[ -d "$2" ] && [ ! -e /usr/bin/python3 ] '
+              '&& echo "/bin/sh: 1: pahole: not found" || echo "error: wrong view"\nexit 2\n')
+    root = _shell_root(tmp_path / "root", script)
+    before = sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+    done = subprocess.run([*CLI, "package", "build", *inputs, f"--build-root={root}",
+                           f"--out-dir={tmp_path / 'out'}"], capture_output=True, text=True,
+                          timeout=120, check=False)
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error(")]
+    assert done.returncode == 2 and len(errors) == 1, done.stderr[-2000:]
+    assert "make exited 2: pahole not found" in errors[0]
+    assert not (tmp_path / "out").exists()
+    assert sorted(str(p.relative_to(root)) for p in root.rglob("*")) == before  # left as found
