@@ -172,3 +172,23 @@ def test_make_runs_under_chroot_seeing_only_the_work_dir(tmp_path: Path,
     assert "make exited 2: pahole not found" in errors[0]
     assert not (tmp_path / "out").exists()
     assert sorted(str(p.relative_to(root)) for p in root.rglob("*")) == before  # left as found
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chroot needs root")
+def test_work_dir_path_crossing_a_link_in_the_root_is_refused(
+        tmp_path: Path, inputs: tuple[str, str]) -> None:
+    """A work dir outside /tmp is mounted at its own path in the root; a link on that path
+    (var -> elsewhere) would create dirs outside the root, so it is refused first."""
+    root = _root(tmp_path / "root", "x86_64-linux-gnu-gcc-14", "make")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (root / "var").symlink_to(elsewhere)
+    work = Path(tempfile.mkdtemp(prefix="gni-work-", dir="/var/tmp"))
+    try:
+        line = _refused(tmp_path / "out", *inputs, f"--build-root={root}",
+                        env={"TMPDIR": str(work)})
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    assert f"would be mounted across the link {root / 'var'}" in line
+    assert "set TMPDIR to a directory under /tmp" in line
+    assert not any(elsewhere.iterdir())

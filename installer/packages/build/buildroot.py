@@ -74,8 +74,13 @@ class BuildRoot:
         if work.is_relative_to("/tmp"):
             return []
         inside = self.path / work.relative_to("/")
-        made = [p for p in [inside, *inside.parents] if p.is_relative_to(self.path)
-                and not p.exists()]
+        steps = [p for p in [inside, *inside.parents] if p.is_relative_to(self.path)]
+        crossing = [p for p in steps if p.is_symlink()]  # would lead out of the root
+        if crossing:
+            raise PackageBuildError(
+                f"the build's work dir {work} would be mounted across the link {crossing[-1]}"
+                " in the build root", remedy="set TMPDIR to a directory under /tmp")
+        made = [p for p in steps if not p.exists()]
         inside.mkdir(parents=True, exist_ok=True)
         return made
 
@@ -146,7 +151,8 @@ def open_root(path: Path, kernel: KernelTree) -> BuildRoot:
     if path == Path("/"):
         raise PackageBuildError("--build-root / is the host itself",
                                 remedy="build without --build-root, or give another root")
-    missing = [d for d in ("usr/bin", "tmp", "dev", "etc") if not (path / d).is_dir()]
+    missing = [d for d in ("usr/bin", "tmp", "dev", "etc")
+               if not (path / d).is_dir() or ((path / d).is_symlink() and d != "usr/bin")]
     if missing:
         raise PackageBuildError(f"--build-root {path} is not a root filesystem (no "
                                 f"{', '.join(missing)})",
