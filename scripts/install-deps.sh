@@ -9,7 +9,7 @@ PACKAGES=(
   openssl curl             # fetch tier: self-signed TLS mirror; fetch benchmark compares with curl
   qemu-system-x86 kmod libelf1 gcc-12 xz-utils   # kernel tier: TCG guest, depmod, kbuild objtool, headers' gcc
   makeself                 # package build: tests make a real makeself .run
-  podman runc mmdebstrap   # deploy tier: image build from a local bookworm rootfs
+  podman runc mmdebstrap   # deploy tier: image build from a local bookworm rootfs; kernel tier: package build --build-root auto
 )
 
 missing=()

@@ -50,7 +50,17 @@ _OUT = click.Path(path_type=Path)
                    "repeatable, in order")
 @click.option("--jobs", type=click.IntRange(min=1), default=None,
               help="parallel compile jobs, overall (default: the number of cores); "
-                   "several kernels: min(builds, jobs) at once, each make -j jobs/that")
+                   "several builds share one make job pool of that size")
+@click.option("--build-root", "build_root", metavar="DIR|auto",
+              help="with --nvidia-source: compile under chroot in this root of the kernel's "
+                   "distro, or 'auto' to make (once, cached) a Debian root with mmdebstrap; "
+                   "needs root")
+@click.option("--build-root-cache", type=_OUT, envvar="GNI_BUILD_ROOT_CACHE",
+              help="where --build-root auto keeps its roots [default: "
+                   "$XDG_CACHE_HOME/gpu-node-installer/build-roots]")
+@click.option("--debian-mirror", envvar="GNI_DEBIAN_MIRROR",
+              help="the Debian mirror --build-root auto installs from "
+                   "[default: http://deb.debian.org/debian]")
 @click.option("--driver-version", help="driver version (default: read from the inputs)")
 @click.option("--kernel-release", help="kernel release (default: the modules' vermagic)")
 @click.option("--flavour", type=click.Choice(["open", "proprietary", "both"]),

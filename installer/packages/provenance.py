@@ -1,8 +1,9 @@
 """A manifest's optional `provenance`: what `package build` compiled the modules from.
 
 `{"nvidia_source": {name, version, sha256}, "kernel_headers": [{name, version, sha256}],
-"compiler": text, "patches": [{name, sha256}]}`; sha256 may be empty (a directory given as
-headers). Validated as strictly as the rest of the manifest (docs/manifest.schema.json).
+"compiler": text, "patches": [{name, sha256}]}`, and `"build_root": {distro, suite,
+compiler}` when make ran in a root of the kernel's distro; sha256 may be empty (a directory
+given as headers). Validated as strictly as the rest of the manifest (docs/manifest.schema.json).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 _PROVENANCE_KEYS = {"nvidia_source", "kernel_headers", "compiler", "patches"}
 _INPUT_KEYS = {"name", "version", "sha256"}
 _PATCH_KEYS = {"name", "sha256"}
+_BUILD_ROOT_KEYS = {"distro", "suite", "compiler"}
 _TEXT_MAX = 256
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 
@@ -61,11 +63,12 @@ def _parse_input(obj: Any, where: str, keys: set[str]) -> dict[str, str]:
 
 def parse_provenance(value: Any) -> dict[str, Any]:
     """What compiled modules came from: NVIDIA's sources, the headers, compiler, patches."""
-    obj = _keys(value, _PROVENANCE_KEYS, "provenance")
+    optional = {"build_root"} & (value.keys() if isinstance(value, dict) else set())
+    obj = _keys(value, _PROVENANCE_KEYS | optional, "provenance")
     for key in ("kernel_headers", "patches"):
         if not isinstance(obj[key], list) or len(obj[key]) > 64:
             raise ProvenanceError(f"provenance.{key}", "must be a list of at most 64 entries")
-    return {
+    out: dict[str, Any] = {
         "nvidia_source": _parse_input(obj["nvidia_source"], "provenance.nvidia_source",
                                       _INPUT_KEYS),
         "kernel_headers": [_parse_input(item, f"provenance.kernel_headers[{i}]", _INPUT_KEYS)
@@ -74,6 +77,11 @@ def parse_provenance(value: Any) -> dict[str, Any]:
         "patches": [_parse_input(item, f"provenance.patches[{i}]", _PATCH_KEYS)
                     for i, item in enumerate(obj["patches"])],
     }
+    if optional:
+        root = _keys(obj["build_root"], _BUILD_ROOT_KEYS, "provenance.build_root")
+        out["build_root"] = {key: _text(root[key], f"provenance.build_root.{key}")
+                             for key in sorted(_BUILD_ROOT_KEYS)}
+    return out
 
 
 def provenance_of(obj: dict[str, Any], fail: Callable[[str, str], Exception]

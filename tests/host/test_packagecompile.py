@@ -56,7 +56,8 @@ def test_missing_compiler_names_the_package(tmp_path: Path, source: Path, header
     line = _refused(tmp_path, f"--nvidia-source={source}", f"--kernel-headers={headers}",
                     env={"PATH": str(empty)})
     assert "gcc-12 not found" in line and "gcc-12 (Debian 12.2.0-14+deb12u1)" in line
-    assert line.endswith("fix: apt-get install gcc-12")
+    assert line.endswith("fix: apt-get install gcc-12, or compile in a root of the kernel's "
+                         "distro: --build-root auto")
 
 
 def test_headers_of_another_release_than_their_package_claims(tmp_path: Path, source: Path

@@ -8,7 +8,6 @@ import hashlib
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -16,41 +15,18 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from .apt import Apt, AssetError, apt, cache_root, log, run
+
+__all__ = ["AssetError", "Kernel", "apt", "cache_root", "log", "run"]
+
 NVIDIA_REAL_VERSION = "535.261.03"
 # What a GPU node loads (nvidia-peermem needs Mellanox's stack). nvidia-uvm is most of the
 # ~4 min cold build; package-build tests need the whole set.
 NVIDIA_REAL_MODULES = ("nvidia", "nvidia-uvm", "nvidia-modeset", "nvidia-drm")
 TEST_MODULE_VERSIONS = ("535.261.03", "550.54.14")
 MODULES_SRC = Path(__file__).resolve().parent / "modules"
-NONFREE_COMPONENTS = "main contrib non-free non-free-firmware"
 # Kernel modules the guest's initramfs needs to mount the host over 9p (+ overlay).
-INDEX_MAX_AGE_S = 7 * 24 * 3600  # a new Debian kernel is picked up within a week
 GUEST_BOOT_MODULES = ("virtio_pci", "9pnet_virtio", "9p", "overlay")
-
-
-class AssetError(RuntimeError):
-    """An asset could not be fetched or built; the message says which and why."""
-
-
-def cache_root() -> Path:
-    """Where assets live: outside the repo so clones and CI runs share them."""
-    env = os.environ.get("GNI_TEST_CACHE")
-    base = Path(env) if env else Path.home() / ".cache" / "gpu-node-installer-test"
-    return base
-
-
-def log(msg: str) -> None:
-    """Progress goes to stderr: cold runs take minutes and silence looks like a hang."""
-    print(f"[kernel-assets] {msg}", file=sys.stderr, flush=True)
-
-
-def run(cmd: list[str], *, cwd: Path | None = None, env: dict[str, str] | None = None) -> str:
-    """Run a tool, raising AssetError with its output tail when it fails."""
-    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        tail = (proc.stdout + proc.stderr)[-3000:]
-        raise AssetError(f"{' '.join(cmd[:4])}... exited {proc.returncode}:\n{tail}")
-    return proc.stdout
 
 
 @contextlib.contextmanager
@@ -74,129 +50,6 @@ def staging(final: Path) -> Iterator[Path]:
         tmp.rename(final)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-# --- private apt: never touches the system's sources or package state -------------------
-
-
-def _system_stanzas() -> list[dict[str, str]]:
-    """The machine's configured Debian archives (deb822 and one-line formats)."""
-    stanzas: list[dict[str, str]] = []
-    parts = Path("/etc/apt/sources.list.d")
-    for path in sorted(parts.glob("*.sources")) if parts.is_dir() else []:
-        for block in re.split(r"\n\s*\n", path.read_text()):
-            fields: dict[str, str] = {}
-            for line in block.splitlines():
-                if ":" in line and not line.startswith(("#", " ")):
-                    key, _, value = line.partition(":")
-                    fields[key.strip()] = value.strip()
-            if "deb" in fields.get("Types", "").split() and fields.get("URIs"):
-                stanzas.append(fields)
-    one_line = [Path("/etc/apt/sources.list"), *sorted(parts.glob("*.list"))]
-    for path in one_line:
-        if not path.is_file():
-            continue
-        for line in path.read_text().splitlines():
-            m = re.match(r"^deb\s+(?:\[(?P<opts>[^\]]*)\]\s+)?(?P<uri>\S+)\s+(?P<suite>\S+)", line)
-            if m:
-                signed = re.search(r"signed-by=(\S+)", m["opts"] or "")
-                stanza = {"Types": "deb", "URIs": m["uri"], "Suites": m["suite"]}
-                if signed:
-                    stanza["Signed-By"] = signed[1]
-                stanzas.append(stanza)
-    return stanzas
-
-
-def _debian_stanzas() -> list[dict[str, str]]:
-    """Bookworm archives only, widened to the non-free components NVIDIA's sources need."""
-    codename = os.environ.get("GNI_TEST_DEBIAN_SUITE", "bookworm")
-    out = []
-    for fields in _system_stanzas():
-        suites = [s for s in fields.get("Suites", "").split() if s.startswith(codename)]
-        if suites:
-            stanza = dict(fields, Suites=" ".join(suites), Components=NONFREE_COMPONENTS)
-            out.append(stanza)
-    if not out:
-        raise AssetError(f"no apt source for Debian {codename} is configured on this machine")
-    return out
-
-
-class Apt:
-    """apt-get/apt-cache over a private sources list and state dir under the cache."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-
-    def stanzas(self) -> list[dict[str, str]]:
-        """The deb822 sources this index reads (bookworm's, widened to non-free)."""
-        return _debian_stanzas()
-
-    def options(self) -> list[str]:
-        r = self.root
-        opts = [
-            f"-oDir::Etc::SourceList={r / 'sources.list'}",
-            f"-oDir::Etc::SourceParts={r / 'sources.list.d'}",
-            f"-oDir::State::Lists={r / 'lists'}",
-            f"-oDir::Cache={r / 'cache'}",
-        ]
-        if os.geteuid() == 0:
-            opts.append("-oAPT::Sandbox::User=root")
-        return opts
-
-    def update(self, *, force: bool = False) -> None:
-        """Refresh the private index (once; again only when a download misses)."""
-        stamp = self.root / "updated"
-        fresh = stamp.exists() and time.time() - stamp.stat().st_mtime < INDEX_MAX_AGE_S
-        if fresh and not force:
-            return
-        for sub in ("lists/partial", "cache/archives/partial", "sources.list.d"):
-            (self.root / sub).mkdir(parents=True, exist_ok=True)
-        (self.root / "sources.list").write_text("")
-        text = "\n".join(
-            "".join(f"{k}: {v}\n" for k, v in stanza.items()) for stanza in self.stanzas()
-        )
-        (self.root / "sources.list.d" / "gni-test.sources").write_text(text)
-        log("apt-get update (private index, incl. non-free)")
-        run(["apt-get", *self.options(), "update"])
-        stamp.write_text("")
-
-    def query(self, *args: str) -> str:
-        self.update()
-        return run(["apt-cache", *self.options(), *args])
-
-    def version(self, package: str) -> str:
-        """Candidate version of a package in the private index."""
-        out = self.query("show", "--no-all-versions", package)
-        m = re.search(r"^Version: (\S+)", out, re.M)
-        if not m:
-            raise AssetError(f"apt knows no version of {package}")
-        return m[1]
-
-    def versions(self, package: str) -> list[str]:
-        """Every version of a package the private index offers (all suites)."""
-        return re.findall(r"^Version: (\S+)", self.query("show", package), re.M)
-
-    def download(self, specs: list[str], dest: Path) -> None:
-        """apt-get download packages (`name=version`) into dest, never installing them."""
-        try:
-            self.update()
-            run(["apt-get", *self.options(), "download", *specs], cwd=dest)
-        except AssetError:
-            self.update(force=True)  # the index may name a version the archive dropped
-            run(["apt-get", *self.options(), "download", *specs], cwd=dest)
-
-    def download_extract(self, spec: str, dest: Path) -> None:
-        """apt-get download one package and dpkg-deb -x it into dest (never installed)."""
-        with tempfile.TemporaryDirectory(dir=self.root) as tmp:
-            self.download([spec], Path(tmp))
-            for deb in Path(tmp).glob("*.deb"):
-                run(["dpkg-deb", "-x", str(deb), str(dest)])
-
-
-def apt() -> Apt:
-    root = cache_root() / "apt"
-    root.mkdir(parents=True, exist_ok=True)
-    return Apt(root)
 
 
 # --- the kernel ------------------------------------------------------------------------
@@ -240,15 +93,19 @@ def kernel_release() -> str:
     return m[1]
 
 
-def ensure_kernel(release: str) -> Kernel:
-    """Download and extract linux-image-<release>, then depmod its tree (Debian's postinst does)."""
+def ensure_kernel(release: str, source: Apt | None = None) -> Kernel:
+    """Download and extract linux-image-<release>, then depmod its tree (Debian's postinst does).
+
+    `source`: another distro's apt (default: the machine's bookworm)."""
     kernel = Kernel(release, cache_root() / "kernel" / release)
     image = kernel.root / "image"
     with locked(f"image-{release}"):
         if not image.is_dir():
             log(f"fetching linux-image-{release}")
             with staging(image) as tmp:
-                apt().download_extract(f"linux-image-{release}", tmp)
+                (source or apt()).download_extract(f"linux-image-{release}", tmp)
+                if (tmp / "usr" / "lib" / "modules").is_dir() and not (tmp / "lib").exists():
+                    (tmp / "lib").symlink_to("usr/lib")  # trixie ships merged-/usr paths
                 run(["depmod", "-b", str(tmp), release])
         if not kernel.vmlinuz.is_file() or not (kernel.modules_dir / "modules.dep").is_file():
             raise AssetError(f"{image} is incomplete; delete it to refetch")
@@ -281,32 +138,33 @@ def _patch_headers_makefile(makefile: Path, src: Path) -> None:
     makefile.write_text(text.replace("include /usr/src/", f"include {src}/"))
 
 
-def ensure_debs(name: str, specs: list[str], index: Apt | None = None) -> list[Path]:
+def ensure_debs(name: str, specs: list[str], source: Apt | None = None) -> list[Path]:
     """The .deb files themselves (downloaded, never installed), cached under `kernel-debs/`."""
     dest = cache_root() / "kernel-debs" / name
     with locked(f"kernel-debs-{name}"):
         if not dest.is_dir():
             log(f"downloading {', '.join(specs)}")
             with staging(dest) as tmp:
-                (index or apt()).download(specs, tmp)
+                (source or apt()).download(specs, tmp)
     debs = sorted(dest.glob("*.deb"))
     if len(debs) != len(specs):
         raise AssetError(f"{dest} holds {len(debs)} .debs, not {len(specs)}; delete it to refetch")
     return debs
 
 
-def headers_debs(kernel: Kernel) -> list[Path]:
-    """linux-headers-<release>, its -common and linux-kbuild-X.Y as .deb files."""
-    return release_headers_debs(kernel.release)
+def headers_debs(kernel: Kernel, source: Apt | None = None) -> list[Path]:
+    """linux-headers-<release>, its -common and linux-kbuild as .deb files, cached."""
+    return release_headers_debs(kernel.release, source)
 
 
-def release_headers_debs(release: str) -> list[Path]:
-    """The three headers .debs of any bookworm release (e.g. an older 6.1.0-N), cached."""
-    a = apt()
+def release_headers_debs(release: str, source: Apt | None = None) -> list[Path]:
+    """The three headers .debs of any release the index has (an older 6.1.0-N too); trixie
+    names its kbuild package per ABI (linux-kbuild-6.12.117+deb13)."""
+    a = source or apt()
     pkg = f"linux-headers-{release}"
     version = a.version(pkg)
-    common = release.rsplit("-", 1)[0] + "-common"
-    kbuild = "linux-kbuild-" + ".".join(release.split(".")[:2])
+    abi = release.rsplit("-", 1)[0]
+    kbuild = "linux-kbuild-" + (abi if "+deb" in abi else ".".join(release.split(".")[:2]))
     # linux-kbuild-X.Y is shared by every ABI: the archive keeps only its newest builds,
     # so an older release takes the newest one of its upstream version
     kbuilds = a.versions(kbuild)
@@ -314,8 +172,8 @@ def release_headers_debs(release: str) -> list[Path]:
     kversion = version if version in kbuilds else next(
         (v for v in kbuilds if v.split("-")[0] == upstream), version)
     return ensure_debs(f"headers-{release}-{version}",
-                       [f"{pkg}={version}", f"linux-headers-{common}={version}",
-                        f"{kbuild}={kversion}"])
+                       [f"{pkg}={version}", f"linux-headers-{abi}-common={version}",
+                        f"{kbuild}={kversion}"], source)
 
 
 def nvidia_source_deb() -> Path:

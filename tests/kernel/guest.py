@@ -4,6 +4,7 @@ host files visible."""
 from __future__ import annotations
 
 import json
+import lzma
 import os
 import shlex
 import shutil
@@ -136,8 +137,22 @@ def _boot_module_files(kernel: Kernel) -> list[Path]:
             ordered.append(rel)
 
     for name in assets.GUEST_BOOT_MODULES:
-        visit(by_name[name])
+        if name in by_name:  # absent: built into this kernel
+            visit(by_name[name])
     return [kernel.modules_dir / rel for rel in ordered]
+
+
+def _plain_name(mod: Path) -> str:
+    return mod.name.removesuffix(".xz").removesuffix(".zst")
+
+
+def _plain(mod: Path) -> bytes:
+    """The module uncompressed (trixie ships .ko.xz; busybox insmod takes plain ELF)."""
+    if mod.name.endswith(".xz"):
+        return lzma.decompress(mod.read_bytes())
+    if mod.name.endswith(".zst"):
+        return subprocess.run(["zstd", "-dc", str(mod)], capture_output=True, check=True).stdout
+    return mod.read_bytes()
 
 
 def ensure_initramfs(kernel: Kernel) -> Path:
@@ -155,7 +170,7 @@ def ensure_initramfs(kernel: Kernel) -> Path:
     parts.append(_newc_entry("bin/busybox", 0o100755, busybox.read_bytes()))
     parts.append(_newc_entry("init", 0o100755, INIT_SCRIPT.encode()))
     for i, mod in enumerate(modules):
-        parts.append(_newc_entry(f"mods/{i:02d}-{mod.name}", 0o100644, mod.read_bytes()))
+        parts.append(_newc_entry(f"mods/{i:02d}-{_plain_name(mod)}", 0o100644, _plain(mod)))
     parts.append(_newc_entry("TRAILER!!!", 0))
     tmp = path.with_suffix(".tmp")
     tmp.write_bytes(b"".join(parts))

@@ -29,7 +29,7 @@ from .conftest import REPO
 
 pytestmark = pytest.mark.timeout(3600)
 SECOND_RELEASE = "6.1.0-56-amd64"
-PATCH = REPO / "tests" / "kernel" / "patches" / "nvidia-550.163.01-pci-resize-resource.patch"
+PATCH = REPO / "patches" / "nvidia-550.163.01-pci-resize-resource.patch"
 
 
 def _unique(debs: list[Path]) -> list[Path]:

@@ -87,3 +87,26 @@ def test_parser_accepts_only_schema_valid_provenance(path: str, value: Any) -> N
         assert not MANIFEST.is_valid(doc)
         return
     MANIFEST.validate(doc)
+
+
+BUILD_ROOT = {"distro": "debian", "suite": "trixie", "compiler": "gcc-14 14.2.0-19"}
+
+
+def test_build_root_round_trips() -> None:
+    doc = with_provenance("build_root", dict(BUILD_ROOT))
+    MANIFEST.validate(doc)
+    manifest = manifest_from_dict(doc)
+    assert manifest.provenance is not None and manifest.provenance["build_root"] == BUILD_ROOT
+    assert parse_manifest(dump_manifest(manifest)) == manifest
+
+
+@pytest.mark.parametrize("value", [
+    None, "trixie", {"distro": "debian", "suite": "trixie"},
+    {**BUILD_ROOT, "path": "/srv/roots/trixie"}, {**BUILD_ROOT, "suite": 14},
+    {**BUILD_ROOT, "compiler": "gcc\n14"},
+])
+def test_both_refuse_a_bad_build_root(value: Any) -> None:
+    doc = with_provenance("build_root", value)
+    assert not MANIFEST.is_valid(doc)
+    with pytest.raises(ManifestError, match="provenance"):
+        manifest_from_dict(doc)

@@ -20,6 +20,7 @@ from typing import Any
 
 import structlog
 
+from installer.packages.build.buildroot import AUTO, check_privileges
 from installer.packages.build.compile import Compiled, CompileRequest, compile_modules
 from installer.packages.build.inputs import (
     OPEN_LICENSES,
@@ -77,6 +78,9 @@ class BuildRequest:
     patches: tuple[Path, ...] = ()
     jobs: int | None = None
     jobserver: tuple[int, int] | None = None  # many builds at once: make's shared job pool
+    build_root: str | None = None
+    build_root_cache: Path | None = None
+    debian_mirror: str | None = None
 
 
 @dataclass(frozen=True)
@@ -165,6 +169,8 @@ def check_request(request: BuildRequest) -> None:
     for patch in request.patches:
         if not patch.is_file():
             raise _fail(f"patch {patch} does not exist")
+    if request.build_root is not None:
+        _check_build_root(request)
     if (request.output is None) == (request.repo is None):
         raise _fail("say where to write the package: exactly one of --out-dir or --repo")
     if request.arch not in ARCHES:
@@ -178,6 +184,16 @@ def check_request(request: BuildRequest) -> None:
         if not path.exists():
             raise _fail(f"input {path} does not exist")
     check_options(request.signing, request.modules_dir is not None)
+
+
+def _check_build_root(request: BuildRequest) -> None:
+    """What can be told before unpacking anything (the compiler is checked with the headers)."""
+    if request.nvidia_source is None:
+        raise _fail("--build-root needs --nvidia-source (it is where the modules compile)")
+    if request.build_root != AUTO and not Path(request.build_root or "").is_dir():
+        raise _fail(f"--build-root {request.build_root} does not exist or is not a directory",
+                    remedy="make one (README: mmdebstrap), or pass --build-root auto")
+    check_privileges()
 
 
 def _user_trees(request: BuildRequest, work: Path) -> list[Path]:
@@ -200,7 +216,8 @@ def _compile(request: BuildRequest, work: Path, picked: list[Picked]) -> Compile
     return compile_modules(CompileRequest(
         request.nvidia_source or Path(), request.kernel_headers, request.flavour, request.arch,
         request.patches, request.jobs, frozenset(_library_versions(picked)),
-        request.jobserver),
+        request.jobserver, request.build_root, request.build_root_cache,
+        request.debian_mirror),
         work, structlog.get_logger("package-build"))
 
 

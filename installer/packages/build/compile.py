@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from installer.packages.build.buildroot import CHROOT_PATH, BuildRoot, resolve
 from installer.packages.build.headers import KernelTree, prepare_headers, which_compiler
 from installer.packages.build.inputs import PackageBuildError, file_sha256
 from installer.packages.build.nvsource import NvSource, unpack_source
@@ -30,6 +31,7 @@ OPTIONAL = ("nvidia-peermem",)
 BUILD_EPOCH = "0"
 _ERROR_RE = re.compile(r"^(?P<file>[^\s:][^:]*):(?P<line>\d+):(?:\d+:)?\s*(?:fatal )?error: "
                        r"(?P<text>.*)$")
+_NOT_FOUND_RE = re.compile(r"^/bin/sh: \d+: (?P<tool>[\w.+-]+): not found$")
 _LINKED_RE = re.compile(r"^\s*LD \[M\]\s+(?P<path>\S+\.ko)\s*$")
 _ERROR_TAIL = 12
 
@@ -53,6 +55,9 @@ class CompileRequest:
     jobs: int | None = None
     user_versions: frozenset[str] = frozenset()
     jobserver: tuple[int, int] | None = None  # a GNU make jobserver's pipe, shared by builds
+    build_root: str | None = None  # a root directory, or "auto" (see buildroot.py)
+    build_root_cache: Path | None = None
+    mirror: str | None = None
 
 
 @dataclass(frozen=True)
@@ -75,7 +80,9 @@ def compile_modules(request: CompileRequest, work: Path, log: Any,
     flavour, tree = source.tree(request.flavour)
     kernel = prepare_headers(request.headers, work / "in")
     _check(request, source, kernel)
-    compiler = which_compiler(kernel)
+    root = (resolve(request.build_root, kernel, request.build_root_cache, request.mirror, log)
+            if request.build_root else None)
+    compiler = root.compiler if root else which_compiler(kernel)
     patches = [{"name": p.name, "sha256": file_sha256(p)} for p in request.patches]
     build = work / "build" / f"nvidia-{source.version}"
     shutil.copytree(tree, build, symlinks=True)
@@ -83,8 +90,13 @@ def compile_modules(request: CompileRequest, work: Path, log: Any,
         _apply(patch, build)
     modules = [m for m in MODULES + OPTIONAL if (build / m).is_dir() or m in MODULES]
     started = time.monotonic()
-    _make(build, kernel, compiler, modules, request.jobserver or request.jobs or
-          os.cpu_count() or 1, _maps(work, build, kernel), log, stream or sys.stderr)
+    made = root.mount_point(work) if root else []
+    try:
+        _make(build, kernel, compiler, modules, request.jobserver or request.jobs or
+              os.cpu_count() or 1, _maps(work, build, kernel), log, stream or sys.stderr,
+              root, work)
+    finally:
+        BuildRoot.cleanup(made)
     out = work / "modules"
     out.mkdir()
     for module in modules:
@@ -100,6 +112,8 @@ def compile_modules(request: CompileRequest, work: Path, log: Any,
         "compiler": kernel.cc_version_text or kernel.compiler,
         "patches": patches,
     }
+    if root:
+        provenance["build_root"] = root.provenance
     return Compiled(out, source.version, kernel.release, flavour, provenance,
                     time.monotonic() - started)
 
@@ -168,7 +182,8 @@ def build_env(maps: list[str]) -> dict[str, str]:
 
 
 def _make(build: Path, kernel: KernelTree, compiler: str, modules: list[str],
-          jobs: int | tuple[int, int], maps: list[str], log: Any, stream: TextIO) -> None:
+          jobs: int | tuple[int, int], maps: list[str], log: Any, stream: TextIO,
+          root: BuildRoot | None, work: Path) -> None:
     """make -jN, or make as a client of a shared jobserver (no -j: it takes tokens)."""
     env, fds = build_env(maps), tuple[int, ...]()
     if isinstance(jobs, tuple):
@@ -179,13 +194,15 @@ def _make(build: Path, kernel: KernelTree, compiler: str, modules: list[str],
            f"SYSSRC={kernel.syssrc}",
            f"SYSOUT={kernel.sysout}", f"KERNEL_UNAME={kernel.release}", f"CC={compiler}",
            f"NV_KERNEL_MODULES={' '.join(modules)}"]
-    if shutil.which("make") is None:
+    if root:  # same paths inside: work is bind-mounted where it is outside
+        cmd, env["PATH"] = root.command(work, cmd), CHROOT_PATH
+    elif shutil.which("make") is None:
         raise PackageBuildError("make not found", remedy="apt-get install make")
     tty = stream.isatty()
     started = time.monotonic()
     log.info("compiling modules", modules=modules, release=kernel.release,
-             jobs="shared jobserver" if fds else jobs,
-             compiler=kernel.cc_version_text)
+             jobs="shared jobserver" if fds else jobs, compiler=kernel.cc_version_text,
+             build_root=str(root.path) if root else None)
     kept: list[str] = []
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           errors="replace", env=env, cwd=build, pass_fds=fds,
@@ -223,6 +240,10 @@ def _first_error(lines: list[str], build: Path, kernel: KernelTree, rc: int) -> 
                 where = where.replace(base, shown)
             return (f"compile failed in {where} line {match['line']}: error: "
                     f"{match['text'][:300]}")
+    missing = next((m for line in lines if (m := _NOT_FOUND_RE.search(line.strip()))), None)
+    if missing:
+        return (f"make exited {rc}: {missing['tool']} not found (the kernel's build runs it; "
+                "install it where make runs)")
     tail = [line for line in lines if line.strip()][-_ERROR_TAIL:]
     last = next((line for line in reversed(tail) if "rror" in line), tail[-1] if tail else "")
     return f"make exited {rc}: {last.strip()[:300]}"

@@ -40,6 +40,12 @@ class KernelTree:
         """The compiler command the kernel was built with (`gcc-12`), from its config."""
         return self.cc_version_text.split()[0] if self.cc_version_text else "gcc"
 
+    @property
+    def compiler_package(self) -> str:
+        """Debian's package of that compiler: `x86_64-linux-gnu-gcc-14` is in `gcc-14`."""
+        found = re.search(r"(?:^|-)(gcc-\d+)$", self.compiler)
+        return found[1] if found else self.compiler
+
 
 def group_headers(paths: tuple[Path, ...]) -> dict[str, tuple[Path, ...]]:
     """Split `--kernel-headers` by kernel release, without unpacking anything.
@@ -201,11 +207,13 @@ def _syssrc(sysout: Path, root: Path) -> Path:
 
 
 def which_compiler(tree: KernelTree) -> str:
-    """The compiler's path, or a refusal naming the Debian package to install."""
+    """The compiler's path, or a refusal naming the Debian package to install (or a root of
+    the kernel's distro: its kbuild tools may also need that distro's glibc)."""
     path = shutil.which(tree.compiler)
     if path is None:
         raise PackageBuildError(
             f"{tree.compiler} not found: kernel {tree.release} was built with "
             f"{tree.cc_version_text or tree.compiler} and its modules must be too",
-            remedy=f"apt-get install {tree.compiler}")
+            remedy=f"apt-get install {tree.compiler_package}, or compile in a root of the "
+                   "kernel's distro: --build-root auto")
     return path
