@@ -31,7 +31,7 @@ from kernel import assets, guest  # noqa: E402
 from native import CUDA_SONAME, NVML_SONAME, build_standins  # noqa: E402
 
 VERSION = "535.261.03"
-FAKE_GPU = "0000:00:1e.0"  # where the test nvidia module lists its one GPU
+FAKE_GPU = guest.FAKE_GPU
 # NVIDIA's module trees are entered with `make modules SYSSRC=... SYSOUT=... CC=...`; the
 # stand-ins hand over to the kernel's Kbuild the same way.
 STANDIN_MAKEFILE = """\
@@ -45,11 +45,7 @@ BANNER = ("no GPU here: NVML simulated (stand-in libnvidia-ml/libcuda), PCI GPU 
 
 GUEST_SCRIPT = r"""
 set -e
-fake=/tmp/fake-pci/{gpu}
-mkdir -p "$fake"
-echo 0x10de > "$fake/vendor"; echo 0x1eb8 > "$fake/device"
-echo 0x030200 > "$fake/class"; echo -1 > "$fake/numa_node"
-mount --bind /tmp/fake-pci /sys/bus/pci/devices
+{fake_gpu}
 ip link set lo up
 cd {repo}
 {python} -m http.server 8080 --bind 127.0.0.1 --directory {mirror} >/tmp/mirror.log 2>&1 &
@@ -136,7 +132,8 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     mirror = make_mirror(work, kernel)
     say(f"booting {kernel.release} under qemu (TCG) ... {BANNER}")
-    script = GUEST_SCRIPT.format(gpu=FAKE_GPU, repo=REPO, python=sys.executable,
+    script = GUEST_SCRIPT.format(fake_gpu=guest.FAKE_GPU_SH, repo=REPO,
+                                 python=sys.executable,
                                  mirror=mirror, banner=BANNER)
     result = guest.run_in_guest(script, kernel=kernel, timeout=600, cwd=REPO)
     print(result.stdout, end="", flush=True)

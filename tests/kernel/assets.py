@@ -83,10 +83,15 @@ class Kernel:
 
 def kernel_release() -> str:
     """The release bookworm's linux-image-amd64 points at now (or GNI_TEST_KERNEL_RELEASE)."""
-    pinned = os.environ.get("GNI_TEST_KERNEL_RELEASE")
+    return linked_release(apt(), "GNI_TEST_KERNEL_RELEASE")
+
+
+def linked_release(index: Apt, pin_variable: str) -> str:
+    """The release an index's linux-image-amd64 depends on, unless `pin_variable` pins one."""
+    pinned = os.environ.get(pin_variable)
     if pinned:
         return pinned
-    out = apt().query("depends", "linux-image-amd64")
+    out = index.query("depends", "linux-image-amd64")
     m = re.search(r"Depends: linux-image-(\d\S*-amd64)$", out, re.M)
     if not m:
         raise AssetError(f"cannot tell which kernel linux-image-amd64 depends on:\n{out}")

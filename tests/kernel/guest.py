@@ -22,6 +22,15 @@ from .assets import Kernel
 QEMU = "qemu-system-x86_64"
 GNI_DIR = ".gni"  # harness bookkeeping inside the shared out dir
 ROOT_SHARE_OPTS = "security_model=none,readonly=on,multidevs=remap"
+FAKE_GPU = "0000:00:1e.0"  # where the stand-in nvidia module lists its one GPU
+# Guest shell lines that make PCI show one T4 at FAKE_GPU (a sysfs entry bind-mounted over
+# /sys/bus/pci/devices): the GPU the stand-in modules and NVML act for.
+FAKE_GPU_SH = f"""fake=/tmp/fake-pci/{FAKE_GPU}
+mkdir -p "$fake"
+echo 0x10de > "$fake/vendor"; echo 0x1eb8 > "$fake/device"
+echo 0x030200 > "$fake/class"; echo -1 > "$fake/numa_node"
+mount --bind /tmp/fake-pci /sys/bus/pci/devices
+"""
 
 # The guest's PID 1 (busybox sh, in an initramfs we build): load the 9p/overlay modules,
 # mount the host's / read-only under a tmpfs overlay (guest writes vanish with it), give

@@ -31,15 +31,10 @@ from .assets import Kernel
 from .conftest import GuestRunner
 
 VERSION = "535.261.03"
-FAKE_GPU = "0000:00:1e.0"  # where the stand-in nvidia module lists its one GPU
 
 SCRIPT = r"""
 set -e
-fake=/tmp/fake-pci/{gpu}
-mkdir -p "$fake"
-echo 0x10de > "$fake/vendor"; echo 0x1eb8 > "$fake/device"
-echo 0x030200 > "$fake/class"; echo -1 > "$fake/numa_node"
-mount --bind /tmp/fake-pci /sys/bus/pci/devices
+{fake_gpu}
 # as dpkg lays them out: a merged-/usr root keeps its /lib -> usr/lib link (dpkg-deb -x would
 # replace it with a directory, and the dynamic loader with it)
 for deb in {debs}; do dpkg-deb --fsys-tarfile "$deb" | tar -x --keep-directory-symlink -C /; done
@@ -74,7 +69,8 @@ def test_install_builds_on_the_node_then_fast_path(kernel: Kernel, tmp_path: Pat
            or guest.kvm_unavailable_reason(kernel) is not None)
     repo = _source_repo(tmp_path)
     debs = " ".join(str(d) for d in assets.headers_debs(kernel))
-    result = run_guest(SCRIPT.format(gpu=FAKE_GPU, debs=debs, repo=repo, version=VERSION,
+    result = run_guest(SCRIPT.format(fake_gpu=guest.FAKE_GPU_SH, debs=debs, repo=repo,
+                                     version=VERSION,
                                      python=sys.executable),
                        kvm=not tcg, cpus=2, memory_mb=4096, timeout=1400 if tcg else 600)
     assert result.rc == 0, result.describe()

@@ -5,8 +5,6 @@ and the package `package build --build-root auto --patch` compiles from them, ca
 from __future__ import annotations
 
 import hashlib
-import os
-import re
 import subprocess
 import sys
 import time
@@ -23,14 +21,7 @@ PATCH = REPO / "patches" / f"nvidia-{NVIDIA_VERSION}-pci-resize-resource.patch"
 
 def release() -> str:
     """The release trixie's linux-image-amd64 points at (or GNI_TEST_TRIXIE_KERNEL_RELEASE)."""
-    pinned = os.environ.get("GNI_TEST_TRIXIE_KERNEL_RELEASE")
-    if pinned:
-        return pinned
-    out = trixie_apt().query("depends", "linux-image-amd64")
-    found = re.search(r"Depends: linux-image-(\d\S*-amd64)$", out, re.M)
-    if not found:
-        raise AssetError(f"cannot tell which kernel trixie's linux-image-amd64 depends on:\n{out}")
-    return found[1]
+    return assets.linked_release(trixie_apt(), "GNI_TEST_TRIXIE_KERNEL_RELEASE")
 
 
 def kernel() -> Kernel:
