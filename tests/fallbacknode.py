@@ -1,7 +1,8 @@
 """A node without a package for its kernel, for BUILD_FALLBACK: real headers under the host root.
 
-The node (a host tree, kernel simulated by FakeKernelHost) runs Debian's 6.1.0-57-amd64;
-that kernel's real headers .debs (the kernel tier's cache) are unpacked under the host root
+The node (a host tree, kernel simulated by FakeKernelHost) runs the kernel tier's Debian
+kernel (bookworm's current one); its real headers .debs (downloaded into the kernel tier's
+cache when missing) are unpacked under the host root
 as dpkg lays them out, with the absolute `/lib/modules/<release>/build` link a real node has,
 and the node's own drm, drm_kms_helper and video modules that NVIDIA's modules depend on.
 """
@@ -13,22 +14,23 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from kernel import assets
+
 from installer.testing import SAMPLE_NODES, build_node
 from installer.testing.kernel import write_host_module
 
-RELEASE = "6.1.0-57-amd64"
-HEADERS_DEBS = Path.home() / ".cache/gpu-node-installer-test/kernel-debs"
+RELEASE = assets.kernel_release()
 _HOST_MODULES = (("kernel/drivers/gpu/drm/drm.ko", "drm", ()),
                  ("kernel/drivers/gpu/drm/drm_kms_helper.ko", "drm_kms_helper", ("drm",)),
                  ("kernel/drivers/acpi/video.ko", "video", ()))
 
 
 def headers_debs() -> list[Path] | None:
-    """The cached headers .debs (with -common and linux-kbuild), or None when not there."""
-    debs = sorted(HEADERS_DEBS.glob(f"headers-{RELEASE}-*/*.deb"))
-    if len(debs) != 3 or shutil.which("dpkg-deb") is None or shutil.which("gcc-12") is None:
+    """The headers .debs (with -common and linux-kbuild; fetched once, cached), or None when
+    this machine cannot unpack or compile them (no dpkg-deb or gcc-12: `make deps`)."""
+    if shutil.which("dpkg-deb") is None or shutil.which("gcc-12") is None:
         return None
-    return debs
+    return assets.release_headers_debs(RELEASE)
 
 
 def unpack_headers(debs: list[Path], root: Path) -> Path:

@@ -38,8 +38,8 @@ def headers_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The three headers .debs unpacked as dpkg would (once per module; hard-linked after)."""
     debs = headers_debs()
     if debs is None:
-        pytest.skip(f"needs the kernel tier's cached linux-headers-{RELEASE} .debs (make "
-                    "kernel-assets), dpkg-deb and gcc-12")
+        pytest.skip("needs dpkg-deb and gcc-12 (the kernel's compiler) on this machine: "
+                    "make deps")
     return unpack_headers(debs, tmp_path_factory.mktemp("headers") / "root")
 
 

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from installer.compat import gpusupport
 from installer.context import Context
 from installer.errors import ConfigError, PackageNotFoundError, SignatureRejectedError
 from installer.node.facts import NodeInfo
@@ -84,9 +85,13 @@ def choose_source(ctx: Context, node: NodeInfo, candidates: list[Candidate],
     """The source package for the requested version and flavour, as the sources list it."""
     sources = [c for c in candidates if c.kernel_release == SOURCE_RELEASE]
     as_node = [dataclasses.replace(c, kernel_release=node.kernel_release) for c in sources]
+    # as for packages: a version or flavour that cannot drive the node's GPUs is refused
+    # (exit 14) before anything is downloaded or compiled; default/latest skip such sources
+    allowed = gpusupport.guard(ctx.config.driver_version, ctx.config.flavour, node, as_node,
+                               aliases)
     try:
         chosen = resolve(ctx.config.driver_version, as_node, node, flavour=ctx.config.flavour,
-                         aliases=aliases)
+                         aliases=aliases, allowed=allowed)
     except PackageNotFoundError:
         raise BuildFallbackError(
             f"no package for kernel {node.kernel_release} and no source package for driver "
