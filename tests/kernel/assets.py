@@ -242,6 +242,15 @@ def build_test_modules(kernel: Kernel, version: str, flavour: str = "proprietary
     return out
 
 
+def build_key(inputs: list[Path], extra: bytes = b"") -> str:
+    """A cache key over the inputs' bytes and the product's build code (plus `extra`): a
+    change to how modules are compiled compiles them again."""
+    code = sorted((Path(__file__).resolve().parents[2] / "installer" / "packages" / "build"
+                   ).glob("*.py"))
+    return hashlib.sha256(b"".join(hashlib.sha256(p.read_bytes()).digest()
+                                   for p in [*inputs, *code]) + extra).hexdigest()[:16]
+
+
 def build_nvidia_cli(kernel: Kernel) -> Path:
     """A package of NVIDIA's real 535 modules compiled by `gpu-node-installer package build
     --nvidia-source ... --kernel-headers ...` (the CLI, in a subprocess; minutes cold).
@@ -252,12 +261,7 @@ def build_nvidia_cli(kernel: Kernel) -> Path:
     """
     source = nvidia_source_deb()
     headers = headers_debs(kernel)
-    code = sorted((Path(__file__).resolve().parents[2] / "installer" / "packages" / "build"
-                   ).glob("*.py"))
-    key = hashlib.sha256(b"".join(
-        hashlib.sha256(p.read_bytes()).digest() for p in [source, *headers, *code])
-    ).hexdigest()[:16]
-    out = kernel.root / f"nvidia-cli-{key}"
+    out = kernel.root / f"nvidia-cli-{build_key([source, *headers])}"
     with locked(f"nvidia-cli-{kernel.release}"):
         if out.is_dir():
             return out / "pkg"

@@ -42,10 +42,7 @@ def _unique(debs: list[Path]) -> list[Path]:
 
 def _repo(kernel: Kernel, name: str, args: list[str], inputs: list[Path]) -> Path:
     """Run `package build ... --repo` once per inputs and code (cached): the repository."""
-    code = sorted((REPO / "installer" / "packages" / "build").glob("*.py"))
-    key = hashlib.sha256(b"".join(hashlib.sha256(p.read_bytes()).digest()
-                                  for p in [*inputs, *code]) + " ".join(args).encode()
-                         ).hexdigest()[:16]
+    key = assets.build_key(inputs, " ".join(args).encode())
     out = kernel.root / f"{name}-{key}"
     with assets.locked(f"{name}-{kernel.release}"):
         if out.is_dir():

@@ -4,7 +4,6 @@ and the package `package build --build-root auto --patch` compiles from them, ca
 
 from __future__ import annotations
 
-import hashlib
 import subprocess
 import sys
 import time
@@ -67,11 +66,7 @@ def build_open_package(k: Kernel) -> Path:
     Returns the package directory; `seconds` and `build.log` lie next to it."""
     source = open_source_deb()
     headers = headers_debs(k)
-    code = sorted((REPO / "installer" / "packages" / "build").glob("*.py"))
-    key = hashlib.sha256(b"".join(
-        hashlib.sha256(p.read_bytes()).digest() for p in [source, *headers, PATCH, *code])
-    ).hexdigest()[:16]
-    out = k.root / f"nvidia-open-{NVIDIA_VERSION}-{key}"
+    out = k.root / f"nvidia-open-{NVIDIA_VERSION}-{assets.build_key([source, *headers, PATCH])}"
     with locked(f"nvidia-open-{k.release}"):
         if out.is_dir():
             return out / "pkg"
