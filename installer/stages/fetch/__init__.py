@@ -36,7 +36,6 @@ from installer.packages.repository import (
     package_path,
     resolve,
 )
-from installer.stages.fetch import fallback
 from installer.stages.fetch.failures import DeadlineExpired, SourceFailure, combined
 from installer.stages.fetch.sources import CacheSource, MirrorSource, Offer, PreloadedSource
 
@@ -83,6 +82,10 @@ def _resolve_and_get(ctx: Context, node: NodeInfo, sources: list[Source], cache:
     except PackageNotFoundError as exc:  # perhaps because a source failed: say which, why
         failed = [SourceFailure(o.source, o.failure) for o in offers if o.failure is not None]
         if not failed:
+            # imported here: the on-node build (compiler driving, signing) stays off the
+            # fast path's start-up
+            from installer.stages.fetch import fallback
+
             if ctx.config.build_fallback == "never":
                 raise fallback.with_hint(exc) from None
             return fallback.build_missing(
