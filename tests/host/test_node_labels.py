@@ -16,9 +16,7 @@ import pytest
 from click.testing import CliRunner, Result
 from e2e import add_version, make_scene, run_cli, standin_env
 from httpserver import MirrorServer
-from native import build_standins, packages
 from native.contexts import make_ctx, node_args
-from native.packages import tree_package
 
 from installer.cli import cli
 from installer.compat.nodelabels import OWNED_ANNOTATION, valid_key, valid_value
@@ -81,13 +79,6 @@ def api() -> Iterator[tuple[str, FakeApi]]:
     yield f"http://127.0.0.1:{server.server_address[1]}", fake
     server.shutdown()
     server.server_close()
-
-
-@pytest.fixture(scope="module")
-def standin_package(tmp_path_factory: pytest.TempPathFactory) -> Package:
-    built = build_standins(tmp_path_factory.mktemp("standins"))
-    tree = packages.standin_tree(tmp_path_factory.mktemp("s") / "tree", built, VERSION)
-    return tree_package(tree, VERSION)
 
 
 def _node(root: Path, package: Package, gpus: list[tuple[str, int]]) -> Path:

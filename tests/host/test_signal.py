@@ -13,9 +13,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
-from native import build_standins, packages
 from native.contexts import make_ctx, node_args
-from native.packages import tree_package
 
 from installer.cli import cli
 from installer.packages.manifest import Package
@@ -71,13 +69,6 @@ def api() -> Iterator[tuple[str, ApiRecorder]]:
     yield f"http://127.0.0.1:{server.server_address[1]}", recorder
     server.shutdown()
     server.server_close()
-
-
-@pytest.fixture(scope="module")
-def standin_package(tmp_path_factory: pytest.TempPathFactory) -> Package:
-    built = build_standins(tmp_path_factory.mktemp("standins"))
-    tree = packages.standin_tree(tmp_path_factory.mktemp("s") / "tree", built, VERSION)
-    return tree_package(tree, VERSION)
 
 
 @pytest.fixture
