@@ -152,6 +152,30 @@ class IncompatibleError(InstallerError):
                       "the workload as check-pod says")
 
 
+class UpgradeBlockedError(InstallerError):
+    """A driver upgrade cannot free the GPUs without harm: a holder is not an evictable pod
+    (a host process, a static or DaemonSet pod), the node is marked to skip, or the API
+    refused (issue 16). Nothing was unloaded."""
+
+    code = 15
+    slug = "upgrade-blocked"
+    summary = ("driver upgrade blocked: a GPU holder cannot be evicted, the node has the "
+               "upgrade.skip label, or the Kubernetes API refused")
+    default_remedy = ("stop the named holder (or set UPGRADE_RESTART_DAEMONSETS=true for "
+                      "DaemonSet pods), or check the installer's RBAC, then rerun")
+
+
+class UpgradeTimeoutError(InstallerError):
+    """The GPUs were not freed within UPGRADE_TIMEOUT (a PodDisruptionBudget kept refusing,
+    or pods did not exit); the old driver still serves and the node stays cordoned."""
+
+    code = 16
+    slug = "upgrade-timeout"
+    summary = "GPUs not freed within UPGRADE_TIMEOUT; old driver kept, node left cordoned"
+    default_remedy = ("read the node's Events, relax the PodDisruptionBudget or raise "
+                      "UPGRADE_TIMEOUT; the next run resumes")
+
+
 def error_table() -> list[type[InstallerError]]:
     """One class per exit code, ordered by code, for help text and the README table.
 

@@ -32,6 +32,11 @@ GFD_SUFFIXES = ("gpu.product", "gpu.count", "gpu.memory", "gpu.family", "gpu.com
 TYPE_SUFFIXES = ("gpu.product", "gpu.family", "gpu.memory", "gpu.compute.major",
                  "gpu.compute.minor")
 GKE_ACCELERATOR = "cloud.google.com/gke-accelerator"
+# The upgrade flow's keys (issue 16): its progress, and the operator's opt-out. Not GPU
+# facts, so the signal stage's stale-label cleanup leaves them alone.
+UPGRADE_STATE = f"{OWN_PREFIX}/upgrade-state"
+UPGRADE_SKIP = f"{OWN_PREFIX}/upgrade.skip"
+UPGRADE_KEYS = (UPGRADE_STATE, UPGRADE_SKIP)
 MODEL_SUFFIX = "gpu.model."  # gpu-node-installer/gpu.model.<product>=<count>, one per model
 
 _VALUE_BAD = re.compile(r"[^A-Za-z0-9._-]+")
@@ -162,7 +167,8 @@ def label_patch(current: Mapping[str, str], annotations: Mapping[str, str] | Non
     true; labels of others are never touched."""
     owned = owned_keys(annotations)
     body: dict[str, str | None] = {key: None for key in sorted(current)
-                                   if key not in labels and is_ours(key, owned)}
+                                   if key not in labels and key not in UPGRADE_KEYS
+                                   and is_ours(key, owned)}
     body.update(labels)
     foreign = ",".join(sorted(k for k in labels if not k.startswith(f"{OWN_PREFIX}/")))
     return {"metadata": {"labels": body, "annotations": {OWNED_ANNOTATION: foreign or None}}}

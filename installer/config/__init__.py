@@ -14,10 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from installer.config import values
+from installer.config import upgrade, values
 from installer.config.modparams import ModuleParam as ModuleParam
 from installer.config.modparams import parse_module_param as parse_module_param
 from installer.config.modparams import read_params_file
+from installer.config.setting import Setting as Setting
+from installer.config.setting import boolean as _bool
+from installer.config.setting import choice as _choice
 from installer.config.values import Invalid as _Invalid
 from installer.config.values import decimal, integer, network_url, pem_bundle, visible
 from installer.errors import ConfigError
@@ -28,24 +31,7 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 VERSION_ALIASES = ("default", "latest")
 _VERSION_RE = re.compile(r"^(\d{3,4})(\.\d{1,3}){1,2}$", re.ASCII)
 _BRANCH_RE = re.compile(r"^\d{3,4}$", re.ASCII)
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("0", "false", "no", "off", "")
 _SPACES = " \t\n\r\x0b\x0c"  # what separates list items in an env var (ASCII only)
-
-
-@dataclass(frozen=True)
-class Setting:
-    """One configurable value: its flag, its environment variable and how to parse it."""
-
-    name: str
-    flag: str
-    envvar: str | None
-    default: str | None
-    help: str
-    accepted: str
-    parse: Callable[[str], Any]
-    is_flag: bool = False
-    multiple: bool = False
 
 
 def _abs_path(value: str) -> Path:
@@ -61,16 +47,6 @@ def _host_abs_path(value: str) -> PurePosixPath:
     return path
 
 
-def _choice(*choices: str) -> Callable[[str], str]:
-    def parse(value: str) -> str:
-        lowered = value.strip().lower()
-        if lowered not in choices:
-            raise _Invalid(value)
-        return lowered
-
-    return parse
-
-
 def parse_driver_version(value: str) -> str:
     """Accept `default`, `latest`, a branch (`535`) or an exact version (`535.261.03`)."""
     text = value.strip()
@@ -78,15 +54,6 @@ def parse_driver_version(value: str) -> str:
         return text.lower()
     if _BRANCH_RE.fullmatch(text) or _VERSION_RE.fullmatch(text):
         return text
-    raise _Invalid(value)
-
-
-def _bool(value: str) -> bool:
-    lowered = value.strip().lower()
-    if lowered in _TRUE:
-        return True
-    if lowered in _FALSE:
-        return False
     raise _Invalid(value)
 
 
@@ -255,6 +222,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("build_sign_cert", "--build-sign-cert", "BUILD_SIGN_CERT", None,
             "certificate (PEM or DER) of --build-sign-key, enrolled in the node's keyring",
             "an absolute path", _abs_path),
+    *upgrade.SETTINGS,  # driver upgrades on a live node (issue 16)
 )
 
 SETTINGS_BY_NAME = {setting.name: setting for setting in SETTINGS}
@@ -298,6 +266,11 @@ class Config:
     build_fallback: str = "never"
     build_sign_key: Path | None = None
     build_sign_cert: Path | None = None
+    upgrade_policy: str = "refuse"
+    upgrade_timeout: float = 900.0
+    upgrade_grace_period: int | None = None
+    upgrade_restart_daemonsets: bool = False
+    upgrade_max_unavailable: str = "1"
 
 
 def _raw_value(setting: Setting, flags: Mapping[str, Any], environ: Mapping[str, str]
@@ -331,6 +304,7 @@ def load_config(flags: Mapping[str, Any], environ: Mapping[str, str]) -> Config:
     config = Config(**values)
     _check_roots(config)
     _check_mirrors(config)
+    upgrade.check(config)
     if (config.build_sign_key is None) != (config.build_sign_cert is None):
         raise ConfigError("--build-sign-key and --build-sign-cert go together",
                           remedy="set both BUILD_SIGN_KEY and BUILD_SIGN_CERT, or neither")

@@ -20,6 +20,7 @@ from installer.installdir.versions import current_name, read_staged, switch_to
 from installer.node import kmod
 from installer.node.host import write_atomic
 from installer.node.lock import node_lock
+from installer.packages.manifest import Package
 from installer.pipeline import fastpath, runner
 from installer.stages.detect import require_gpus
 
@@ -79,11 +80,25 @@ def install(ctx: Context, *, paranoid: bool = False) -> InstallResult:
 
 def _install_locked(ctx: Context, previous: InstallState | None, *,
                     paranoid: bool) -> InstallResult:
+    from installer.pipeline import upgrade  # the Kubernetes client: requests
     from installer.stages import stage
 
     reused = fastpath.reusable_package(ctx, ctx.node_info(), previous, paranoid=paranoid)
     package = runner.fetch(ctx, reuse=reused)
     runner.run_stage(ctx, "prepare", lambda c: stage.prepare_version(c, package))
+    live = upgrade.free_gpus(ctx, package)  # UPGRADE_POLICY evict/drain (docs/deploy.md)
+    try:
+        _load_to_signal(ctx, package)
+    except InstallerError as exc:
+        upgrade.failed(live, exc)
+        raise
+    upgrade.finish(ctx, live)
+    manifest = package.manifest
+    return InstallResult(reused is not None, manifest.driver_version, manifest.kernel_release,
+                         manifest.flavour, package.digest, dict(ctx.timings_ms))
+
+
+def _load_to_signal(ctx: Context, package: Package) -> None:
     runner.load(ctx)
     runner.stage(ctx)
     runner.verify(ctx)
@@ -94,8 +109,6 @@ def _install_locked(ctx: Context, previous: InstallState | None, *,
         driver_version=manifest.driver_version, flavour=manifest.flavour,
         package_digest=package.digest, timings_ms=dict(ctx.timings_ms)))
     runner.signal(ctx)
-    return InstallResult(reused is not None, manifest.driver_version, manifest.kernel_release,
-                         manifest.flavour, package.digest, dict(ctx.timings_ms))
 
 
 def _restore_previous(ctx: Context, previous: InstallState | None,

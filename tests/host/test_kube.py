@@ -1,4 +1,4 @@
-"""stages.signal.kube: API server discovery, and TLS against the in-cluster CA on 127.0.0.1."""
+"""node.kube: API server discovery, and TLS against the in-cluster CA on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from installer.stages.signal import kube
+from installer.node import kube
 
 
 def account(tmp_path: Path, *, ca: Path | None = None) -> Path:

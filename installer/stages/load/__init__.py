@@ -21,6 +21,7 @@ from installer.errors import (
     PackageNotFoundError,
 )
 from installer.node import kmod, syscalls
+from installer.node.holders import processes_using_nvidia as processes_using_nvidia
 from installer.node.host import Host
 from installer.packages.manifest import Package
 from installer.stages.load import devnodes, failures
@@ -185,6 +186,21 @@ def rollback(host: Host, loaded: list[str]) -> None:
 
 def replace_other_version(host: Host, package: Package) -> list[str]:
     """Unload NVIDIA modules of another version, only if nothing but they hold each other."""
+    other = other_version(host, package)
+    if other is None:
+        return []
+    states, names = other
+    check_free(host, states, names)
+    devnodes.remove_uvm_nodes(host)
+    return unload_all(host, states)
+
+
+OtherVersion = tuple[dict[str, kmod.ModuleState], set[str]]
+
+
+def other_version(host: Host, package: Package) -> OtherVersion | None:
+    """The loaded NVIDIA modules and our module names, when another version or flavour
+    than the package's is loaded (what a load would have to unload first), else None."""
     version = package.manifest.driver_version
     names = set(NVIDIA_MODULES) | {kmod.normalize(m.name) for m in package.manifest.modules}
     states = {n: s for n in names if (s := kmod.module_state(host, n)) is not None}
@@ -192,17 +208,22 @@ def replace_other_version(host: Host, package: Package) -> list[str]:
     other_flavour = driver is not None and driver.flavour not in (None,
                                                                   package.manifest.flavour)
     if not other_flavour and not any(s.version != version for s in states.values()):
-        return []
-    check_free(host, states, names)
-    devnodes.remove_uvm_nodes(host)
-    return unload_all(host, states)
+        return None
+    return states, names
+
+
+def in_use(states: dict[str, kmod.ModuleState], ours: set[str]
+           ) -> tuple[list[str], list[str]]:
+    """(foreign modules holding ours, our modules with users outside modules)."""
+    foreign = sorted({f"{h} (holds {n})" for n, s in states.items() for h in s.holders
+                      if kmod.normalize(h) not in ours})
+    busy = sorted(n for n, s in states.items() if s.users_outside_modules > 0)
+    return foreign, busy
 
 
 def check_free(host: Host, states: dict[str, kmod.ModuleState], ours: set[str]) -> None:
     """Refuse (before unloading anything) when a process or a foreign module holds one."""
-    foreign = sorted({f"{h} (holds {n})" for n, s in states.items() for h in s.holders
-                      if kmod.normalize(h) not in ours})
-    busy = sorted(n for n, s in states.items() if s.users_outside_modules > 0)
+    foreign, busy = in_use(states, ours)
     if not foreign and not busy:
         return
     pids = processes_using_nvidia(host)
@@ -215,6 +236,14 @@ def check_free(host: Host, states: dict[str, kmod.ModuleState], ours: set[str]) 
         f"NVIDIA driver {loaded or 'of another version'} is loaded and in use ({detail}); "
         f"processes with /dev/nvidia* open: {users}; nothing was unloaded",
         remedy="drain GPU pods from the node (or stop those processes / reboot), then rerun")
+
+
+def preflight(ctx: Context, package: Package) -> list[str]:
+    """The load's checks alone (module support, plan, preflight), touching nothing: what an
+    upgrade runs before it cordons or evicts anything. Returns the warnings."""
+    require_module_support(ctx.host)
+    plan = modplan.plan(ctx.host, package, modplan.operator_params(ctx.config))
+    return modplan.preflight(ctx.host, package, plan, force=ctx.config.force_load)
 
 
 def unload_all(host: Host, states: dict[str, kmod.ModuleState]) -> list[str]:
@@ -236,22 +265,6 @@ def unload_all(host: Host, states: dict[str, kmod.ModuleState]) -> list[str]:
             unloaded.append(name)
             del remaining[name]
     return unloaded
-
-
-def processes_using_nvidia(host: Host) -> list[tuple[int, str]]:
-    """(PID, command) of every process with a /dev/nvidia* file open (scans /proc/*/fd)."""
-    found: list[tuple[int, str]] = []
-    for proc_dir in host.iterdir(host.roots.proc):
-        if not proc_dir.name.isdigit():
-            continue
-        try:
-            fds = list(host.iterdir(proc_dir / "fd"))
-        except OSError:
-            continue  # exited, or not ours to read
-        if any((host.readlink(fd) or "").startswith("/dev/nvidia") for fd in fds):
-            comm = (host.read_text(proc_dir / "comm") or "?").strip()
-            found.append((int(proc_dir.name), comm))
-    return sorted(found)
 
 
 def point_firmware_path(host: Host, firmware_dir: str, warnings: list[str]) -> str | None:

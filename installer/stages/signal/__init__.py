@@ -132,7 +132,7 @@ def _publish(ctx: Context, verified: Verified, labels: dict[str, str]) -> list[s
     node = ctx.config.node_name
     if not node:
         return []
-    from installer.stages.signal import kube
+    from installer.node import kube
 
     api = kube.api_server(ctx.config.kube_api, ctx.config.service_account_dir, os.environ)
     if api is None:

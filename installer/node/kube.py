@@ -1,8 +1,9 @@
-"""A minimal Kubernetes API client for the signal stage: label the node, post an Event.
+"""A minimal Kubernetes API client: this node (labels, cordon), its pods, evictions, Events.
 
-Only two calls, so no client library: `requests` with the pod's service-account token
-(re-read on every call, since kubelet rotates it) and the cluster CA. Imported only when a
-node name is configured, so `import installer.cli` never loads `requests`.
+A handful of calls, so no client library: `requests` with the pod's service-account token
+(re-read on every call, since kubelet rotates it) and the cluster CA. Used by the signal
+stage and by the upgrade flow (`installer.pipeline.upgrade`), hence a shared room. Imported
+only when a node name is configured, so `import installer.cli` never loads `requests`.
 """
 
 from __future__ import annotations
@@ -13,15 +14,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 import requests
 
 COMPONENT = "gpu-node-installer"
 TIMEOUT_S = 5.0
+MAX_PAGES = 100  # 50,000 pods or nodes: far beyond one node, bounded all the same
 
 
 class KubeError(Exception):
-    """An API call failed; the signal stage turns this into a warning."""
+    """An API call failed (`status`: the HTTP status, None when no answer came)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 @dataclass(frozen=True)
@@ -52,7 +59,7 @@ class ApiServer:
             raise KubeError(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
         if not 200 <= response.status_code < 300:
             raise KubeError(f"{method} {path}: HTTP {response.status_code}: "
-                            f"{response.text.strip()[:200]}")
+                            f"{response.text.strip()[:200]}", response.status_code)
         try:
             answer = response.json()
         except ValueError:
@@ -89,9 +96,14 @@ def patch_node(api: ApiServer, node: str, body: Mapping[str, Any]) -> None:
     api.call("PATCH", f"/api/v1/nodes/{node}", body, "application/merge-patch+json")
 
 
+def get_node(api: ApiServer, node: str) -> dict[str, Any]:
+    """The Node object as the API returns it."""
+    return api.call("GET", f"/api/v1/nodes/{node}", None, "application/json")
+
+
 def node_metadata(api: ApiServer, node: str) -> tuple[dict[str, str], dict[str, str]]:
     """The Node's current labels and annotations (to find our stale labels)."""
-    answer = api.call("GET", f"/api/v1/nodes/{node}", None, "application/json")
+    answer = get_node(api, node)
     metadata = answer.get("metadata")
     metadata = metadata if isinstance(metadata, dict) else {}
 
@@ -116,3 +128,62 @@ def post_node_event(api: ApiServer, node: str, *, reason: str, message: str,
         "firstTimestamp": now, "lastTimestamp": now, "count": 1,
     }
     api.call("POST", "/api/v1/namespaces/default/events", event, "application/json")
+
+
+def list_items(api: ApiServer, path: str, **query: str) -> list[dict[str, Any]]:
+    """Every item of a list call, following `continue` tokens (bounded pages)."""
+    items: list[dict[str, Any]] = []
+    token = ""
+    for _ in range(MAX_PAGES):
+        params = {**query, "limit": "500", **({"continue": token} if token else {})}
+        answer = api.call("GET", f"{path}?{urlencode(params)}", None, "application/json")
+        found = answer.get("items")
+        items += [item for item in found if isinstance(item, dict)] if isinstance(
+            found, list) else []
+        metadata = answer.get("metadata")
+        token = str(metadata.get("continue") or "") if isinstance(metadata, dict) else ""
+        if not token:
+            return items
+    raise KubeError(f"GET {path}: more than {MAX_PAGES} pages")
+
+
+def pods_on_node(api: ApiServer, node: str) -> list[dict[str, Any]]:
+    """Every pod bound to `node` (`spec.nodeName`), in any namespace."""
+    return list_items(api, "/api/v1/pods", fieldSelector=f"spec.nodeName={node}")
+
+
+def evict(api: ApiServer, namespace: str, name: str, grace_s: int | None) -> str:
+    """Ask the Eviction API (policy/v1) to evict a pod: `evicted`, `refused` (429: a
+    PodDisruptionBudget does not allow it now) or `gone` (404: it no longer exists)."""
+    body: dict[str, Any] = {"apiVersion": "policy/v1", "kind": "Eviction",
+                            "metadata": {"name": name, "namespace": namespace}}
+    if grace_s is not None:
+        body["deleteOptions"] = {"gracePeriodSeconds": grace_s}
+    try:
+        api.call("POST", f"/api/v1/namespaces/{namespace}/pods/{name}/eviction", body,
+                 "application/json")
+    except KubeError as exc:
+        if exc.status == 429:
+            return "refused"
+        if exc.status == 404:
+            return "gone"
+        raise
+    return "evicted"
+
+
+def delete_pod(api: ApiServer, namespace: str, name: str, uid: str,
+               grace_s: int | None) -> str:
+    """Delete one pod, only if it is still the one we saw (a UID precondition):
+    `deleted` or `gone`."""
+    body: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions",
+                            "preconditions": {"uid": uid}}
+    if grace_s is not None:
+        body["gracePeriodSeconds"] = grace_s
+    try:
+        api.call("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}", body,
+                 "application/json")
+    except KubeError as exc:
+        if exc.status in (404, 409):  # gone, or replaced by a pod of the same name
+            return "gone"
+        raise
+    return "deleted"

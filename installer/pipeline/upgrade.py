@@ -1,0 +1,242 @@
+"""A driver upgrade on a live node: free the GPUs through Kubernetes, then let install go on.
+
+With UPGRADE_POLICY=evict or drain, when the package's driver differs from the loaded one
+and the modules are in use: preflight (nothing is touched if the new driver could not load),
+find the holders and their pods, cordon (annotated, so we only uncordon what we cordoned),
+evict, wait until the device files are free. `install` then unloads, loads, stages,
+verifies and signals; `finish` uncordons. The Node's `<prefix>/upgrade-state` label names
+each step (NVIDIA's upgrade states) and an Event tells each one. On failure the node keeps
+its cordon, the label says `upgrade-failed` and an Event says why; the old driver still
+serves unless the holders were already gone and the unload happened.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from installer.compat.nodelabels import OWN_PREFIX, UPGRADE_SKIP, UPGRADE_STATE
+from installer.context import Context
+from installer.errors import InstallerError, UpgradeBlockedError, UpgradeTimeoutError
+from installer.node import kube
+from installer.node.holders import find_holders
+from installer.packages.manifest import Package
+from installer.pipeline import evictions, rollout
+from installer.stages import load
+
+CORDONED_BY = f"{OWN_PREFIX}/cordoned-by"  # annotation: this installer cordoned the node
+REQUIRED, CORDON, POD_DELETION = "upgrade-required", "cordon-required", "pod-deletion-required"
+VALIDATION, UNCORDON = "validation-required", "uncordon-required"
+DONE, FAILED = "upgrade-done", "upgrade-failed"
+T = TypeVar("T")
+
+
+@dataclass
+class Upgrade:
+    """The cluster side of one run: the API, this node, whether we hold its cordon."""
+
+    ctx: Context
+    api: kube.ApiServer
+    node: str
+    cordoned: bool = False
+
+    def state(self, state: str, extra: dict[str, Any] | None = None) -> None:
+        """Move the state label (with any other Node change in the same patch)."""
+        body = {"metadata": {"labels": {UPGRADE_STATE: state}}, **(extra or {})}
+        _api(lambda: kube.patch_node(self.api, self.node, body))
+
+    def event(self, reason: str, message: str, event_type: str = "Normal") -> None:
+        """An Event on the Node; failing to post one is only a warning."""
+        try:
+            kube.post_node_event(self.api, self.node, reason=reason, message=message,
+                                 event_type=event_type)
+        except kube.KubeError as exc:
+            self.ctx.log.warning("upgrade event not posted", reason=reason, detail=str(exc))
+
+
+def connect(ctx: Context, *, required: bool) -> Upgrade | None:
+    """The cluster side, when a policy other than refuse is configured."""
+    node = ctx.config.node_name
+    if ctx.config.upgrade_policy == "refuse" or not node:
+        return None
+    api = kube.api_server(ctx.config.kube_api, ctx.config.service_account_dir, os.environ)
+    if api is None and not required:
+        ctx.log.warning("no Kubernetes API: a cordon left by an earlier upgrade stays")
+        return None
+    if api is None:
+        raise UpgradeBlockedError(f"UPGRADE_POLICY={ctx.config.upgrade_policy} needs the "
+                                  "Kubernetes API: no API server URL or service-account token",
+                                  remedy="run in the cluster with the DaemonSet's service "
+                                         "account, or set --kube-api")
+    return Upgrade(ctx, api, node)
+
+
+def free_gpus(ctx: Context, package: Package) -> Upgrade | None:
+    """Before `load`: make the GPUs free when another driver holds them, or do nothing."""
+    other = load.other_version(ctx.host, package)
+    if other is None or not any(load.in_use(*other)):
+        return connect(ctx, required=False)  # `finish` lifts a cordon an earlier run left
+    upgrade = connect(ctx, required=True)
+    if upgrade is None:
+        return None  # refuse: the load stage says who holds the driver (exit 10)
+    node = _api(lambda: kube.get_node(upgrade.api, upgrade.node))
+    if _labels(node).get(UPGRADE_SKIP) == "true":
+        upgrade.event("DriverUpgradeSkipped", f"{UPGRADE_SKIP}=true: the in-use driver is "
+                      f"kept, {package.manifest.driver_version} is not installed", "Warning")
+        return None  # the load stage refuses, naming the holders
+    upgrade.cordoned = _is_ours(node)
+    try:
+        _free(upgrade, package, other)
+    except InstallerError as exc:
+        failed(upgrade, exc)
+        raise
+    return upgrade
+
+
+def _free(upgrade: Upgrade, package: Package, other: load.OtherVersion) -> None:
+    ctx, config = upgrade.ctx, upgrade.ctx.config
+    deadline = time.monotonic() + config.upgrade_timeout
+    interval = poll_interval(config.upgrade_timeout)
+    wanted = package.manifest.driver_version
+    with _step(ctx, REQUIRED):
+        upgrade.state(REQUIRED)
+        upgrade.event("DriverUpgradeRequired", f"driver {_loaded(other)} is in use; "
+                      f"upgrading to {wanted} (policy {config.upgrade_policy})")
+        load.preflight(ctx, package)
+        foreign, _ = load.in_use(*other)
+        if foreign:
+            raise UpgradeBlockedError(f"modules of another driver are held by "
+                                      f"{', '.join(foreign)}; evicting pods cannot free them")
+        pods = [evictions.pod_from_api(p)
+                for p in _api(lambda: kube.pods_on_node(upgrade.api, upgrade.node))]
+        plan = evictions.plan(find_holders(ctx.host), pods, node=upgrade.node,
+                              policy=config.upgrade_policy,
+                              restart_daemonsets=config.upgrade_restart_daemonsets)
+        rollout.wait_turn(upgrade.api, upgrade.node, config.upgrade_max_unavailable,
+                          deadline=deadline, interval=interval)
+    with _step(ctx, CORDON):
+        upgrade.state(CORDON)
+        cordon(upgrade)
+    with _step(ctx, POD_DELETION, pods=len(plan.evict) + len(plan.delete)):
+        upgrade.state(POD_DELETION)
+        grace = config.upgrade_grace_period
+        _api(lambda: evictions.evict_all(upgrade.api, plan.evict, grace_s=grace,
+                                         deadline=deadline, interval=interval,
+                                         on_event=upgrade.event))
+        _api(lambda: evictions.delete_all(upgrade.api, plan.delete, grace_s=grace,
+                                          on_event=upgrade.event))
+        wait_free(ctx, package, deadline=deadline, interval=interval)
+    upgrade.event("DriverUpgradeGpusFreed", "no process holds /dev/nvidia* any more; "
+                  f"unloading {_loaded(other)} and installing {wanted}")
+    upgrade.state(VALIDATION)
+
+
+def cordon(upgrade: Upgrade) -> None:
+    """Mark the node unschedulable, annotated as ours; a cordon we did not set stays theirs."""
+    node = _api(lambda: kube.get_node(upgrade.api, upgrade.node))
+    if _spec(node).get("unschedulable") is True and not _is_ours(node):
+        upgrade.event("DriverUpgradeCordon", "node was already cordoned by someone else: "
+                      "it will not be uncordoned by the installer")
+        return
+    if not upgrade.cordoned:
+        upgrade.state(CORDON, {"spec": {"unschedulable": True},
+                               "metadata": {"labels": {UPGRADE_STATE: CORDON},
+                                            "annotations": {CORDONED_BY: _me()}}})
+        upgrade.cordoned = True
+    upgrade.event("DriverUpgradeCordoned", "node cordoned for the driver upgrade")
+
+
+def wait_free(ctx: Context, package: Package, *, deadline: float, interval: float) -> None:
+    """Until no process holds the device files and the modules' users are gone."""
+    while True:
+        other = load.other_version(ctx.host, package)
+        holders = find_holders(ctx.host)
+        if not holders and (other is None or not any(load.in_use(*other))):
+            return
+        if time.monotonic() >= deadline:
+            named = ", ".join(h.describe() for h in holders) or "module users outside /proc"
+            raise UpgradeTimeoutError(f"the GPUs were still held by {named} when "
+                                      "UPGRADE_TIMEOUT ran out; nothing was unloaded")
+        time.sleep(min(interval, max(0.0, deadline - time.monotonic())))
+
+
+def finish(ctx: Context, upgrade: Upgrade | None) -> None:
+    """After a verified install: uncordon if we cordoned, and say the upgrade is done."""
+    if upgrade is None:
+        return
+    node = _api(lambda: kube.get_node(upgrade.api, upgrade.node))
+    ours = upgrade.cordoned or _is_ours(node)
+    if not ours and _labels(node).get(UPGRADE_STATE) in (None, DONE):
+        return  # the fast path: nothing of ours to undo
+    with _step(ctx, UNCORDON, uncordon=ours):
+        upgrade.state(UNCORDON)
+        spec = {"spec": {"unschedulable": None}} if ours else {}
+        upgrade.state(DONE, {**spec, "metadata": {"labels": {UPGRADE_STATE: DONE},
+                                                  "annotations": {CORDONED_BY: None}}})
+    upgrade.event("DriverUpgradeDone", "driver validated" + ("; node uncordoned" if ours
+                                                             else ""))
+
+
+def failed(upgrade: Upgrade | None, exc: InstallerError) -> None:
+    """Leave the node as it is (cordoned if we cordoned it), labelled and told why."""
+    if upgrade is None:
+        return
+    try:
+        upgrade.state(FAILED)
+    except InstallerError as label_error:
+        upgrade.ctx.log.warning("upgrade-failed label not set", detail=label_error.message)
+    kept = "; the node stays cordoned" if upgrade.cordoned else ""
+    upgrade.event("DriverUpgradeFailed", exc.one_line() + kept, "Warning")
+
+
+def poll_interval(timeout: float) -> float:
+    """Retry and poll period: kubectl drain's 5 s, shorter for short timeouts."""
+    return min(5.0, max(0.1, timeout / 20))
+
+
+@contextmanager
+def _step(ctx: Context, step: str, **fields: Any) -> Iterator[None]:
+    """One log event per step, with its duration."""
+    start = time.perf_counter()
+    yield
+    ctx.log.info("upgrade step", step=step, **fields,
+                 duration_ms=round((time.perf_counter() - start) * 1000, 1))
+
+
+def _api(call: Callable[[], T]) -> T:
+    """A Kubernetes call whose failure blocks the upgrade (exit 15) rather than crashing."""
+    try:
+        return call()
+    except kube.KubeError as exc:
+        raise UpgradeBlockedError(f"Kubernetes API: {exc}",
+                                  remedy="check the installer's RBAC (docs/deploy.md, the "
+                                         "live-upgrade overlay) and the API server") from exc
+
+
+def _labels(node: dict[str, Any]) -> dict[str, Any]:
+    labels = (node.get("metadata") or {}).get("labels")
+    return labels if isinstance(labels, dict) else {}
+
+
+def _spec(node: dict[str, Any]) -> dict[str, Any]:
+    spec = node.get("spec")
+    return spec if isinstance(spec, dict) else {}
+
+
+def _is_ours(node: dict[str, Any]) -> bool:
+    annotations = (node.get("metadata") or {}).get("annotations")
+    return isinstance(annotations, dict) and CORDONED_BY in annotations
+
+
+def _me() -> str:
+    """Who cordoned: this pod (the downward API's HOSTNAME) or the installer."""
+    return os.environ.get("HOSTNAME") or "gpu-node-installer"
+
+
+def _loaded(other: load.OtherVersion) -> str:
+    states = other[0]
+    return next((s.version or "?" for n, s in states.items() if n == "nvidia"), "?")
