@@ -138,6 +138,8 @@ class FakeKernelHost(RealHost):
 
     def delete_module(self, name: str) -> None:
         self.calls.append(("unload", name))
+        self._restore()  # another process may have let go of the module since (the kernel
+        # is shared: a holder's exit, simulated by `close_device`, shows here)
         name = kmod.normalize(name)
         if name not in self.modules:
             raise OSError(errno.ENOENT, "No such file or directory")
@@ -161,17 +163,29 @@ class FakeKernelHost(RealHost):
 
     # --- helpers for tests ------------------------------------------------------------
     def open_device(self, module: str, device: str = "/dev/nvidiactl",
-                    comm: str = "cuda-app") -> int:
-        """Pretend a process opened a device of `module`: a reference and a /proc/PID/fd."""
+                    comm: str = "cuda-app", cgroup: str | None = None) -> int:
+        """Pretend a process opened a device of `module`: a reference and a /proc/PID/fd
+        (and /proc/PID/cgroup, when given: the pod it runs in)."""
         self.modules[module].open_files += 1
         pid = self._next_pid
-        self._next_pid += 1
+        while (self.roots.proc / str(pid)).exists():
+            pid += 1
+        self._next_pid = pid + 1
         fd_dir = self.roots.proc / str(pid) / "fd"
         fd_dir.mkdir(parents=True)
         (fd_dir / "3").symlink_to(device)
         (self.roots.proc / str(pid) / "comm").write_text(comm + "\n")
+        if cgroup is not None:
+            (self.roots.proc / str(pid) / "cgroup").write_text(cgroup)
         self.write_state()
         return pid
+
+    def close_device(self, pid: int, module: str = "nvidia") -> None:
+        """The process of `open_device` exits: its /proc entry and its reference go."""
+        shutil.rmtree(self.roots.proc / str(pid))
+        if module in self.modules:
+            self.modules[module].open_files = max(0, self.modules[module].open_files - 1)
+        self.write_state()
 
     def holders(self, name: str) -> list[str]:
         return sorted(m for m, mod in self.modules.items() if name in mod.depends)

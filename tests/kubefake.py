@@ -1,0 +1,293 @@
+"""A strict fake Kubernetes API server on 127.0.0.1 for the upgrade flow's tests.
+
+No real API server can run on the test machines, so this one is strict where it matters:
+every body is validated against the Kubernetes schemas bundled with kubernetes-validate
+(Node after applying a merge patch, Eviction, DeleteOptions, Event; the Pods it serves
+too), the bearer token and content types are checked, Evictions answer 201, 429 (a
+PodDisruptionBudget) or 404 as scripted, and every call is recorded in order with the
+Node's `upgrade-state` label and cordon at that moment. Anything it does not know is a 404
+and a recorded error, so a test that forgets to expect a call fails.
+
+Runs in the test process (host tier) or in the guest (kernel tier: `python -m kubefake`
+is not needed; the guest script imports `serve`).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import jsonschema
+import kubernetes_validate
+from kubernetes_validate.utils import schema_contents
+from referencing import Registry, Resource
+
+VERSION = "1.33.0"
+TOKEN = "upgrade-test-token"
+STATE = "gpu-node-installer/upgrade-state"
+Doc = dict[str, Any]
+
+
+def validate(doc: Doc) -> None:
+    """Strictly valid for Kubernetes VERSION (an unknown or misspelt field fails)."""
+    kubernetes_validate.validate(doc, VERSION, strict=True)
+
+
+def validate_delete_options(doc: Doc) -> None:
+    """meta/v1 DeleteOptions (kubernetes-validate has no kind lookup for it)."""
+    directory = f"kubernetes-json-schema/v{VERSION}-local-strict"
+    schema = schema_contents(f"{directory}/deleteoptions-meta-v1.json", VERSION)
+    defs = schema_contents(f"{directory}/_definitions.json", VERSION)
+    registry = Resource.from_contents(defs) @ (Resource.from_contents(schema) @ Registry())
+    jsonschema.validators.Draft202012Validator(schema, registry=registry).validate(doc)
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386: what the API server does with application/merge-patch+json."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = copy.deepcopy(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+def node_doc(name: str, labels: dict[str, str] | None = None) -> Doc:
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "uid": f"uid-{name}", "labels": dict(labels or {})},
+            "spec": {}}
+
+
+def pod_doc(name: str, uid: str, node: str, *, namespace: str = "default",
+            owner: str | None = "ReplicaSet", annotations: dict[str, str] | None = None,
+            phase: str = "Running") -> Doc:
+    metadata: Doc = {"name": name, "namespace": namespace, "uid": uid}
+    if owner:
+        metadata["ownerReferences"] = [{"apiVersion": "apps/v1" if owner != "Node" else "v1",
+                                        "kind": owner, "name": f"{name}-owner",
+                                        "uid": f"owner-{uid}", "controller": True}]
+    if annotations:
+        metadata["annotations"] = annotations
+    doc = {"apiVersion": "v1", "kind": "Pod", "metadata": metadata,
+           "spec": {"nodeName": node, "containers": [{"name": "main", "image": "cuda:12"}]},
+           "status": {"phase": phase}}
+    validate(doc)
+    return doc
+
+
+@dataclass
+class Call:
+    """One request as the server saw it, with the Node's state right after it."""
+
+    method: str
+    path: str
+    status: int
+    body: Doc | None
+    state: str | None
+    unschedulable: bool
+    observed: str = ""  # what `Cluster.observe` said at that moment (e.g. the loaded driver)
+
+
+@dataclass
+class Cluster:
+    """The API's objects and script. `evictions[pod] = [429, 429, 201]` answers in turn
+    (then 201); `on_evict(pod)` runs when a pod goes (kubelet's part: kill its processes)."""
+
+    nodes: dict[str, Doc] = field(default_factory=dict)
+    pods: dict[str, Doc] = field(default_factory=dict)
+    evictions: dict[str, list[int]] = field(default_factory=dict)
+    on_evict: Callable[[Doc], None] = lambda pod: None
+    observe: Callable[[], str] = lambda: ""
+    calls: list[Call] = field(default_factory=list)
+    events: list[Doc] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    node_name: str = "gpu-node-1"
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def node(self) -> Doc:
+        return self.nodes[self.node_name]
+
+    def states(self) -> list[str]:
+        """The upgrade-state label's values in the order they were set (repeats merged)."""
+        seen: list[str] = []
+        for call in self.calls:
+            if call.state and (not seen or seen[-1] != call.state):
+                seen.append(call.state)
+        return seen
+
+    def steps(self) -> list[str]:
+        """The calls that change something, named: what the order assertions read."""
+        named = []
+        for call in self.calls:
+            if call.method == "PATCH":
+                cordon = "cordoned" if call.unschedulable else "-"
+                named.append(f"patch:{call.state or '-'}:{cordon}")
+            elif call.path.endswith("/eviction"):
+                named.append(f"evict:{call.path.split('/')[-2]}:{call.status}")
+            elif call.method == "DELETE":
+                named.append(f"delete:{call.path.split('/')[-1]}:{call.status}")
+        return named
+
+
+def _handler(cluster: Cluster) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def _serve(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length) if length else b""
+            with cluster.lock:
+                status, reply, body = self._answer(raw)
+                node = cluster.nodes.get(cluster.node_name, {})
+                cluster.calls.append(Call(
+                    self.command, urlsplit(self.path).path, status, body,
+                    node.get("metadata", {}).get("labels", {}).get(STATE),
+                    bool(node.get("spec", {}).get("unschedulable")), cluster.observe()))
+            data = json.dumps(reply).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        do_GET = do_PATCH = do_POST = do_DELETE = _serve
+
+        def _answer(self, raw: bytes) -> tuple[int, Doc, Doc | None]:
+            if self.headers.get("Authorization") != f"Bearer {TOKEN}":
+                return self._error(401, "Unauthorized", None)
+            try:
+                body = json.loads(raw) if raw else None
+            except ValueError:
+                return self._error(400, "body is not JSON", None)
+            try:
+                return _route(cluster, self.command, self.path, body,
+                              self.headers.get("Content-Type", ""))
+            except (jsonschema.ValidationError, kubernetes_validate.ValidationError) as exc:
+                return self._error(422, f"invalid: {exc}", body)
+
+        def _error(self, status: int, message: str, body: Doc | None
+                   ) -> tuple[int, Doc, Doc | None]:
+            cluster.errors.append(f"{self.command} {self.path}: {status} {message[:300]}")
+            return status, _status(status, message), body
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    return Handler
+
+
+def _status(code: int, message: str) -> Doc:
+    return {"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": code,
+            "message": message}
+
+
+def _route(cluster: Cluster, method: str, url: str, body: Doc | None, content_type: str
+           ) -> tuple[int, Doc, Doc | None]:
+    split = urlsplit(url)
+    parts = split.path.strip("/").split("/")
+    query = {k: v[0] for k, v in parse_qs(split.query).items()}
+    if parts[:3] == ["api", "v1", "nodes"] and len(parts) == 4:
+        return _node(cluster, method, parts[3], body, content_type)
+    if parts == ["api", "v1", "nodes"] and method == "GET":
+        return 200, _list("NodeList", [n for n in cluster.nodes.values()
+                                       if _selects(query.get("labelSelector", ""), n)]), None
+    if parts == ["api", "v1", "pods"] and method == "GET":
+        node = query.get("fieldSelector", "").removeprefix("spec.nodeName=")
+        return 200, _list("PodList", [p for p in cluster.pods.values()
+                                      if p["spec"]["nodeName"] == node]), None
+    if parts == ["api", "v1", "namespaces", "default", "events"] and method == "POST":
+        assert body is not None
+        validate(body)
+        cluster.events.append(body)
+        return 201, body, body
+    if len(parts) >= 6 and parts[:3] == ["api", "v1", "namespaces"] and parts[4] == "pods":
+        return _pod(cluster, method, parts, body)
+    cluster.errors.append(f"unexpected {method} {url}")
+    return 404, _status(404, "not found"), body
+
+
+def _node(cluster: Cluster, method: str, name: str, body: Doc | None, content_type: str
+          ) -> tuple[int, Doc, Doc | None]:
+    if name not in cluster.nodes:
+        return 404, _status(404, f"nodes {name} not found"), body
+    if method == "GET":
+        return 200, cluster.nodes[name], None
+    if method != "PATCH" or content_type != "application/merge-patch+json":
+        cluster.errors.append(f"{method} node with {content_type}")
+        return 415, _status(415, "unsupported"), body
+    patched = merge_patch(cluster.nodes[name], body)
+    validate(patched)
+    cluster.nodes[name] = patched
+    return 200, patched, body
+
+
+def _pod(cluster: Cluster, method: str, parts: list[str], body: Doc | None
+         ) -> tuple[int, Doc, Doc | None]:
+    namespace, name = parts[3], parts[5]
+    key = f"{namespace}/{name}"
+    pod = cluster.pods.get(key)
+    if parts[6:] == ["eviction"] and method == "POST":
+        assert body is not None
+        validate(body)
+        if body["metadata"] != {"name": name, "namespace": namespace}:
+            return 400, _status(400, "eviction names another pod"), body
+        if pod is None:
+            return 404, _status(404, f"pods {name} not found"), body
+        script = cluster.evictions.get(key, [])
+        code = script.pop(0) if script else 201
+        if code == 201:
+            _remove(cluster, key)
+        return code, _status(code, "scripted") if code != 201 else body, body
+    if parts[6:] == [] and method == "DELETE":
+        assert body is not None
+        validate_delete_options(body)
+        if pod is None:
+            return 404, _status(404, f"pods {name} not found"), body
+        if body.get("preconditions", {}).get("uid") not in (None, pod["metadata"]["uid"]):
+            return 409, _status(409, "precondition failed: UID"), body
+        _remove(cluster, key)
+        return 200, pod, body
+    cluster.errors.append(f"unexpected {method} {'/'.join(parts)}")
+    return 404, _status(404, "not found"), body
+
+
+def _remove(cluster: Cluster, key: str) -> None:
+    pod = cluster.pods.pop(key)
+    cluster.on_evict(pod)
+
+
+def _list(kind: str, items: list[Doc]) -> Doc:
+    return {"apiVersion": "v1", "kind": kind, "metadata": {}, "items": items}
+
+
+def _selects(selector: str, obj: Doc) -> bool:
+    """The two label-selector forms the installer sends: `key` and `key in (a,b)`."""
+    labels = obj.get("metadata", {}).get("labels", {})
+    if not selector:
+        return True
+    key, _, values = selector.partition(" in ")
+    if not values:
+        return key in labels
+    return labels.get(key) in values.strip("()").split(",")
+
+
+@contextmanager
+def serve(cluster: Cluster) -> Iterator[str]:
+    """The server's base URL while the block runs (127.0.0.1 only, any free port)."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(cluster))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
