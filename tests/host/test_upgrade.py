@@ -322,6 +322,25 @@ def _changing(cluster: Cluster) -> list[kubefake.Call]:
             if c.method in ("PATCH", "DELETE") or c.path.endswith("/eviction")]
 
 
+class TestRollout:
+    def test_waits_while_max_unavailable_other_nodes_upgrade(
+            self, scene: tuple[Scene, str]) -> None:
+        node, mirror = scene
+        pid = kernel(node).open_device("nvidia", "/dev/nvidia0", "python3", pod_cgroup(UID))
+        cluster = cluster_with(node, pod_doc("train", UID, NODE), holders={"train": pid})
+        cluster.nodes["gpu-node-2"] = node_doc("gpu-node-2", {kubefake.STATE:
+                                                              "pod-deletion-required"})
+        with kubefake.serve(cluster) as api:
+            done = upgrade(node, mirror, api, "--upgrade-timeout", "0.5")
+            assert done.returncode == UpgradeTimeoutError.code, done.stderr
+            assert "gpu-node-2" in done.stderr and "nothing was cordoned" in done.stderr
+            assert cluster.node()["spec"].get("unschedulable") is None
+            assert "default/train" in cluster.pods
+            wider = upgrade(node, mirror, api, "--upgrade-max-unavailable", "2")
+        assert wider.returncode == 0, wider.stderr
+        assert loaded(node) == V2
+
+
 class TestFakeIsStrict:
     """Guards the guard: the fake API server refuses what a real one would."""
 
