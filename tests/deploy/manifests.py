@@ -21,7 +21,7 @@ from installer.config import SETTINGS
 
 REPO = Path(__file__).resolve().parents[2]
 DAEMONSET_DIR = REPO / "daemonset"
-OVERLAYS = ("gke-cos", "ubuntu", "operator-compatible")
+OVERLAYS = ("gke-cos", "ubuntu", "operator-compatible", "live-upgrade")
 # Every kustomization a user may render: the overlays, the base, the examples.
 TARGETS = (*(f"overlays/{name}" for name in OVERLAYS), "base", "examples")
 INSTALLER_IMAGE = "ghcr.io/gpu-node-installer/gpu-node-installer"

@@ -65,6 +65,40 @@ def _merge_generators(into: list[dict], more: list[dict]) -> None:
             into.append(generator)
 
 
+def test_the_live_upgrade_runbook_applies_and_watches_the_documented_labels() -> None:
+    assert "kubectl apply -k daemonset/overlays/live-upgrade" in DOC
+    assert ("kubectl get nodes -L gpu-node-installer/upgrade-state,"
+            "gpu-node-installer/driver-version") in DOC
+    for state in ("upgrade-required", "cordon-required", "pod-deletion-required",
+                  "validation-required", "uncordon-required", "upgrade-done", "upgrade-failed"):
+        assert f"| `{state}` |" in DOC
+    for rbac in ("pods/eviction", "`get`, `list`", "nodes `list`"):
+        assert rbac in DOC
+
+
+def test_the_documented_live_upgrade_component_renders_in_another_overlay(
+        tmp_path: Path) -> None:
+    """The runbook's own-overlay snippet, laid out as the doc says: valid, rolling, and the
+    component's binding names the service account in the overlay's namespace."""
+    shutil.copytree(REPO / "daemonset", tmp_path / "gpu-node-installer" / "daemonset")
+    overlay = _block("# my-upgrading-cluster/kustomization.yaml")
+    my_cluster = tmp_path / "my-upgrading-cluster"
+    my_cluster.mkdir()
+    (my_cluster / "kustomization.yaml").write_text(yaml.safe_dump(overlay))
+    proc = subprocess.run([tool("kubectl"), "kustomize", str(my_cluster)], capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    docs = tuple(d for d in yaml.safe_load_all(proc.stdout) if d)
+    for doc in docs:
+        kubernetes_validate.validate(doc, "1.28.0", strict=True)
+    daemonset = one(docs, "DaemonSet", "gpu-node-installer")
+    assert daemonset["spec"]["updateStrategy"]["type"] == "RollingUpdate"
+    binding = one(docs, "ClusterRoleBinding", "gpu-node-installer-upgrade")
+    assert binding["subjects"][0]["namespace"] == "gpu-node-installer"
+    (installer,) = pod_spec(daemonset)["initContainers"]
+    assert container_env(installer, docs)["UPGRADE_POLICY"] == "evict"
+
+
 def test_the_documented_overlay_snippets_render_and_validate(tmp_path: Path) -> None:
     """'Your own overlay' plus the air-gapped mirror CA and the module parameters, laid out as
     the doc says (the repository beside `my-cluster/`): the result is valid, every namespaced

@@ -207,7 +207,9 @@ class TestDaemonSet:
     def test_pod_shape(self, overlay: str) -> None:
         daemonset = _daemonset(overlay)
         spec = pod_spec(daemonset)
-        assert daemonset["spec"]["updateStrategy"] == {"type": "OnDelete"}
+        # a rollout evicts GPU pods only where the live-upgrade component asks for it
+        expected = "RollingUpdate" if overlay == "live-upgrade" else "OnDelete"
+        assert daemonset["spec"]["updateStrategy"]["type"] == expected
         assert spec["hostPID"] is True
         assert spec["priorityClassName"] == "system-node-critical"
         assert {"operator": "Exists"} in spec["tolerations"]
@@ -281,17 +283,49 @@ class TestDaemonSet:
         assert int(quota["spec"]["hard"]["pods"]) >= 5000  # Kubernetes' largest cluster
 
     def test_rbac_is_node_get_patch_and_event_create_only(self, overlay: str) -> None:
-        (role,) = of_kind(render(f"overlays/{overlay}"), "ClusterRole")
-        granted = {(group, resource, verb) for rule in role["rules"]
-                   for group in rule["apiGroups"] for resource in rule["resources"]
-                   for verb in rule["verbs"]}
-        assert granted == {("", "nodes", "get"), ("", "nodes", "patch"), ("", "events", "create"),
-                           ("events.k8s.io", "events", "create")}
+        """The base stays minimal; only the live-upgrade component adds its own role."""
+        roles = of_kind(render(f"overlays/{overlay}"), "ClusterRole")
+        (role,) = [r for r in roles if r["metadata"]["name"] == "gpu-node-installer"]
+        assert _granted(role) == {("", "nodes", "get"), ("", "nodes", "patch"),
+                                  ("", "events", "create"),
+                                  ("events.k8s.io", "events", "create")}
+        assert len(roles) == (2 if overlay == "live-upgrade" else 1)
         assert not of_kind(render(f"overlays/{overlay}"), "Role")
+
+
+def _granted(role: dict) -> set[tuple[str, str, str]]:
+    return {(group, resource, verb) for rule in role["rules"] for group in rule["apiGroups"]
+            for resource in rule["resources"] for verb in rule["verbs"]}
 
 
 class TestOverlays:
     """What each overlay is for."""
+
+    def test_live_upgrade_rolls_out_one_bounded_step_at_a_time(self) -> None:
+        from installer.config.upgrade import max_unavailable
+
+        docs = render("overlays/live-upgrade")
+        strategy = _daemonset("live-upgrade")["spec"]["updateStrategy"]
+        assert strategy["type"] == "RollingUpdate"
+        env = container_env(_installer_container("live-upgrade"), docs)
+        assert env["UPGRADE_POLICY"] in ("evict", "drain")
+        # the installer's own guard and the controller's bound agree, and both are valid
+        assert max_unavailable(str(strategy["rollingUpdate"]["maxUnavailable"])) \
+            == env["UPGRADE_MAX_UNAVAILABLE"]
+        assert _daemonset("gke-cos")["spec"]["updateStrategy"] == {"type": "OnDelete"}
+
+    def test_live_upgrade_rbac_is_what_the_flow_calls(self) -> None:
+        docs = render("overlays/live-upgrade")
+        (role,) = [r for r in of_kind(docs, "ClusterRole")
+                   if r["metadata"]["name"] == "gpu-node-installer-upgrade"]
+        assert _granted(role) == {("", "pods", "get"), ("", "pods", "list"),
+                                  ("", "pods", "delete"), ("", "pods/eviction", "create"),
+                                  ("", "nodes", "list")}
+        (binding,) = [b for b in of_kind(docs, "ClusterRoleBinding")
+                      if b["roleRef"]["name"] == "gpu-node-installer-upgrade"]
+        account = one(docs, "ServiceAccount", "gpu-node-installer")
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "gpu-node-installer",
+                                        "namespace": account["metadata"]["namespace"]}]
 
     def test_gke_cos_mounts_root_where_gke_does(self) -> None:
         docs = render("overlays/gke-cos")
