@@ -341,6 +341,37 @@ class TestRollout:
         assert loaded(node) == V2
 
 
+class TestKubeClient:
+    """node.kube's eviction and deletion outcomes, against the strict fake."""
+
+    def test_evict_and_delete_outcomes(self, tmp_path: Path) -> None:
+        from installer.node import kube
+
+        directory = tmp_path / "sa"
+        directory.mkdir()
+        (directory / "token").write_text(kubefake.TOKEN)
+        cluster = Cluster(node_name=NODE, nodes={NODE: node_doc(NODE)},
+                          pods={"default/a": pod_doc("a", UID, NODE),
+                                "default/b": pod_doc("b", DS_UID, NODE, owner="DaemonSet"),
+                                "default/c": pod_doc("c", "c" * 32, NODE)})
+        cluster.evictions["default/a"] = [429, 500]
+        with kubefake.serve(cluster) as url:
+            api = kube.api_server(url, directory, {})
+            assert api is not None
+            assert kube.evict(api, "default", "a", 5) == "refused"
+            with pytest.raises(kube.KubeError) as caught:
+                kube.evict(api, "default", "a", None)
+            assert caught.value.status == 500
+            assert kube.evict(api, "default", "a", None) == "evicted"
+            assert kube.evict(api, "default", "a", None) == "gone"
+            assert kube.delete_pod(api, "default", "b", "another-uid", None) == "gone"
+            assert "default/b" in cluster.pods  # a replaced pod of that name is spared
+            assert kube.delete_pod(api, "default", "b", DS_UID, 0) == "deleted"
+            assert [p["metadata"]["name"] for p in kube.pods_on_node(api, NODE)] == ["c"]
+            assert kube.pods_on_node(api, "other-node") == []
+        assert cluster.errors == []
+
+
 class TestFakeIsStrict:
     """Guards the guard: the fake API server refuses what a real one would."""
 

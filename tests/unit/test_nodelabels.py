@@ -70,6 +70,13 @@ class TestPatch:
                        P + "gpu.product": "NVIDIA-L4"},
             "annotations": {OWNED_ANNOTATION: None}}}
 
+    def test_leaves_the_upgrade_state_and_the_operators_skip_label(self) -> None:
+        """Signal's cleanup must not erase the upgrade's progress or an operator's opt-out."""
+        current = {P + "upgrade-state": "validation-required", P + "upgrade.skip": "true",
+                   P + "gpu.product": "Tesla-T4"}
+        patch = label_patch(current, None, {P + "status": "ready"})
+        assert patch["metadata"]["labels"] == {P + "gpu.product": None, P + "status": "ready"}
+
     def test_records_the_foreign_keys_it_writes(self) -> None:
         patch = label_patch({}, None, {"nvidia.com/gpu.product": "A", P + "status": "ready"})
         assert patch["metadata"] == {
