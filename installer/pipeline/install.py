@@ -86,7 +86,9 @@ def _install_locked(ctx: Context, previous: InstallState | None, *,
     reused = fastpath.reusable_package(ctx, ctx.node_info(), previous, paranoid=paranoid)
     package = runner.fetch(ctx, reuse=reused)
     runner.run_stage(ctx, "prepare", lambda c: stage.prepare_version(c, package))
-    live = upgrade.free_gpus(ctx, package)  # UPGRADE_POLICY evict/drain (docs/deploy.md)
+    live = None  # UPGRADE_POLICY evict/drain: free the GPUs first (docs/deploy.md)
+    if ctx.config.upgrade_policy != "refuse":
+        live = runner.run_stage(ctx, "upgrade", lambda c: upgrade.free_gpus(c, package))
     try:
         _load_to_signal(ctx, package)
     except InstallerError as exc:

@@ -44,6 +44,9 @@ class Upgrade:
     node: str
     cordoned: bool = False
 
+    def log_fields(self) -> dict[str, Any]:
+        return {"node": self.node, "cordoned": self.cordoned}
+
     def state(self, state: str, extra: dict[str, Any] | None = None) -> None:
         """Move the state label (with any other Node change in the same patch)."""
         body = {"metadata": {"labels": {UPGRADE_STATE: state}}, **(extra or {})}
@@ -107,20 +110,13 @@ def _free(upgrade: Upgrade, package: Package, other: load.OtherVersion) -> None:
         upgrade.event("DriverUpgradeRequired", f"driver {_loaded(other)} is in use; "
                       f"upgrading to {wanted} (policy {config.upgrade_policy})")
         load.preflight(ctx, package)
-        foreign, _ = load.in_use(*other)
-        if foreign:
-            raise UpgradeBlockedError(f"modules of another driver are held by "
-                                      f"{', '.join(foreign)}; evicting pods cannot free them")
-        pods = [evictions.pod_from_api(p)
-                for p in _api(lambda: kube.pods_on_node(upgrade.api, upgrade.node))]
-        plan = evictions.plan(find_holders(ctx.host), pods, node=upgrade.node,
-                              policy=config.upgrade_policy,
-                              restart_daemonsets=config.upgrade_restart_daemonsets)
+        _plan(upgrade, other)  # refuse what may not be evicted before anything changes
         rollout.wait_turn(upgrade.api, upgrade.node, config.upgrade_max_unavailable,
                           deadline=deadline, interval=interval)
     with _step(ctx, CORDON):
         upgrade.state(CORDON)
         cordon(upgrade)
+    plan = _plan(upgrade, other)  # again: a pod may have started before the cordon held
     with _step(ctx, POD_DELETION, pods=len(plan.evict) + len(plan.delete)):
         upgrade.state(POD_DELETION)
         grace = config.upgrade_grace_period
@@ -133,6 +129,27 @@ def _free(upgrade: Upgrade, package: Package, other: load.OtherVersion) -> None:
     upgrade.event("DriverUpgradeGpusFreed", "no process holds /dev/nvidia* any more; "
                   f"unloading {_loaded(other)} and installing {wanted}")
     upgrade.state(VALIDATION)
+
+
+def _plan(upgrade: Upgrade, other: load.OtherVersion) -> evictions.Plan:
+    """The pods to evict, or UpgradeBlockedError when evicting pods cannot free the GPUs."""
+    ctx, config = upgrade.ctx, upgrade.ctx.config
+    foreign, _ = load.in_use(*other)
+    if foreign:
+        raise UpgradeBlockedError(f"modules of another driver are held by "
+                                  f"{', '.join(foreign)}; evicting pods cannot free them")
+    holders = find_holders(ctx.host)
+    pods = [evictions.pod_from_api(p)
+            for p in _api(lambda: kube.pods_on_node(upgrade.api, upgrade.node))]
+    plan = evictions.plan(holders, pods, node=upgrade.node, policy=config.upgrade_policy,
+                          restart_daemonsets=config.upgrade_restart_daemonsets)
+    if not holders:
+        raise UpgradeBlockedError(
+            "the loaded driver is in use, but no process in this PID namespace has "
+            "/dev/nvidia* open; nothing was cordoned or evicted",
+            remedy="run the installer with hostPID: true (the DaemonSet does), or find the "
+                   "user with `lsof /dev/nvidia*` on the node")
+    return plan
 
 
 def cordon(upgrade: Upgrade) -> None:
@@ -165,10 +182,20 @@ def wait_free(ctx: Context, package: Package, *, deadline: float, interval: floa
 
 
 def finish(ctx: Context, upgrade: Upgrade | None) -> None:
-    """After a verified install: uncordon if we cordoned, and say the upgrade is done."""
+    """After a verified install: uncordon if we cordoned, and say the upgrade is done.
+
+    A cordon this run set must be lifted (failing to is an error: the pod retries); one an
+    earlier run left is lifted when the API answers, else a warning says it stays."""
     if upgrade is None:
         return
-    node = _api(lambda: kube.get_node(upgrade.api, upgrade.node))
+    try:
+        node = _api(lambda: kube.get_node(upgrade.api, upgrade.node))
+    except UpgradeBlockedError as exc:
+        if upgrade.cordoned:
+            raise
+        ctx.log.warning("could not read the node: a cordon an earlier upgrade left stays",
+                        detail=exc.message)
+        return
     ours = upgrade.cordoned or _is_ours(node)
     if not ours and _labels(node).get(UPGRADE_STATE) in (None, DONE):
         return  # the fast path: nothing of ours to undo

@@ -273,6 +273,22 @@ class TestBlocked:
             "apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": DS_UID}}
         assert loaded(node) == V2
 
+    def test_in_use_with_no_visible_holder_cordons_nothing(
+            self, scene: tuple[Scene, str]) -> None:
+        """A user /proc does not show (another PID namespace): evicting could not help."""
+        import shutil
+
+        node, mirror = scene
+        pid = kernel(node).open_device("nvidia", "/dev/nvidia0", "python3", pod_cgroup(UID))
+        shutil.rmtree(node.root / "proc" / str(pid))  # the reference stays, the process hides
+        cluster = cluster_with(node, pod_doc("train", UID, NODE))
+        with kubefake.serve(cluster) as api:
+            done = upgrade(node, mirror, api)
+        assert done.returncode == UpgradeBlockedError.code, done.stderr
+        assert "no process in this PID namespace" in done.stderr and "hostPID" in done.stderr
+        assert "[upgrade]" in done.stderr
+        self._assert_untouched(cluster, node)
+
     def test_the_skip_label_refuses_as_before(self, scene: tuple[Scene, str]) -> None:
         node, mirror = scene
         pid = kernel(node).open_device("nvidia", "/dev/nvidia0", "python3", pod_cgroup(UID))
