@@ -155,15 +155,17 @@ def _plan(upgrade: Upgrade, other: load.OtherVersion) -> evictions.Plan:
 def cordon(upgrade: Upgrade) -> None:
     """Mark the node unschedulable, annotated as ours; a cordon we did not set stays theirs."""
     node = _api(lambda: kube.get_node(upgrade.api, upgrade.node))
-    if _spec(node).get("unschedulable") is True and not _is_ours(node):
+    unschedulable = _spec(node).get("unschedulable") is True
+    if unschedulable and not _is_ours(node):
+        upgrade.cordoned = False
         upgrade.event("DriverUpgradeCordon", "node was already cordoned by someone else: "
                       "it will not be uncordoned by the installer")
         return
-    if not upgrade.cordoned:
+    if not unschedulable:  # also when our annotation outlived a manual uncordon
         upgrade.state(CORDON, {"spec": {"unschedulable": True},
                                "metadata": {"labels": {UPGRADE_STATE: CORDON},
                                             "annotations": {CORDONED_BY: _me()}}})
-        upgrade.cordoned = True
+    upgrade.cordoned = True
     upgrade.event("DriverUpgradeCordoned", "node cordoned for the driver upgrade")
 
 

@@ -232,6 +232,22 @@ class TestEvict:
         assert loaded(node) == V2
 
 
+    def test_our_annotation_without_the_cordon_cordons_again(
+            self, scene: tuple[Scene, str]) -> None:
+        """Someone uncordoned by hand after a failed run: the next run cordons before
+        evicting, and uncordons after."""
+        node, mirror = scene
+        pid = kernel(node).open_device("nvidia", "/dev/nvidia0", "python3", pod_cgroup(UID))
+        cluster = cluster_with(node, pod_doc("train", UID, NODE), holders={"train": pid})
+        cluster.node()["metadata"]["annotations"] = {"gpu-node-installer/cordoned-by": "old"}
+        with kubefake.serve(cluster) as api:
+            done = upgrade(node, mirror, api)
+        assert done.returncode == 0, done.stderr
+        steps = cluster.steps()
+        assert steps.index("patch:cordon-required:cordoned") < steps.index("evict:train:201")
+        assert "unschedulable" not in cluster.node()["spec"]
+
+
 class TestBlocked:
     def _assert_untouched(self, cluster: Cluster, node: Scene) -> None:
         assert [s for s in cluster.steps() if not s.startswith("patch:upgrade-")] == []
