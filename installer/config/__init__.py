@@ -105,6 +105,20 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("allow_http", "--allow-http", "DRIVER_ALLOW_HTTP", "false",
             "allow plain http:// mirrors (file hashes still checked; index and manifest are "
             "not protected in transit)", "true or false", values.boolean, is_flag=True),
+    Setting("cos_source", "--cos-source", "COS_SOURCE", "auto",
+            "on COS nodes, assemble the package from Google's signed COS GPU artifacts "
+            "(auto) or never", "one of auto, never", values.choice("auto", "never")),
+    Setting("cos_tools_url", "--cos-tools-url", "COS_TOOLS_URL", None,
+            "base URL of the cos-tools bucket or a mirror of its layout (default: "
+            "storage.googleapis.com/cos-tools, the copy nearest --node-zone)",
+            "an https:// URL (http:// with --allow-http)", values.api_url),
+    Setting("nvidia_runfile_url", "--nvidia-runfile-url", "NVIDIA_RUNFILE_URL", None,
+            "base URL of NVIDIA's runfile bucket for COS (default: storage.googleapis.com/"
+            "nvidia-drivers-<us|eu|asia>-public by --node-zone)",
+            "an https:// URL (http:// with --allow-http)", values.api_url),
+    Setting("node_zone", "--node-zone", "NODE_ZONE", None,
+            "this node's cloud zone, e.g. us-central1-a: picks the nearest copy of the COS "
+            "and NVIDIA buckets", "a zone name like us-central1-a", values.zone),
     Setting("connect_timeout", "--connect-timeout", "DOWNLOAD_CONNECT_TIMEOUT", "10",
             "seconds to wait for a mirror connection", "a positive number of seconds",
             values.positive_float),
@@ -191,6 +205,10 @@ class Config:
     cache_keep: int = 2
     ca_bundle: Path | None = None
     allow_http: bool = False
+    cos_source: str = "auto"
+    cos_tools_url: str | None = None
+    nvidia_runfile_url: str | None = None
+    node_zone: str | None = None
     connect_timeout: float = 10.0
     read_timeout: float = 30.0
     download_deadline: float = 1800.0
@@ -268,7 +286,8 @@ def _parse_many(setting: Setting, flags: Mapping[str, Any], environ: Mapping[str
     return tuple(parsed)
 
 
-_URL_SETTINGS = ("mirrors", "kube_api")  # may carry credentials or tokens: never shown
+# may carry credentials or tokens: never shown
+_URL_SETTINGS = ("mirrors", "kube_api", "cos_tools_url", "nvidia_runfile_url")
 
 
 def _refusal(setting: Setting, source: str, raw: str, exc: _Invalid) -> ConfigError:
@@ -281,7 +300,7 @@ def _refusal(setting: Setting, source: str, raw: str, exc: _Invalid) -> ConfigEr
 
 def _check_mirrors(config: Config) -> None:
     """Plain http:// lets an index or manifest be altered in transit: opt in explicitly."""
-    for url in config.mirrors:
+    for url in (*config.mirrors, config.cos_tools_url or "", config.nvidia_runfile_url or ""):
         if url.startswith("http://") and not config.allow_http:
             raise ConfigError(f"mirror {values.shown_url(url)} uses plain http://",
                               remedy="use https:// or pass --allow-http (DRIVER_ALLOW_HTTP=1)")

@@ -234,3 +234,14 @@ def mirror_url(value: str) -> str:
     else:
         network_url(text, ("http", "https"))
     return f"{scheme.lower()}://{rest}"
+
+
+_ZONE_RE = re.compile(r"^[a-z]+(-[a-z0-9]+){1,3}$", re.ASCII)
+
+
+def zone(value: str) -> str:
+    """A cloud zone name (`us-central1-a`): only its region prefix picks a bucket copy."""
+    text = value.strip()
+    if not _ZONE_RE.fullmatch(text) or len(text) > 63:
+        raise Invalid(value)
+    return text
