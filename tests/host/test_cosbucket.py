@@ -10,6 +10,7 @@ import hashlib
 import shutil
 import struct
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import artifacts
@@ -55,9 +56,9 @@ def bucket(tmp_path_factory: pytest.TempPathFactory) -> CosBucket:
 
 
 @pytest.fixture(scope="module")
-def server(bucket: CosBucket) -> CosServer:
+def server(bucket: CosBucket) -> Iterator[CosServer]:
     with CosServer(bucket.root) as running:
-        yield running  # type: ignore[misc]
+        yield running
 
 
 @pytest.fixture
@@ -383,9 +384,9 @@ class TestFaults:
     """Each lie does what it says; the body stays the object's."""
 
     @pytest.fixture
-    def live(self, small: CosBucket) -> CosServer:
+    def live(self, small: CosBucket) -> Iterator[CosServer]:
         with CosServer(small.root) as running:
-            yield running  # type: ignore[misc]
+            yield running
 
     def test_wrong_crc32c(self, live: CosServer, small: CosBucket) -> None:
         live.lie(small.tarball_path, crc32c=True)
