@@ -93,14 +93,16 @@ def _signature(data: bytes, where: str) -> bytes:
     return data
 
 
-def assemble(tgz: Path, run_file: Path, work: Path, out: Path, *, version: str,
-             build_id: str) -> BuildResult:
-    """The package for one COS build and driver version, written to `out`."""
+def assemble(tgz: Path, run_file: Path, work: Path, *, version: str, build_id: str,
+             output: Path | None = None, repo: Path | None = None,
+             aliases: tuple[str, ...] = ()) -> BuildResult:
+    """The package for one COS build and driver version, written to `output` or `repo`."""
     prebuilt = unpack_modules(tgz, work / "modules")
     result = build(BuildRequest(run_files=(run_file,), modules_dir=prebuilt.modules_dir,
                                 driver_version=version, flavour="open",
-                                os={"id": "cos", "build_id": build_id}, output=out,
-                                force=True, ima=tuple(sorted(prebuilt.ima.items()))))
+                                os={"id": "cos", "build_id": build_id}, output=output,
+                                repo=repo, aliases=aliases, force=True,
+                                ima=tuple(sorted(prebuilt.ima.items()))))
     _check_firmware(result, prebuilt)
     return result
 
