@@ -66,7 +66,7 @@ def _local_exact(ctx: Context, node: NodeInfo, sources: list[Source]) -> Package
     """An exact version the preloaded dir or the cache holds needs no network at all."""
     if not DRIVER_VERSION_RE.match(ctx.config.driver_version):
         return None
-    local = [s for s in sources if not isinstance(s, MirrorSource)]
+    local: list[Source] = [s for s in sources if isinstance(s, PreloadedSource | CacheSource)]
     offers = gather(local, ctx.log)
     try:
         choice = choose(ctx, node, offers)
