@@ -191,6 +191,32 @@ class TestRefusals:
         assert server.requests == []
 
 
+class TestBesideMirrors:
+    """The cos source sits after the cache and before DRIVER_MIRRORS."""
+
+    def test_unreachable_bucket_falls_through_to_a_mirror(self, tmp_path: Path) -> None:
+        from packages import write_index, write_package
+
+        repo = tmp_path / "repo"
+        write_package(repo, kernel=NODE.kernel, version=VERSION, flavour="open")
+        write_index(repo, {"default": VERSION})
+        done = run_cli(["fetch", *node_args(_node(tmp_path)), "--log-format", "json",
+                        "--cos-tools-url", "https://127.0.0.1:9/cos-tools",
+                        "--download-retries", "1", "--mirror", f"file://{repo}",
+                        "--output", "json"], dict(os.environ))
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["source"] == f"mirror file://{repo}"
+        unavailable = [e for e in events(done.stderr) if e["event"] == "source unavailable"]
+        assert [str(e["source"]).split()[0] for e in unavailable] == ["cos"], unavailable
+
+    def test_cos_source_never(self, tmp_path: Path, server: CosServer) -> None:
+        done = run_cli(_args(_node(tmp_path), server, "versions", "--output", "json",
+                             "--cos-source", "never"), dict(os.environ))
+        report = json.loads(done.stdout)
+        assert not [s for s in report["sources"] if s["source"].startswith("cos ")]
+        assert server.requests == []
+
+
 class TestPackageBuild:
     """`package build --cos-build` makes the same package ahead of time."""
 
