@@ -128,6 +128,9 @@ class TestInstall:
         assert f"build {BUILD}" in cos[0]["source"]
         # nothing but version files was asked for
         assert all("_version" in r.path for r in server.requests)
+        text = run_cli(_args(root, server, "versions"), standin_env(VERSION)).stdout
+        assert f"aliases: 535 -> {VERSION}, default -> {VERSION}, latest -> {VERSION}" in text
+        assert f"default -> {VERSION} (open)" in text
 
 
 def _failing(tmp_path: Path, server: CosServer) -> tuple[int, str, Path]:

@@ -277,6 +277,9 @@ class Versions:
             offered = ", ".join(f"{v} ({'/'.join(f)})" for v, f in source["versions"].items())
             state = f" [{source['error']}]" if source["error"] else ""
             lines.append(f"  {source['source']}{state}: {offered or 'nothing for this kernel'}")
+            if source["aliases"]:
+                lines.append("    aliases: " + ", ".join(
+                    f"{name} -> {target}" for name, target in sorted(source["aliases"].items())))
         lines.append(f"{self.requested} -> {self.resolved or 'nothing: ' + str(self.problem)}")
         return "\n".join(lines)
 
