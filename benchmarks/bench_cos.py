@@ -27,28 +27,15 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "tests"), str(REPO / "benchmarks")]
 
 from bench_install import compile_bytecode, reboot, timed_install  # noqa: E402
-from cosbucket import CosServer, make_bucket  # noqa: E402
+from cosbucket import CosServer, cos_node, make_bucket  # noqa: E402
 from e2e import standin_env  # noqa: E402
 from native import build_standins  # noqa: E402
 
-from installer.testing import SAMPLE_NODES, build_node  # noqa: E402
-from installer.testing.kernel import write_host_module  # noqa: E402
+from installer.testing import SAMPLE_NODES  # noqa: E402
 
 VERSION = "535.261.03"
 NODE = SAMPLE_NODES["gke-cos-a100x8"]
 BUILD = "17800.218.20"
-
-
-def node(base: Path) -> Path:
-    root = base / "node"
-    root.mkdir()
-    build_node(root, NODE)
-    tree = root / "lib" / "modules" / NODE.kernel
-    drm, helper = "kernel/drivers/gpu/drm/drm.ko", "kernel/drivers/gpu/drm/drm_kms_helper.ko"
-    write_host_module(tree, drm, "drm")
-    write_host_module(tree, helper, "drm_kms_helper", ["drm"])
-    (tree / "modules.dep").write_text(f"{drm}:\n{helper}: {drm}\n")
-    return root
 
 
 def baseline(server: CosServer, paths: list[str], tgz: Path, run: Path, work: Path) -> float:
@@ -72,7 +59,7 @@ def main() -> None:
         bucket = make_bucket(base / "b", build_id=BUILD, kernel_release=NODE.kernel,
                              version=VERSION, standins=build_standins(base / "standins"))
         assert bucket.runfile is not None
-        root, env = node(base), standin_env(VERSION, gpus=8)
+        root, env = cos_node(base / "node"), standin_env(VERSION, gpus=8)
         ca = base / "ca.pem"
         with CosServer(bucket.root) as server:
             assert server.ca_bundle is not None

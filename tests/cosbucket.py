@@ -47,7 +47,6 @@ import hashlib
 import io
 import os
 import shutil
-import struct
 import subprocess
 import tarfile
 import tempfile
@@ -61,6 +60,8 @@ from typing import Any
 from httpserver import Fault, MirrorServer, Request, _Handler, self_signed
 
 from installer.packages.build.modsig import MARKER, make_tail, strip_signature
+from installer.testing import SAMPLE_NODES, NodeSpec, build_node
+from installer.testing.kernel import elf_with_modinfo, write_host_module
 
 DEFAULT_BUILD = "17162.279.34"
 DEFAULT_BOARD = "lakitu"
@@ -180,17 +181,7 @@ def module_bytes(stem: str, *, version: str, kernel_release: str,
               f"depends={MODULES.get(stem, '') if depends is None else depends}",
               "retpoline=Y", f"name={stem.replace('-', '_')}",
               f"vermagic={kernel_release} SMP preempt mod_unload modversions "]
-    modinfo = b"".join(entry.encode() + b"\0" for entry in fields)
-    shstrtab = b"\0.modinfo\0.shstrtab\0"
-    shoff = 64 + len(modinfo) + len(shstrtab)
-    header = (b"\x7fELF\x02\x01\x01" + b"\0" * 9
-              + struct.pack("<HHIQQQIHHHHHH", 1, 62, 1, 0, 0, shoff, 0, 64, 0, 0, 64, 3, 2))
-    section = "<IIQQQQIIQQ"
-    sections = (struct.pack(section, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
-                + struct.pack(section, 1, 1, 2, 0, 64, len(modinfo), 0, 0, 1, 0)
-                + struct.pack(section, 10, 3, 0, 0, 64 + len(modinfo), len(shstrtab), 0, 0,
-                              1, 0))
-    return header + modinfo + shstrtab + sections
+    return elf_with_modinfo(fields)
 
 
 def make_key(directory: Path) -> tuple[Path, Path]:
@@ -689,3 +680,20 @@ __all__ = ["FIRMWARE", "IMA_XATTR", "MARKER", "MODULES", "CosBucket", "CosServer
            "cached_runfile", "firmware_bytes", "ima_xattr", "make_bucket", "module_bytes",
            "object_hashes", "parse_x_goog_hash", "read_tgz", "runfile_key", "runfile_name",
            "runfile_sources", "tarball_name", "x_goog_hash", "xattr_bytes"]
+
+
+# ------------------------------------------------------------------ a COS node
+
+
+def cos_node(root: Path, spec: NodeSpec | None = None) -> Path:
+    """A COS node tree (default: the gke-cos-a100x8 sample) with its kernel's own drm and
+    drm_kms_helper in /lib/modules (nvidia-drm needs them, as on a real COS image)."""
+    spec = spec or SAMPLE_NODES["gke-cos-a100x8"]
+    root.mkdir(parents=True)
+    build_node(root, spec)
+    tree = root / "lib" / "modules" / spec.kernel
+    drm, helper = "kernel/drivers/gpu/drm/drm.ko", "kernel/drivers/gpu/drm/drm_kms_helper.ko"
+    write_host_module(tree, drm, "drm")
+    write_host_module(tree, helper, "drm_kms_helper", ["drm"])
+    (tree / "modules.dep").write_text(f"{drm}:\n{helper}: {drm}\n")
+    return root

@@ -14,15 +14,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cosbucket import CosBucket, CosServer, make_bucket
+from cosbucket import CosBucket, CosServer, cos_node, make_bucket
 from e2e import events, run_cli, standin_env
 from helpers import node_args, tree_listing
 from native import build_standins
 
 from installer.packages.ima import XATTR
 from installer.packages.manifest import parse_manifest
-from installer.testing import SAMPLE_NODES, NodeSpec, PciSpec, build_node
-from installer.testing.kernel import write_host_module
+from installer.testing import SAMPLE_NODES, NodeSpec, PciSpec
 
 VERSION = "535.261.03"
 NODE = SAMPLE_NODES["gke-cos-a100x8"]
@@ -45,16 +44,7 @@ def server(bucket: CosBucket) -> Iterator[CosServer]:
 
 
 def _node(tmp_path: Path, spec: NodeSpec = NODE) -> Path:
-    """The COS node, with its kernel's own drm and drm_kms_helper (nvidia-drm needs them)."""
-    root = tmp_path / "node"
-    root.mkdir()
-    build_node(root, spec)
-    tree = root / "lib" / "modules" / spec.kernel
-    drm, helper = "kernel/drivers/gpu/drm/drm.ko", "kernel/drivers/gpu/drm/drm_kms_helper.ko"
-    write_host_module(tree, drm, "drm")
-    write_host_module(tree, helper, "drm_kms_helper", ["drm"])
-    (tree / "modules.dep").write_text(f"{drm}:\n{helper}: {drm}\n")
-    return root
+    return cos_node(tmp_path / "node", spec)
 
 
 def _args(root: Path, server: CosServer, command: str = "install", *extra: str) -> list[str]:
