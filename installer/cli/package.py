@@ -86,6 +86,20 @@ _OUT = click.Path(path_type=Path)
 @click.option("--resign", is_flag=True, help="replace the signature of signed modules")
 @click.option("--signatures", type=_IN_DIR,
               help="attach a vendor's detached signatures: <module>.ko.sig per module")
+@click.option("--cos-build", "cos_build", metavar="BUILD_ID",
+              help="assemble from Google's published artifacts for this COS build (signed "
+                   "prebuilt modules, NVIDIA's runfile), as COS nodes do; with "
+                   "--driver-version default|latest|R535|VERSION (docs/cos.md)")
+@click.option("--cos-board", default="lakitu", show_default=True,
+              help="with --cos-build: the board directory of the build (none for older "
+                   "builds without one is tried too)")
+@click.option("--cos-tools-url", envvar="COS_TOOLS_URL",
+              help="with --cos-build: the cos-tools bucket or a mirror of its layout")
+@click.option("--nvidia-runfile-url", envvar="NVIDIA_RUNFILE_URL",
+              help="with --cos-build: NVIDIA's runfile bucket or a mirror of it")
+@click.option("--ca-bundle", type=_IN_FILE, envvar="DRIVER_CA_BUNDLE",
+              help="with --cos-build: CA certificates (PEM) for those URLs")
+@click.option("--allow-http", is_flag=True, help="with --cos-build: allow http:// URLs")
 @output_option
 def package_build(output: str, os_id: str | None, os_version_id: str | None,
                   os_build_id: str | None, output_dir: Path | None, sign_key: Path | None,
@@ -96,6 +110,13 @@ def package_build(output: str, os_id: str | None, os_version_id: str | None,
     from installer.packages.build.matrix import MatrixResult, build_packages
 
     logs.configure()  # compile progress: JSON events on stderr, readable lines on a terminal
+    cos = {key: options.pop(key) for key in ("cos_build", "cos_board", "cos_tools_url",
+                                             "nvidia_runfile_url", "ca_bundle", "allow_http")}
+    if cos["cos_build"] is not None:
+        from installer.cli.cosbuild import build_from_cos
+
+        emit(build_from_cos(cos, options, output_dir), output)
+        return
     os_match = {key: value for key, value in (("id", os_id), ("version_id", os_version_id),
                                               ("build_id", os_build_id)) if value}
     options["debs"], options["trees"] = tuple(options["debs"]), tuple(options["trees"])

@@ -18,90 +18,31 @@ from installer.config import upgrade, values
 from installer.config.modparams import ModuleParam as ModuleParam
 from installer.config.modparams import parse_module_param as parse_module_param
 from installer.config.modparams import read_params_file
-from installer.config.setting import Setting as Setting
-from installer.config.setting import boolean as _bool
-from installer.config.setting import choice as _choice
+from installer.config.values import VERSION_ALIASES as VERSION_ALIASES
 from installer.config.values import Invalid as _Invalid
-from installer.config.values import decimal, integer, network_url, pem_bundle, visible
+from installer.config.values import parse_driver_version as parse_driver_version
+from installer.config.values import pem_bundle
 from installer.errors import ConfigError
 
 FLAVOURS = ("auto", "open", "proprietary")
 LOG_FORMATS = ("auto", "json", "console")
 LOG_LEVELS = ("debug", "info", "warning", "error")
-VERSION_ALIASES = ("default", "latest")
-_VERSION_RE = re.compile(r"^(\d{3,4})(\.\d{1,3}){1,2}$", re.ASCII)
-_BRANCH_RE = re.compile(r"^\d{3,4}$", re.ASCII)
 _SPACES = " \t\n\r\x0b\x0c"  # what separates list items in an env var (ASCII only)
 
 
-def _abs_path(value: str) -> Path:
-    if not visible(value).startswith("/"):
-        raise _Invalid(value)
-    return Path(value)
+@dataclass(frozen=True)
+class Setting:
+    """One configurable value: its flag, its environment variable and how to parse it."""
 
-
-def _host_abs_path(value: str) -> PurePosixPath:
-    path = PurePosixPath(visible(value))
-    if not path.is_absolute() or ".." in path.parts:
-        raise _Invalid(value)
-    return path
-
-
-def parse_driver_version(value: str) -> str:
-    """Accept `default`, `latest`, a branch (`535`) or an exact version (`535.261.03`)."""
-    text = value.strip()
-    if text.lower() in VERSION_ALIASES:
-        return text.lower()
-    if _BRANCH_RE.fullmatch(text) or _VERSION_RE.fullmatch(text):
-        return text
-    raise _Invalid(value)
-
-
-def _positive_float(value: str) -> float:
-    number = decimal(value)
-    if not number > 0:
-        raise _Invalid(value)
-    return number
-
-
-_NODE_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
-
-
-def _node_name(value: str) -> str:
-    if not _NODE_NAME_RE.fullmatch(value):
-        raise _Invalid(value)
-    return value
-
-
-def _url(value: str) -> str:
-    text = visible(value).strip().rstrip("/")
-    if not re.match(r"^https?://[^/\s]+", text):
-        raise _Invalid(value)
-    return network_url(text, ("http", "https"))
-
-
-def _int_range(low: int, high: int) -> Callable[[str], int]:
-    def parse(value: str) -> int:
-        number = integer(value)
-        if not low <= number <= high:
-            raise _Invalid(value)
-        return number
-
-    return parse
-
-
-def _mirror_url(value: str) -> str:
-    """A repository base URL; the trailing slash is dropped so paths join predictably."""
-    text = visible(value).strip().rstrip("/")
-    scheme, sep, rest = text.partition("://")
-    if not sep or scheme.lower() not in ("https", "http", "file") or not rest:
-        raise _Invalid(value)
-    if scheme.lower() == "file":
-        if not rest.startswith("/") or any(c.isspace() for c in rest):
-            raise _Invalid(value)
-    else:
-        network_url(text, ("http", "https"))
-    return f"{scheme.lower()}://{rest}"
+    name: str
+    flag: str
+    envvar: str | None
+    default: str | None
+    help: str
+    accepted: str
+    parse: Callable[[str], Any]
+    is_flag: bool = False
+    multiple: bool = False
 
 
 # Files read when the config loads, so a wrong one fails before anything is written or
@@ -113,89 +54,104 @@ _FILE_CHECKS: dict[str, Callable[[Path], object]] = {
 SETTINGS: tuple[Setting, ...] = (
     Setting("host_root", "--host-root", "HOST_ROOT", "/host",
             "where the node's / is mounted", "an absolute path to an existing directory",
-            _abs_path),
+            values.abs_path),
     Setting("proc_root", "--proc-root", "PROC_ROOT", "/proc",
             "the node's /proc (the container shares the node's kernel)",
-            "an absolute path to an existing directory", _abs_path),
+            "an absolute path to an existing directory", values.abs_path),
     Setting("sys_root", "--sys-root", "SYS_ROOT", "/sys", "the node's /sys",
-            "an absolute path to an existing directory", _abs_path),
+            "an absolute path to an existing directory", values.abs_path),
     Setting("dev_root", "--dev-root", "DEV_ROOT", None,
-            "the node's /dev (default: <host root>/dev)", "an absolute path", _abs_path),
+            "the node's /dev (default: <host root>/dev)", "an absolute path", values.abs_path),
     Setting("install_dir", "--install-dir", "NVIDIA_INSTALL_DIR_HOST",
             "/home/kubernetes/bin/nvidia",
             "install directory, as a path on the node",
-            "an absolute path on the node without '..'", _host_abs_path),
+            "an absolute path on the node without '..'", values.host_abs_path),
     Setting("driver_version", "--driver-version", "NVIDIA_DRIVER_VERSION", "default",
             "driver to install", "'default', 'latest', a branch like '535' or an exact "
-            "version like '535.261.03'", parse_driver_version),
+            "version like '535.261.03'", values.parse_driver_version),
     Setting("flavour", "--flavour", "NVIDIA_DRIVER_FLAVOUR", "auto",
-            "kernel module flavour", "one of auto, open, proprietary", _choice(*FLAVOURS)),
+            "kernel module flavour", "one of auto, open, proprietary", values.choice(*FLAVOURS)),
     Setting("log_format", "--log-format", "LOG_FORMAT", "auto",
             "log format (auto: JSON unless stderr is a terminal)",
-            "one of auto, json, console", _choice(*LOG_FORMATS)),
+            "one of auto, json, console", values.choice(*LOG_FORMATS)),
     Setting("log_level", "--log-level", "LOG_LEVEL", "info", "lowest level logged",
-            "one of debug, info, warning, error", _choice(*LOG_LEVELS)),
+            "one of debug, info, warning, error", values.choice(*LOG_LEVELS)),
     Setting("termination_log", "--termination-log", "TERMINATION_LOG",
             "/dev/termination-log", "where the failure message is also written",
-            "an absolute path", _abs_path),
+            "an absolute path", values.abs_path),
     Setting("lock_timeout", "--lock-timeout", "LOCK_TIMEOUT", "300",
             "seconds to wait for another run's lock", "a positive number of seconds",
-            _positive_float),
+            values.positive_float),
     Setting("debug", "--debug", "DEBUG", "false",
-            "show tracebacks of unexpected errors", "true or false", _bool, is_flag=True),
+            "show tracebacks of unexpected errors", "true or false", values.boolean, is_flag=True),
     # driver sources and downloads (fetch stage)
     Setting("mirrors", "--mirror", "DRIVER_MIRRORS", None,
             "driver repository base URL, tried in order (flag repeatable; env: "
             "comma-separated)", "https://, http:// (with --allow-http) or file:// URLs",
-            _mirror_url, multiple=True),
+            values.mirror_url, multiple=True),
     Setting("preloaded_dir", "--preloaded-dir", "DRIVER_PRELOADED_DIR", None,
             "directory of packages baked into the image, tried first (never the network)",
-            "an absolute path", _abs_path),
+            "an absolute path", values.abs_path),
     Setting("cache_dir", "--cache-dir", "DRIVER_CACHE_DIR", None,
             "package cache, as a path on the node (default: <install dir>/.cache)",
-            "an absolute path on the node without '..'", _host_abs_path),
+            "an absolute path on the node without '..'", values.host_abs_path),
     Setting("cache_keep", "--cache-keep", "DRIVER_CACHE_KEEP", "2",
             "packages kept in the cache (older ones not in use are pruned)",
-            "an integer from 1 to 100", _int_range(1, 100)),
+            "an integer from 1 to 100", values.int_range(1, 100)),
     Setting("ca_bundle", "--ca-bundle", "DRIVER_CA_BUNDLE", None,
             "CA certificates (PEM) to verify https:// mirrors with",
             "an absolute path to a readable PEM file with at least one certificate",
-            _abs_path),
+            values.abs_path),
     Setting("allow_http", "--allow-http", "DRIVER_ALLOW_HTTP", "false",
             "allow plain http:// mirrors (file hashes still checked; index and manifest are "
-            "not protected in transit)", "true or false", _bool, is_flag=True),
+            "not protected in transit)", "true or false", values.boolean, is_flag=True),
+    Setting("cos_source", "--cos-source", "COS_SOURCE", "auto",
+            "on COS nodes, assemble the package from Google's signed COS GPU artifacts "
+            "(auto) or never", "one of auto, never", values.choice("auto", "never")),
+    Setting("cos_tools_url", "--cos-tools-url", "COS_TOOLS_URL", None,
+            "base URL of the cos-tools bucket or a mirror of its layout (default: "
+            "storage.googleapis.com/cos-tools, the copy nearest --node-zone)",
+            "an https:// URL (http:// with --allow-http)", values.api_url),
+    Setting("nvidia_runfile_url", "--nvidia-runfile-url", "NVIDIA_RUNFILE_URL", None,
+            "base URL of NVIDIA's runfile bucket for COS (default: storage.googleapis.com/"
+            "nvidia-drivers-<us|eu|asia>-public by --node-zone)",
+            "an https:// URL (http:// with --allow-http)", values.api_url),
+    Setting("node_zone", "--node-zone", "NODE_ZONE", None,
+            "this node's cloud zone, e.g. us-central1-a: picks the nearest copy of the COS "
+            "and NVIDIA buckets", "a zone name like us-central1-a", values.zone),
     Setting("connect_timeout", "--connect-timeout", "DOWNLOAD_CONNECT_TIMEOUT", "10",
             "seconds to wait for a mirror connection", "a positive number of seconds",
-            _positive_float),
+            values.positive_float),
     Setting("read_timeout", "--read-timeout", "DOWNLOAD_READ_TIMEOUT", "30",
             "seconds per window in which a mirror must send 64 KiB, else the request is "
             "retried",
-            "a positive number of seconds", _positive_float),
+            "a positive number of seconds", values.positive_float),
     Setting("download_deadline", "--download-deadline", "DOWNLOAD_DEADLINE", "1800",
             "total seconds allowed for all downloads of one run, retries included",
-            "a positive number of seconds", _positive_float),
+            "a positive number of seconds", values.positive_float),
     Setting("download_retries", "--download-retries", "DOWNLOAD_RETRIES", "6",
             "attempts per file and mirror (connection errors, timeouts, 429, 5xx)",
-            "an integer from 1 to 100", _int_range(1, 100)),
+            "an integer from 1 to 100", values.int_range(1, 100)),
     Setting("download_parallel", "--download-parallel", "DOWNLOAD_PARALLEL", "4",
-            "files downloaded at once", "an integer from 1 to 32", _int_range(1, 32)),
+            "files downloaded at once", "an integer from 1 to 32", values.int_range(1, 32)),
     Setting("node_name", "--node-name", "NODE_NAME", None,
             "this node's Kubernetes name (labels and an Event are posted only when set)",
-            "a Kubernetes node name (lower-case letters, digits, '-' and '.')", _node_name),
+            "a Kubernetes node name (lower-case letters, digits, '-' and '.')", values.node_name),
     Setting("kube_api", "--kube-api", "KUBE_API_URL", None,
             "Kubernetes API server URL (default: https://$KUBERNETES_SERVICE_HOST:"
-            "$KUBERNETES_SERVICE_PORT)", "an http:// or https:// URL", _url),
+            "$KUBERNETES_SERVICE_PORT)", "an http:// or https:// URL", values.api_url),
     Setting("service_account_dir", "--service-account-dir", "SERVICE_ACCOUNT_DIR",
             "/var/run/secrets/kubernetes.io/serviceaccount",
             "where this pod's service-account token, ca.crt and namespace are",
-            "an absolute path", _abs_path),
+            "an absolute path", values.abs_path),
     Setting("gpu_label_prefix", "--gpu-label-prefix", "GPU_LABEL_PREFIX", "gpu-node-installer",
             "prefix of the GPU labels named as gpu-feature-discovery names them (gpu.product, "
             "gpu.count, ...); nvidia.com for clusters without gpu-feature-discovery",
-            "one of gpu-node-installer, nvidia.com", _choice("gpu-node-installer", "nvidia.com")),
+            "one of gpu-node-installer, nvidia.com",
+            values.choice("gpu-node-installer", "nvidia.com")),
     Setting("driver_root_layout", "--driver-root-layout", "DRIVER_ROOT_LAYOUT", "false",
             "also expose usr/lib/<arch>-linux-gnu and usr/bin in the install dir "
-            "(gpu-operator driver-root layout)", "true or false", _bool, is_flag=True),
+            "(gpu-operator driver-root layout)", "true or false", values.boolean, is_flag=True),
     # kernel modules (load stage)
     Setting("module_params", "--module-param", "NVIDIA_MODULE_PARAMS", None,
             "kernel module parameter, overriding the package default (flag repeatable; "
@@ -206,23 +162,43 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("module_params_file", "--module-params-file", "NVIDIA_MODULE_PARAMS_FILE", None,
             "file of module.key=value lines ('#' starts a comment), applied before "
             "--module-param", "an absolute path to a file of module.key=value lines",
-            _abs_path),
+            values.abs_path),
     Setting("force_load", "--force-load", "FORCE_MODULE_LOAD", "false",
             "load even when preflight predicts a refusal (signature enforcement, GPU bound "
-            "to nouveau/vfio-pci, package built for another kernel)", "true or false", _bool,
-            is_flag=True),
+            "to nouveau/vfio-pci, package built for another kernel)", "true or false",
+            values.boolean, is_flag=True),
     # on-node build when no package exists for the kernel (fetch stage)
     Setting("build_fallback", "--build-fallback", "BUILD_FALLBACK", "never",
             "when no package exists for the running kernel: build one on the node from a "
             "source package and the node's headers (auto) or fail (never)",
-            "one of auto, never", _choice("auto", "never")),
+            "one of auto, never", values.choice("auto", "never")),
     Setting("build_sign_key", "--build-sign-key", "BUILD_SIGN_KEY", None,
             "private key (PEM) that signs modules built on the node", "an absolute path",
-            _abs_path),
+            values.abs_path),
     Setting("build_sign_cert", "--build-sign-cert", "BUILD_SIGN_CERT", None,
             "certificate (PEM or DER) of --build-sign-key, enrolled in the node's keyring",
-            "an absolute path", _abs_path),
-    *upgrade.SETTINGS,  # driver upgrades on a live node (issue 16)
+            "an absolute path", values.abs_path),
+    # driver upgrades on a live node (issue 16; parsers in config/upgrade.py)
+    Setting("upgrade_policy", "--upgrade-policy", "UPGRADE_POLICY", "refuse",
+            "when another driver version is loaded and in use: refuse (exit 10), evict the "
+            "pods holding the GPUs, or drain every non-DaemonSet pod (needs --node-name)",
+            "one of refuse, evict, drain", values.choice(*upgrade.POLICIES)),
+    Setting("upgrade_timeout", "--upgrade-timeout", "UPGRADE_TIMEOUT", "900",
+            "seconds allowed to free the GPUs (evictions refused by a PodDisruptionBudget "
+            "are retried until then)", "a number of seconds above 0, at most 86400",
+            upgrade.timeout),
+    Setting("upgrade_grace_period", "--upgrade-grace-period", "UPGRADE_GRACE_PERIOD", "pod",
+            "grace period given to evicted pods", "whole seconds from 0 to 86400, or 'pod' "
+            "(each pod's terminationGracePeriodSeconds)", upgrade.grace_period),
+    Setting("upgrade_restart_daemonsets", "--upgrade-restart-daemonsets",
+            "UPGRADE_RESTART_DAEMONSETS", "false",
+            "delete DaemonSet pods that hold the GPUs (device plugin, exporters) during an "
+            "upgrade; otherwise they block it", "true or false", values.boolean, is_flag=True),
+    Setting("upgrade_max_unavailable", "--upgrade-max-unavailable",
+            "UPGRADE_MAX_UNAVAILABLE", "1",
+            "nodes that may be upgrading at once: the rollout overlay's maxUnavailable; "
+            "this node waits while that many others are cordoned for an upgrade",
+            "a whole number >= 1 or a percentage from 1% to 100%", upgrade.max_unavailable),
 )
 
 SETTINGS_BY_NAME = {setting.name: setting for setting in SETTINGS}
@@ -250,6 +226,10 @@ class Config:
     cache_keep: int = 2
     ca_bundle: Path | None = None
     allow_http: bool = False
+    cos_source: str = "auto"
+    cos_tools_url: str | None = None
+    nvidia_runfile_url: str | None = None
+    node_zone: str | None = None
     connect_timeout: float = 10.0
     read_timeout: float = 30.0
     download_deadline: float = 1800.0
@@ -333,7 +313,8 @@ def _parse_many(setting: Setting, flags: Mapping[str, Any], environ: Mapping[str
     return tuple(parsed)
 
 
-_URL_SETTINGS = ("mirrors", "kube_api")  # may carry credentials or tokens: never shown
+# may carry credentials or tokens: never shown
+_URL_SETTINGS = ("mirrors", "kube_api", "cos_tools_url", "nvidia_runfile_url")
 
 
 def _refusal(setting: Setting, source: str, raw: str, exc: _Invalid) -> ConfigError:
@@ -346,7 +327,7 @@ def _refusal(setting: Setting, source: str, raw: str, exc: _Invalid) -> ConfigEr
 
 def _check_mirrors(config: Config) -> None:
     """Plain http:// lets an index or manifest be altered in transit: opt in explicitly."""
-    for url in config.mirrors:
+    for url in (*config.mirrors, config.cos_tools_url or "", config.nvidia_runfile_url or ""):
         if url.startswith("http://") and not config.allow_http:
             raise ConfigError(f"mirror {values.shown_url(url)} uses plain http://",
                               remedy="use https:// or pass --allow-http (DRIVER_ALLOW_HTTP=1)")

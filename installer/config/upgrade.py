@@ -3,6 +3,7 @@
 `refuse` (the default) keeps the old behaviour: a driver in use is never replaced. `evict`
 and `drain` free the GPUs through the Kubernetes API first (docs/deploy.md, the upgrade
 runbook), so they need this node's name; that is checked with the rest, before any I/O.
+The settings themselves are rows of the one table in `installer.config`.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from installer.config.setting import Setting, boolean, choice
 from installer.config.values import Invalid, decimal, integer
 from installer.errors import ConfigError
 
@@ -51,30 +51,6 @@ def max_unavailable(value: str) -> str:
     if integer(text) < 1:
         raise Invalid(value)
     return str(int(text))
-
-
-SETTINGS: tuple[Setting, ...] = (
-    Setting("upgrade_policy", "--upgrade-policy", "UPGRADE_POLICY", "refuse",
-            "when another driver version is loaded and in use: refuse (exit 10), evict the "
-            "pods holding the GPUs, or drain every non-DaemonSet pod (needs --node-name)",
-            "one of refuse, evict, drain", choice(*POLICIES)),
-    Setting("upgrade_timeout", "--upgrade-timeout", "UPGRADE_TIMEOUT", "900",
-            "seconds allowed to free the GPUs (evictions refused by a PodDisruptionBudget "
-            "are retried until then)", "a number of seconds above 0, at most 86400",
-            timeout),
-    Setting("upgrade_grace_period", "--upgrade-grace-period", "UPGRADE_GRACE_PERIOD", "pod",
-            "grace period given to evicted pods", "whole seconds from 0 to 86400, or 'pod' "
-            "(each pod's terminationGracePeriodSeconds)", grace_period),
-    Setting("upgrade_restart_daemonsets", "--upgrade-restart-daemonsets",
-            "UPGRADE_RESTART_DAEMONSETS", "false",
-            "delete DaemonSet pods that hold the GPUs (device plugin, exporters) during an "
-            "upgrade; otherwise they block it", "true or false", boolean, is_flag=True),
-    Setting("upgrade_max_unavailable", "--upgrade-max-unavailable",
-            "UPGRADE_MAX_UNAVAILABLE", "1",
-            "nodes that may be upgrading at once: the rollout overlay's maxUnavailable; "
-            "this node waits while that many others are cordoned for an upgrade",
-            "a whole number >= 1 or a percentage from 1% to 100%", max_unavailable),
-)
 
 
 def check(config: Config) -> None:

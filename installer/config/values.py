@@ -14,7 +14,8 @@ import binascii
 import ipaddress  # already loaded by pathlib (urllib.parse)
 import re
 import unicodedata
-from pathlib import Path
+from collections.abc import Callable
+from pathlib import Path, PurePosixPath
 
 # Cc: C0, DEL and C1 controls; Cf: format (bidi overrides, zero-width); Cs: lone surrogates
 # (non-UTF-8 bytes in the environment); Zl, Zp: line and paragraph separators.
@@ -137,3 +138,110 @@ def shown_url(raw: str) -> str:
         return cut
     authority, slash, path = cut.partition("/")
     return f"{scheme}://{authority.rpartition('@')[2]}{slash}{path}"
+
+
+VERSION_ALIASES = ("default", "latest")
+_VERSION_RE = re.compile(r"^(\d{3,4})(\.\d{1,3}){1,2}$", re.ASCII)
+_BRANCH_RE = re.compile(r"^\d{3,4}$", re.ASCII)
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off", "")
+
+
+def abs_path(value: str) -> Path:
+    if not visible(value).startswith("/"):
+        raise Invalid(value)
+    return Path(value)
+
+
+def host_abs_path(value: str) -> PurePosixPath:
+    path = PurePosixPath(visible(value))
+    if not path.is_absolute() or ".." in path.parts:
+        raise Invalid(value)
+    return path
+
+
+def choice(*choices: str) -> Callable[[str], str]:
+    def parse(value: str) -> str:
+        lowered = value.strip().lower()
+        if lowered not in choices:
+            raise Invalid(value)
+        return lowered
+
+    return parse
+
+
+def parse_driver_version(value: str) -> str:
+    """Accept `default`, `latest`, a branch (`535`) or an exact version (`535.261.03`)."""
+    text = value.strip()
+    if text.lower() in VERSION_ALIASES:
+        return text.lower()
+    if _BRANCH_RE.fullmatch(text) or _VERSION_RE.fullmatch(text):
+        return text
+    raise Invalid(value)
+
+
+def boolean(value: str) -> bool:
+    lowered = value.strip().lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise Invalid(value)
+
+
+def positive_float(value: str) -> float:
+    number = decimal(value)
+    if not number > 0:
+        raise Invalid(value)
+    return number
+
+
+_NODE_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+
+
+def node_name(value: str) -> str:
+    if not _NODE_NAME_RE.fullmatch(value):
+        raise Invalid(value)
+    return value
+
+
+def api_url(value: str) -> str:
+    text = visible(value).strip().rstrip("/")
+    if not re.match(r"^https?://[^/\s]+", text):
+        raise Invalid(value)
+    return network_url(text, ("http", "https"))
+
+
+def int_range(low: int, high: int) -> Callable[[str], int]:
+    def parse(value: str) -> int:
+        number = integer(value)
+        if not low <= number <= high:
+            raise Invalid(value)
+        return number
+
+    return parse
+
+
+def mirror_url(value: str) -> str:
+    """A repository base URL; the trailing slash is dropped so paths join predictably."""
+    text = visible(value).strip().rstrip("/")
+    scheme, sep, rest = text.partition("://")
+    if not sep or scheme.lower() not in ("https", "http", "file") or not rest:
+        raise Invalid(value)
+    if scheme.lower() == "file":
+        if not rest.startswith("/") or any(c.isspace() for c in rest):
+            raise Invalid(value)
+    else:
+        network_url(text, ("http", "https"))
+    return f"{scheme.lower()}://{rest}"
+
+
+_ZONE_RE = re.compile(r"^[a-z]+(-[a-z0-9]+){1,3}$", re.ASCII)
+
+
+def zone(value: str) -> str:
+    """A cloud zone name (`us-central1-a`): only its region prefix picks a bucket copy."""
+    text = value.strip()
+    if not _ZONE_RE.fullmatch(text) or len(text) > 63:
+        raise Invalid(value)
+    return text

@@ -33,6 +33,7 @@ class OsInfo:
     id_like: tuple[str, ...] = ()
     cos_milestone: str | None = None
     cos_build: str | None = None
+    cos_board: str | None = None  # lsb-release's CHROMEOS_RELEASE_BOARD: `lakitu`, ...
 
     @property
     def family(self) -> str:
@@ -89,6 +90,7 @@ def read_os_info(host: Host) -> OsInfo:
         if is_cos else None,
         cos_build=(fields.get("BUILD_ID") or lsb.get("CHROMEOS_RELEASE_VERSION"))
         if is_cos else None,
+        cos_board=lsb.get("CHROMEOS_RELEASE_BOARD") if is_cos else None,
     )
 
 

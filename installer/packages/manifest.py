@@ -17,6 +17,7 @@ from typing import Any
 
 from installer.errors import IntegrityError
 from installer.packages.documents import read_document
+from installer.packages.ima import ImaEntry, ima_to_list, parse_ima
 from installer.packages.placement import staged_clash
 from installer.packages.provenance import provenance_of
 from installer.packages.signatures import SignatureEntry, parse_signatures, signatures_to_list
@@ -40,7 +41,7 @@ _MODULE_NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,63}$")
 _OS_KEYS = ("id", "version_id", "build_id")
 _TOP_KEYS = {"schema_version", "driver_version", "kernel_release", "arch", "flavour", "os",
              "files", "modules"}
-_OPTIONAL_TOP_KEYS = frozenset({"links", "signatures", "provenance"})
+_OPTIONAL_TOP_KEYS = frozenset({"links", "signatures", "provenance", "ima"})
 _FILE_KEYS = {"path", "size", "sha256", "mode", "kind"}
 _MODULE_KEYS = {"name", "file", "depends", "params"}
 _LINK_KEYS = {"path", "target"}
@@ -100,6 +101,7 @@ class Manifest:
     links: tuple[LinkEntry, ...] = ()
     signatures: tuple[SignatureEntry, ...] = ()  # who signed which module (optional)
     provenance: dict[str, Any] | None = None  # what compiled modules were made from
+    ima: tuple[ImaEntry, ...] = ()  # firmware staged with a security.ima signature
 
     def file(self, relpath: str) -> FileEntry:
         """The entry for a path, or KeyError."""
@@ -325,6 +327,11 @@ def manifest_from_dict(obj: Any) -> Manifest:
         raise _fail("schema_version", f"{version!r} is not supported (this installer reads "
                     f"{SCHEMA_VERSION}); upgrade the installer or rebuild the package")
     files = _parse_files(obj["files"])
+    modules = _parse_modules(obj["modules"], files)
+    links = _parse_links(obj.get("links", []), files)
+    clash = staged_clash(files, links)  # two entries landing on one staged path (placement)
+    if clash is not None:
+        raise _fail("files", clash)
     return Manifest(
         schema_version=SCHEMA_VERSION,
         driver_version=_match(obj["driver_version"], DRIVER_VERSION_RE, "driver_version",
@@ -335,21 +342,14 @@ def manifest_from_dict(obj: Any) -> Manifest:
         flavour=_one_of(obj["flavour"], FLAVOURS, "flavour"),
         os=_parse_os(obj["os"]),
         files=files,
-        modules=_parse_modules(obj["modules"], files),
-        links=_parse_staged(files, _parse_links(obj.get("links", []), files)),
+        modules=modules,
+        links=links,
         signatures=parse_signatures(obj.get("signatures", []), {
             f.path for f in files if f.kind == "module"}, _fail),
         provenance=provenance_of(obj, _fail),
+        ima=parse_ima(obj.get("ima", []), {f.path for f in files if f.kind == "firmware"},
+                      _fail),
     )
-
-
-def _parse_staged(files: tuple[FileEntry, ...], links: tuple[LinkEntry, ...]
-                  ) -> tuple[LinkEntry, ...]:
-    """Refuse a package whose entries would land on one staged path (see placement)."""
-    clash = staged_clash(files, links)
-    if clash is not None:
-        raise _fail("files", clash)
-    return links
 
 
 def load_json(data: bytes, what: str, limit: int, source: str = "") -> dict[str, Any]:
@@ -386,6 +386,8 @@ def manifest_to_dict(manifest: Manifest) -> dict[str, Any]:
         data["signatures"] = signatures_to_list(manifest.signatures)
     if manifest.provenance is not None:
         data["provenance"] = manifest.provenance
+    if manifest.ima:
+        data["ima"] = ima_to_list(manifest.ima)
     return data
 
 

@@ -39,7 +39,13 @@ def module_file_bytes(name: str, version: str | None = None, depends: Sequence[s
             f"vermagic={kernel_release} SMP mod_unload"]
     if version:
         info.insert(0, f"version={version}")
-    modinfo = b"".join(entry.encode() + b"\0" for entry in info)
+    body = elf_with_modinfo(info)
+    return body + (b"\0" * 16 + kmod.SIGNATURE_MARKER if signed else b"")
+
+
+def elf_with_modinfo(fields: Sequence[str]) -> bytes:
+    """The smallest ELF64 x86_64 relocatable object whose `.modinfo` holds these fields."""
+    modinfo = b"".join(entry.encode() + b"\0" for entry in fields)
     shstrtab = b"\0.modinfo\0.shstrtab\0"
     shoff = 64 + len(modinfo) + len(shstrtab)
     header = (b"\x7fELF\x02\x01\x01" + b"\0" * 9
@@ -49,8 +55,7 @@ def module_file_bytes(name: str, version: str | None = None, depends: Sequence[s
                 + struct.pack(section, 1, 1, 2, 0, 64, len(modinfo), 0, 0, 1, 0)
                 + struct.pack(section, 10, 3, 0, 0, 64 + len(modinfo), len(shstrtab), 0, 0,
                               1, 0))
-    body = header + modinfo + shstrtab + sections
-    return body + (b"\0" * 16 + kmod.SIGNATURE_MARKER if signed else b"")
+    return header + modinfo + shstrtab + sections
 
 
 @dataclass

@@ -344,6 +344,10 @@ class TestOverlays:
         assert terms == [{"matchExpressions": [
             {"key": "cloud.google.com/gke-accelerator", "operator": "Exists"},
             {"key": "cloud.google.com/gke-gpu-driver-version", "operator": "DoesNotExist"},
+        ]}, {"matchExpressions": [
+            {"key": "cloud.google.com/gke-accelerator", "operator": "Exists"},
+            {"key": "cloud.google.com/gke-gpu-driver-version", "operator": "In",
+             "values": ["disabled"]},
         ]}]
         assert spec["tolerations"] == [{"operator": "Exists"}]
 

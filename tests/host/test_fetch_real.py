@@ -67,10 +67,11 @@ def test_https_mirror_needs_its_ca(make_node: Callable[[str], Path], tmp_path: P
     write_index(repo)
     cert, key = self_signed(tmp_path)
     with MirrorServer(repo, tls=(cert, key)) as server:
+        # a COS node: only the mirror is under test here (no Google bucket to reach)
         refused = invoke(host, "fetch", "--mirror", server.url, "--download-retries", "1",
-                         "--driver-version", VERSION)
+                         "--driver-version", VERSION, "--cos-source", "never")
         accepted = invoke(host, "fetch", "--mirror", server.url, "--ca-bundle", str(cert),
-                          "--output", "json")
+                          "--output", "json", "--cos-source", "never")
     assert refused.exit_code == 6, refused.stderr
     assert "TLS verification failed" in refused.stderr and "--ca-bundle" in refused.stderr
     assert accepted.exit_code == 0, accepted.stderr

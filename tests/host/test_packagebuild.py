@@ -345,5 +345,5 @@ class TestBadInput:
         broken.write_bytes(run_file.read_bytes()[: run_file.stat().st_size // 2])
         before = tree_listing(tmp_path)
         code, _, err = build([f"--run={broken}", f"--out-dir={tmp_path / 'out'}"])
-        assert code == 2 and "failed to unpack" in err
+        assert code == 2 and "is truncated" in err
         assert tree_listing(tmp_path) == before

@@ -85,3 +85,29 @@ def test_every_setting_has_flag_env_and_help() -> None:
         assert setting.flag.startswith("--") and setting.help and setting.accepted
     envvars = [s.envvar for s in SETTINGS if s.envvar]
     assert len(envvars) == len(set(envvars))
+
+
+class TestCosSettings:
+    """COS_SOURCE, COS_TOOLS_URL, NVIDIA_RUNFILE_URL, NODE_ZONE: checked before any I/O."""
+
+    def test_defaults_and_values(self, roots: dict[str, str]) -> None:
+        config = load_config(roots, {})
+        assert (config.cos_source, config.cos_tools_url, config.node_zone) == (
+            "auto", None, None)
+        config = load_config(roots, {"COS_SOURCE": "NEVER", "NODE_ZONE": "europe-west4-b",
+                                     "COS_TOOLS_URL": "https://mirror.internal/cos-tools/"})
+        assert (config.cos_source, config.node_zone, config.cos_tools_url) == (
+            "never", "europe-west4-b", "https://mirror.internal/cos-tools")
+
+    @pytest.mark.parametrize(("env", "named"), [
+        ({"COS_SOURCE": "sometimes"}, "COS_SOURCE"),
+        ({"NODE_ZONE": "us central"}, "NODE_ZONE"),
+        ({"NODE_ZONE": "../../etc"}, "NODE_ZONE"),
+        ({"COS_TOOLS_URL": "ftp://x/cos"}, "COS_TOOLS_URL"),
+        ({"NVIDIA_RUNFILE_URL": "https://u:secret@host/x\n"}, "NVIDIA_RUNFILE_URL"),
+        ({"COS_TOOLS_URL": "http://mirror/cos-tools"}, "plain http://")])
+    def test_refused(self, roots: dict[str, str], env: dict[str, str], named: str) -> None:
+        with pytest.raises(ConfigError) as caught:
+            load_config(roots, env)
+        line = caught.value.one_line()
+        assert named in line and "secret" not in line, line

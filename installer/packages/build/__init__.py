@@ -81,6 +81,7 @@ class BuildRequest:
     build_root: str | None = None
     build_root_cache: Path | None = None
     debian_mirror: str | None = None
+    ima: tuple[tuple[str, bytes], ...] = ()  # (firmware file name, IMA signature)
 
 
 @dataclass(frozen=True)
@@ -141,7 +142,7 @@ def build(request: BuildRequest) -> BuildResult:
         modules, signatures = apply(request.signing, modules, Path(work))
         manifest, data = write_package(destination, identity, request.arch, request.os, picked,
                                        links, modules, load_order(modules), signatures,
-                                       provenance)
+                                       provenance, ima=dict(request.ima))
     digest = sha256_hex(data)
     tarball = write_tarball(destination, request.tarball) if request.tarball else None
     index, aliases = (update_index(request.repo, manifest, digest, request.aliases)

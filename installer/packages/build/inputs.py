@@ -1,7 +1,7 @@
 """The inputs of `package build`: .deb files, extracted trees, .run archives, kernel modules.
 
 Debian's NVIDIA packages (`.deb` files, or a tree they were extracted into), NVIDIA's
-`.run` installer (a makeself archive, unpacked with its own `--noexec --target`), and a
+`.run` installer (a makeself archive, unpacked without running its header: `makeself`), and a
 directory of kernel modules built for one kernel (dependencies read from each `.modinfo`).
 User-mode files are picked by what they are (ELF libraries and `nvidia-*` executables of
 the package's arch, firmware under `firmware/`); modules are put in load order from the
@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import io
 import os
-import subprocess
 import tarfile
 import tempfile
 from collections.abc import Iterator
@@ -23,6 +22,7 @@ from typing import Any
 
 from installer.errors import ConfigError
 from installer.node import elf, kmod
+from installer.packages import makeself
 from installer.packages.manifest import LinkEntry
 
 MODULE_ORDER = ("nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm")
@@ -145,21 +145,14 @@ def _extract_tar_stream(handle: Any, size: int, dest: Path, where: str,
 
 
 def extract_run(run_file: Path, dest: Path) -> None:
-    """Unpack NVIDIA's .run with its makeself header's `--noexec --target` (installer not run)."""
+    """Unpack NVIDIA's .run payload without running its shell header (`makeself`)."""
     if not run_file.is_file():
         raise _fail(f"{run_file} does not exist")
-    with run_file.open("rb") as handle:
-        head = handle.read(16384)
-    if not head.startswith(b"#!") or b"makeself" not in head.lower():
-        raise _fail(f"{run_file} is not a makeself .run archive",
-                    remedy="pass NVIDIA's NVIDIA-Linux-<arch>-<version>.run installer")
-    done = subprocess.run(["sh", str(run_file), "--noexec", "--nox11", "--target", str(dest)],
-                          capture_output=True, text=True, timeout=600, check=False,
-                          stdin=subprocess.DEVNULL)
-    if done.returncode != 0:
-        detail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
-        raise _fail(f"{run_file} failed to unpack (exit {done.returncode}): {detail[0][:200]}",
-                    remedy="check the .run file is complete (its own checksum failed?)")
+    try:
+        makeself.extract(run_file, dest)
+    except makeself.RunfileError as exc:
+        raise _fail(exc.message, remedy="pass NVIDIA's complete NVIDIA-Linux-<arch>-"
+                    "<version>.run installer") from None
 
 
 def elf_machine(path: Path) -> str | None:

@@ -14,11 +14,19 @@ import os
 import shutil
 import tarfile
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from installer.packages.build.inputs import COPY_CHUNK, KIND_MODES, ModuleInfo, Picked
+from installer.packages.build.inputs import (
+    COPY_CHUNK,
+    KIND_MODES,
+    ModuleInfo,
+    PackageBuildError,
+    Picked,
+)
+from installer.packages.ima import ImaEntry
 from installer.packages.manifest import (
     MANIFEST_NAME,
     FileEntry,
@@ -53,13 +61,14 @@ class Identity:
 def write_package(destination: Path, identity: Identity, arch: str,
                   os_info: dict[str, str] | None, picked: list[Picked], links: list[LinkEntry],
                   modules: list[ModuleInfo], ordered: list[ModuleInfo],
-                  signatures: tuple[SignatureEntry, ...], provenance: dict[str, Any] | None
-                  ) -> tuple[Manifest, bytes]:
+                  signatures: tuple[SignatureEntry, ...], provenance: dict[str, Any] | None,
+                  *, ima: Mapping[str, bytes] | None = None) -> tuple[Manifest, bytes]:
     """Copy and hash every file into a temp dir beside `destination`, then swap it in."""
     destination.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{destination.name}.", dir=destination.parent))
     try:
         picked = [_firmware_home(item, identity.driver_version) for item in picked]
+        ima_entries = _ima_entries(picked, ima or {})
         module_files = [Picked(f"modules/{m.path.name}", m.path, "module") for m in modules]
         entries = [_copy(item, tmp) for item in sorted(picked + module_files,
                                                        key=lambda p: p.relpath)]
@@ -67,7 +76,7 @@ def write_package(destination: Path, identity: Identity, arch: str,
             1, identity.driver_version, identity.kernel_release, arch,
             identity.flavour, os_info, tuple(entries),
             tuple(ModuleEntry(m.name, f"modules/{m.path.name}", m.depends, {})
-                  for m in ordered), tuple(links), signatures, provenance)))
+                  for m in ordered), tuple(links), signatures, provenance, ima_entries)))
         data = dump_manifest(manifest)
         (tmp / MANIFEST_NAME).write_bytes(data)
         tmp.chmod(0o755)
@@ -76,6 +85,17 @@ def write_package(destination: Path, identity: Identity, arch: str,
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return manifest, data
+
+
+def _ima_entries(picked: list[Picked], ima: Mapping[str, bytes]) -> tuple[ImaEntry, ...]:
+    """Each IMA signature (by firmware file name) on the firmware file it signs."""
+    firmware = {item.relpath.rsplit("/", 1)[-1]: item.relpath for item in picked
+                if item.kind == "firmware"}
+    unknown = sorted(set(ima) - set(firmware))
+    if unknown:
+        raise PackageBuildError(f"an IMA signature is given for {unknown[0]}, which is not a "
+                                "firmware file of the package")
+    return tuple(ImaEntry(firmware[name], ima[name]) for name in sorted(ima))
 
 
 def _firmware_home(item: Picked, version: str) -> Picked:

@@ -27,6 +27,7 @@ from installer.installdir.layout import cache_root
 from installer.installdir.state import read_state
 from installer.node.facts import NodeInfo
 from installer.packages.cache import Cache
+from installer.packages.cos import layout as cos_layout
 from installer.packages.manifest import DRIVER_VERSION_RE, FLAVOURS, Package, parse_manifest
 from installer.packages.repository import (
     Candidate,
@@ -65,7 +66,7 @@ def _local_exact(ctx: Context, node: NodeInfo, sources: list[Source]) -> Package
     """An exact version the preloaded dir or the cache holds needs no network at all."""
     if not DRIVER_VERSION_RE.match(ctx.config.driver_version):
         return None
-    local = [s for s in sources if not isinstance(s, MirrorSource)]
+    local: list[Source] = [s for s in sources if isinstance(s, PreloadedSource | CacheSource)]
     offers = gather(local, ctx.log)
     try:
         choice = choose(ctx, node, offers)
@@ -109,8 +110,10 @@ def _sources(ctx: Context) -> Iterator[tuple[Cache, list[Source]]]:
     if config.preloaded_dir is not None:
         sources.append(PreloadedSource(config.preloaded_dir, cache, requested))
     sources.append(CacheSource(cache))
+    node = ctx.node_info()
+    use_cos = config.cos_source == "auto" and cos_layout.on_cos_build(node.os)
     downloader = None
-    if config.mirrors:
+    if config.mirrors or use_cos:
         from installer.stages.fetch.download import Downloader, DownloadSettings
 
         downloader = Downloader(DownloadSettings(
@@ -118,6 +121,14 @@ def _sources(ctx: Context) -> Iterator[tuple[Cache, list[Source]]]:
             deadline=config.download_deadline, attempts=config.download_retries,
             parallel=config.download_parallel, ca_bundle=config.ca_bundle,
             allow_http=config.allow_http), ctx.log)
+    if downloader is not None and use_cos:
+        # imported here: assembling (package build, crc32c) stays off other nodes' start-up
+        from installer.stages.fetch import cos
+
+        sources.append(cos.CosSource(node, cos.CosSettings(
+            cos_tools_url=config.cos_tools_url, runfile_url=config.nvidia_runfile_url,
+            zone=config.node_zone), downloader, cache, ctx.log, requested))
+    if downloader is not None and config.mirrors:
         mirrors: list[MirrorSource] = []
         for base in config.mirrors:
             mirrors.append(MirrorSource(base, downloader, cache, lambda: mirrors,
@@ -266,6 +277,9 @@ class Versions:
             offered = ", ".join(f"{v} ({'/'.join(f)})" for v, f in source["versions"].items())
             state = f" [{source['error']}]" if source["error"] else ""
             lines.append(f"  {source['source']}{state}: {offered or 'nothing for this kernel'}")
+            if source["aliases"]:
+                lines.append("    aliases: " + ", ".join(
+                    f"{name} -> {target}" for name, target in sorted(source["aliases"].items())))
         lines.append(f"{self.requested} -> {self.resolved or 'nothing: ' + str(self.problem)}")
         return "\n".join(lines)
 

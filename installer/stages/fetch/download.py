@@ -17,7 +17,7 @@ import hashlib
 import re
 import time
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -82,14 +82,17 @@ class _Partial:
 
     path: Path
     size: int | None
-    hasher: Any = field(default_factory=hashlib.sha256)
+    new_hasher: Callable[[], Any] = hashlib.sha256
+    limit: int | None = None  # when the size is not known in advance
+    hasher: Any = None
     received: int = 0
     validator: str | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
     resumes: int = 0
     restarts: int = 0
 
     def reset(self) -> None:
-        self.hasher = hashlib.sha256()
+        self.hasher = self.new_hasher()
         self.received = 0
         self.validator = None
         with self.path.open("wb"):
@@ -143,6 +146,16 @@ class Downloader:
         else:
             self._retry(url, lambda watch: self._attempt(url, partial, watch))
         self._check(url, partial, sha256)
+
+    def fetch_object(self, url: str, dest: Path, *, limit: int, hasher: Callable[[], Any]
+                     ) -> tuple[Any, Mapping[str, str]]:
+        """A file whose digest is not known in advance (COS artifacts): streamed through
+        `hasher`, resumed and retried like any file; returns the hasher and the response
+        headers for the caller to check (`packages.cos.gcshash`)."""
+        partial = _Partial(dest, None, hasher, limit)
+        partial.reset()
+        self._retry(url, lambda watch: self._attempt(url, partial, watch))
+        return partial.hasher, partial.headers
 
     def close(self) -> None:
         self.watchdog.close()
@@ -305,6 +318,7 @@ class Downloader:
                 self.progress.advance(-partial.received)
             partial.reset()
         partial.validator = validator(response)
+        partial.headers = response.headers
 
     def _stream(self, response: requests.Response, partial: _Partial, watch: Watch) -> None:
         # read1: what has arrived, so a timeout mid-chunk loses nothing already received
@@ -316,6 +330,9 @@ class Downloader:
                 if partial.size is not None and partial.received > partial.size:
                     raise ChecksumMismatch(f"{safe(response.url)} sent more than the "
                                            f"{partial.size} bytes its manifest lists")
+                if partial.limit is not None and partial.received > partial.limit:
+                    raise IntegrityError(f"{safe(response.url)} is larger than the "
+                                         f"{partial.limit} bytes allowed")
                 hasher.put(chunk)
                 out.write(chunk)
                 watch.progress(len(chunk))

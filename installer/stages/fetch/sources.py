@@ -78,7 +78,7 @@ def store(cache: Cache, manifest: Manifest, data: bytes, requested: str, source:
     return Package(package.manifest, digest, package.root, source=source)
 
 
-def _commit_tree(cache: Cache, package: Package, data: bytes, requested: str) -> Package:
+def commit_tree(cache: Cache, package: Package, data: bytes, requested: str) -> Package:
     """Move a verified, unpacked tree into the cache and return the cached package."""
     for entry in package.manifest.files:
         source = package.root / entry.path
@@ -139,7 +139,7 @@ class PreloadedSource:
         package = read_tree(unpacked, source=str(tarball))
         check_identity(package.manifest, candidate, str(tarball))
         manifest_bytes = (unpacked / MANIFEST_NAME).read_bytes()
-        return _commit_tree(self.cache, package, manifest_bytes, self.requested)
+        return commit_tree(self.cache, package, manifest_bytes, self.requested)
 
 
 class CacheSource:

@@ -45,7 +45,7 @@ from installer.installdir.versions import (
     switch_to,
 )
 from installer.node.host import create_new, fsync_dir, replace_symlink, write_atomic
-from installer.stages.stage import linker
+from installer.stages.stage import ima, linker
 
 
 class FileLike(Placed, Protocol):
@@ -64,6 +64,8 @@ class ManifestLike(Identity, Protocol):
     def arch(self) -> str: ...
     @property
     def files(self) -> tuple[FileLike, ...]: ...
+    @property
+    def ima(self) -> tuple[ima.ImaLike, ...]: ...
 
 
 class PackageLike(Protocol):
@@ -202,6 +204,7 @@ def _build_version(root: Path, name: str, package: PackageLike, *,
         (tmp / sub).mkdir(parents=True)
     for entry in package.manifest.files:
         _place(tmp, entry, package.path_of(entry.path), allow_hardlinks=allow_hardlinks)
+    ima.set_signatures(tmp, package.manifest.files, package.manifest.ima)
     _package_links(tmp, package)
     linker.make_soname_links(tmp / "lib64")
     _write_meta(tmp, package)

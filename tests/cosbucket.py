@@ -1,0 +1,699 @@
+"""Google's Container-Optimized OS GPU driver buckets, reproduced on disk and served locally.
+
+What cos-tools' `cos_gpu_installer` reads (src/pkg/cos/artifacts.go, extensions.go), laid
+out under one served directory:
+
+    cos-tools/<BUILD_ID>/[<board>/]              (<board>/ only on current builds)
+        gpu_<alias>_version                      "535.261.03\\n" (one alias padded with
+                                                 extra trailing whitespace)
+        nvidia-drivers-<v>.tgz                   prebuilt *signed* open modules + GSP firmware
+        kernel-headers.tgz, toolchain_env        placeholders (nothing reads them)
+        extensions/gpu/NVIDIA-Linux-x86_64-<v>-custom.run           placeholder
+        extensions/gpu/nvidia-drivers-<v>-signature.tar.gz          <module>.ko.sig tails
+    nvidia-drivers-us-public/tesla/<v>/NVIDIA-Linux-x86_64-<v>.run  a real makeself archive
+
+`nvidia-drivers-<v>.tgz` is what GNU tar `--xattrs -czf` writes: members
+`drivers/{nvidia,nvidia-uvm,nvidia-modeset,nvidia-drm}.ko`, each ending with a real appended
+module signature (module ‖ DER PKCS#7 ‖ struct module_signature ‖ marker, made by the real
+`openssl cms -sign` with a throw-away key, what the kernel's sign-file appends), and
+`firmware/nvidia/<v>/gsp_{ga10x,tu10x}.bin`, each with the PAX record
+`SCHILY.xattr.security.ima` holding raw binary bytes (an IMA v2 signature blob, see
+`ima_xattr`). Python's tarfile reads that record as a str: bytes come back with
+`value.encode("utf-8", "surrogateescape")`.
+
+The runfile holds NVIDIA's internal layout at its root: the real user-mode libraries from
+Debian's 535 packages (tests/artifacts.py) as regular files `lib*.so.<v>` (no links, as
+NVIDIA ships them), `nvidia-smi`, `nvidia-installer` (a script that must never run),
+`.manifest` (second line: the version), `kernel/` and `kernel-open/` (small sources) and
+`firmware/gsp_*.bin` (the tgz's firmware bytes). It is cached under `artifacts.cache_root()`
+keyed by its inputs' bytes.
+
+`CosServer` serves such a directory over HTTPS (self-signed, `ca_bundle`) or HTTP with
+Cloud Storage's `x-goog-hash: crc32c=<b64>,md5=<b64>` and `x-goog-stored-content-length`
+on every object response (also on 206, describing the whole object), plus lies on demand.
+
+    bucket = make_bucket(tmp_path)
+    with CosServer(bucket.root) as server:
+        requests.get(server.cos_tools_url + "/17162.279.34/lakitu/gpu_default_version",
+                     verify=str(server.ca_bundle))
+"""
+
+from __future__ import annotations
+
+import base64
+import fcntl
+import gzip
+import hashlib
+import io
+import os
+import shutil
+import subprocess
+import tarfile
+import tempfile
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from httpserver import Fault, MirrorServer, Request, _Handler, self_signed
+
+from installer.packages.build.modsig import MARKER, make_tail, strip_signature
+from installer.testing import SAMPLE_NODES, NodeSpec, build_node
+from installer.testing.kernel import elf_with_modinfo, write_host_module
+
+DEFAULT_BUILD = "17162.279.34"
+DEFAULT_BOARD = "lakitu"
+DEFAULT_VERSION = "535.261.03"
+DEFAULT_KERNEL = "6.1.58+"  # the gke-cos-a100x8 sample node's kernel
+COS_TOOLS = "cos-tools"
+RUNFILE_BUCKET = "nvidia-drivers-us-public"
+# file stem: depends, as NVIDIA's open modules declare them
+MODULES: dict[str, str] = {
+    "nvidia": "",
+    "nvidia-uvm": "nvidia",
+    "nvidia-modeset": "nvidia",
+    "nvidia-drm": "nvidia-modeset,drm_kms_helper,drm",
+}
+OPEN_LICENCE = "Dual MIT/GPL"
+FIRMWARE = ("gsp_ga10x.bin", "gsp_tu10x.bin")
+IMA_XATTR = "SCHILY.xattr.security.ima"
+PADDED_ALIAS = "R535"  # its version file carries extra trailing whitespace
+PADDING = " \t\n\n"
+TAR_MTIME = 1_717_000_000
+RUNFILE_LAYOUT = b"cosbucket-runfile-1"  # bump when the runfile's staging changes
+RUN_LIBS = ("libcuda.so", "libnvidia-ml.so", "libnvidia-ptxjitcompiler.so",
+            "libnvidia-nvvm.so")
+
+
+# ------------------------------------------------------------------ the bucket on disk
+
+
+@dataclass
+class CosBucket:
+    """One COS build's GPU artifacts (and NVIDIA's runfile) under `root`."""
+
+    root: Path  # served directory (contains cos-tools/ and nvidia-drivers-us-public/)
+    build_id: str
+    board: str | None
+    version: str
+    kernel_release: str
+    cert: Path  # the test signing certificate (PEM) the modules are signed with
+    key: Path  # its private key (PEM)
+    aliases: dict[str, str] = field(default_factory=dict)
+    unsigned: dict[str, bytes] = field(default_factory=dict)  # "nvidia.ko": module bytes
+    signed: dict[str, bytes] = field(default_factory=dict)  # what the tgz holds
+    firmware: dict[str, bytes] = field(default_factory=dict)  # "gsp_ga10x.bin": bytes
+    ima: dict[str, bytes] = field(default_factory=dict)  # tgz member: security.ima value
+    runfile: Path | None = None
+
+    def prefix(self) -> Path:
+        """root/cos-tools/<build>/[<board>/]"""
+        base = self.root / COS_TOOLS / self.build_id
+        return base / self.board if self.board else base
+
+    def prefix_path(self) -> str:
+        """The URL path of the prefix: /cos-tools/<build>[/<board>]"""
+        return "/" + self.prefix().relative_to(self.root).as_posix()
+
+    def path(self, name: str) -> str:
+        """The URL path of an object under the prefix (`gpu_default_version`, ...)."""
+        return f"{self.prefix_path()}/{name}"
+
+    @property
+    def tarball(self) -> Path:
+        return self.prefix() / tarball_name(self.version)
+
+    @property
+    def tarball_path(self) -> str:
+        return self.path(tarball_name(self.version))
+
+    @property
+    def runfile_path(self) -> str:
+        """/nvidia-drivers-us-public/tesla/<v>/NVIDIA-Linux-x86_64-<v>.run"""
+        return f"/{RUNFILE_BUCKET}/tesla/{self.version}/{runfile_name(self.version)}"
+
+    def version_file(self, alias: str) -> Path:
+        return self.prefix() / f"gpu_{alias}_version"
+
+    def write_alias(self, alias: str, version: str, *, text: str | None = None) -> Path:
+        """(Re)point `gpu_<alias>_version` at `version` (a version with no tarball is fine:
+        the "alias points nowhere" fault); `text` overrides the exact file content."""
+        path = self.version_file(alias)
+        path.write_text(text if text is not None else version + "\n")
+        self.aliases[alias] = version
+        return path
+
+    def remove_alias(self, alias: str) -> None:
+        self.version_file(alias).unlink()
+        self.aliases.pop(alias, None)
+
+
+def tarball_name(version: str) -> str:
+    return f"nvidia-drivers-{version}.tgz"
+
+
+def runfile_name(version: str) -> str:
+    return f"NVIDIA-Linux-x86_64-{version}.run"
+
+
+def firmware_bytes(version: str, name: str) -> bytes:
+    """Deterministic stand-in GSP firmware (8 KiB, an ELF-like start)."""
+    seed = hashlib.sha256(f"{version}/{name}".encode()).digest()
+    return b"\x7fELF\x02\x01\x01\0" + seed * 256
+
+
+def ima_xattr(data: bytes) -> bytes:
+    """An IMA v2 signature xattr value for `data` (deterministic, not a real signature):
+    type 0x03 (EVM_IMA_XATTR_DIGSIG), version 2, hash algo 4 (sha256), a 4-byte key id,
+    a big-endian 2-byte length and the "signature" bytes."""
+    digest = hashlib.sha256(data).digest()
+    sig = hashlib.sha512(b"ima" + digest).digest() * 4  # 256 bytes, like RSA-2048
+    return b"\x03\x02\x04" + digest[:4] + len(sig).to_bytes(2, "big") + sig
+
+
+def module_bytes(stem: str, *, version: str, kernel_release: str,
+                 depends: str | None = None, licence: str = OPEN_LICENCE) -> bytes:
+    """A minimal ELF64 x86_64 relocatable object whose `.modinfo` says what NVIDIA's open
+    module `stem` says (what kmod's modinfo and the product's reader take)."""
+    fields = [f"version={version}", f"license={licence}",
+              f"depends={MODULES.get(stem, '') if depends is None else depends}",
+              "retpoline=Y", f"name={stem.replace('-', '_')}",
+              f"vermagic={kernel_release} SMP preempt mod_unload modversions "]
+    return elf_with_modinfo(fields)
+
+
+def make_key(directory: Path) -> tuple[Path, Path]:
+    """A throw-away RSA-2048 code-signing key and certificate (the real openssl)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    key, cert = directory / "cos-signing.key", directory / "cos-signing.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-noenc", "-keyout",
+                    str(key), "-out", str(cert), "-days", "2", "-subj",
+                    "/O=gpu-node-installer tests/CN=cos test module signing key",
+                    "-addext", "extendedKeyUsage=codeSigning"],
+                   check=True, capture_output=True)
+    return key, cert
+
+
+def sign_module(module: bytes, key: Path, cert: Path, work: Path) -> bytes:
+    """module ‖ tail, the tail made as the kernel's sign-file makes it (detached CMS, no
+    certificates, no attributes, sha256, signer by issuer and serial) by the real openssl."""
+    work.mkdir(parents=True, exist_ok=True)
+    src, der = work / "module.ko", work / "sig.der"
+    src.write_bytes(module)
+    subprocess.run(["openssl", "cms", "-sign", "-binary", "-noattr", "-nocerts", "-md",
+                    "sha256", "-outform", "DER", "-signer", str(cert), "-inkey", str(key),
+                    "-in", str(src), "-out", str(der)], check=True, capture_output=True)
+    tail = make_tail(der.read_bytes())
+    src.unlink()
+    der.unlink()
+    return module + tail
+
+
+class _GnuPaxInfo(tarfile.TarInfo):
+    """Extended headers as GNU tar --xattrs writes them: values raw (binary xattrs without
+    the `hdrcharset=BINARY` record Python would add), named `<dir>/PaxHeaders/<file>`."""
+
+    def _create_pax_generic_header(self, pax_headers: dict[str, str], type: bytes,
+                                   encoding: str) -> bytes:
+        records = b""
+        for keyword, value in pax_headers.items():
+            key, raw = keyword.encode("utf-8"), value.encode("utf-8", "surrogateescape")
+            length = len(key) + len(raw) + 3
+            n = p = 0
+            while True:
+                n = length + len(str(p))
+                if n == p:
+                    break
+                p = n
+            records += str(p).encode() + b" " + key + b"=" + raw + b"\n"
+        head, _, tail = self.name.rstrip("/").rpartition("/")
+        name = f"{head}/PaxHeaders/{tail}" if head else f"PaxHeaders/{tail}"
+        info = {"name": name[:100], "type": type, "size": len(records),
+                "magic": tarfile.POSIX_MAGIC}
+        return (self._create_header(info, tarfile.USTAR_FORMAT, "ascii", "replace")
+                + self._create_payload(records))
+
+
+def write_tgz(path: Path, members: list[tuple[str, bytes | None, dict[str, bytes]]]) -> None:
+    """A deterministic pax .tgz: (name, data or None for a directory, xattrs) in order."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT,
+                      tarinfo=_GnuPaxInfo) as tar:
+        for name, data, xattrs in members:
+            info = _GnuPaxInfo(name)
+            info.mtime, info.uid, info.gid, info.uname, info.gname = (
+                TAR_MTIME, 0, 0, "root", "root")
+            if data is None:
+                info.type, info.mode = tarfile.DIRTYPE, 0o755
+            else:
+                info.size, info.mode = len(data), 0o644
+            info.pax_headers = {f"SCHILY.xattr.{k}": v.decode("utf-8", "surrogateescape")
+                                for k, v in xattrs.items()}
+            tar.addfile(info, io.BytesIO(data) if data is not None else None)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0,
+                                               filename="") as gz:
+        gz.write(buffer.getvalue())
+
+
+def _tree_members(files: dict[str, bytes]) -> list[tuple[str, bytes | None, dict[str, bytes]]]:
+    """Directories first, as tar walks them, then each directory's files, sorted."""
+    out: list[tuple[str, bytes | None, dict[str, bytes]]] = []
+    seen: set[str] = set()
+    for name in sorted(files):
+        parts = name.split("/")[:-1]
+        for depth in range(1, len(parts) + 1):
+            directory = "/".join(parts[:depth])
+            if directory not in seen:
+                seen.add(directory)
+                out.append((directory, None, {}))
+        out.append((name, files[name], {}))
+    return out
+
+
+def make_bucket(base: Path, *, build_id: str = DEFAULT_BUILD,
+                board: str | None = DEFAULT_BOARD, version: str = DEFAULT_VERSION,
+                kernel_release: str = DEFAULT_KERNEL, aliases: dict[str, str] | None = None,
+                modules_dir: Path | None = None, standins: Path | None = None,
+                xz: bool = False, runfile: bool = True) -> CosBucket:
+    """Lay out one COS build's GPU artifacts under `base/bucket` (keys in `base/keys`).
+
+    `modules_dir`: .ko files to sign and pack (an already signed one is re-signed); by
+    default small stand-in open modules with vermagic for `kernel_release`. `standins`:
+    a `native.build_standins()` directory whose libnvidia-ml.so.1/libcuda.so.1 replace the
+    runfile's real libnvidia-ml.so.<v>/libcuda.so.<v>. `xz`: makeself --xz instead of gzip.
+    `runfile=False` leaves NVIDIA's runfile out (fast, for tests that do not read it).
+    """
+    root = base / "bucket"
+    key, cert = make_key(base / "keys")
+    bucket = CosBucket(root, build_id, board, version, kernel_release, cert, key)
+    prefix = bucket.prefix()
+    prefix.mkdir(parents=True)
+    for alias, target in (aliases or {"default": version, "latest": version,
+                                      PADDED_ALIAS: version}).items():
+        bucket.write_alias(alias, target,
+                           text=target + PADDING if alias == PADDED_ALIAS else None)
+
+    if modules_dir is not None:
+        sources = {p.name: strip_signature(p.read_bytes())[0]
+                   for p in sorted(modules_dir.glob("*.ko"))}
+        if not sources:
+            raise ValueError(f"no .ko files in {modules_dir}")
+    else:
+        sources = {f"{stem}.ko": module_bytes(stem, version=version,
+                                              kernel_release=kernel_release)
+                   for stem in MODULES}
+    work = base / "signing"
+    for name, data in sources.items():
+        bucket.unsigned[name] = data
+        bucket.signed[name] = sign_module(data, key, cert, work)
+    shutil.rmtree(work)
+    bucket.firmware = {name: firmware_bytes(version, name) for name in FIRMWARE}
+
+    members: list[tuple[str, bytes | None, dict[str, bytes]]] = [("drivers", None, {})]
+    members += [(f"drivers/{name}", data, {}) for name, data in sorted(bucket.signed.items())]
+    members += [("firmware", None, {}), ("firmware/nvidia", None, {}),
+                (f"firmware/nvidia/{version}", None, {})]
+    for name, data in sorted(bucket.firmware.items()):
+        member = f"firmware/nvidia/{version}/{name}"
+        bucket.ima[member] = ima_xattr(data)
+        members.append((member, data, {"security.ima": bucket.ima[member]}))
+    write_tgz(bucket.tarball, members)
+
+    write_tgz(prefix / "kernel-headers.tgz", _tree_members({
+        f"usr/src/linux-headers-{kernel_release}/Makefile": b"# placeholder\n"}))
+    (prefix / "toolchain_env").write_text(
+        "CC=x86_64-cros-linux-gnu-clang\nCXX=x86_64-cros-linux-gnu-clang++\n")
+    gpu = prefix / "extensions" / "gpu"
+    gpu.mkdir(parents=True)
+    (gpu / f"NVIDIA-Linux-x86_64-{version}-custom.run").write_text(
+        "#!/bin/sh\necho 'placeholder: COS custom runfile, never run by tests' >&2\nexit 1\n")
+    sigs = {f"{name}.sig": strip_signature(data)[1] for name, data in bucket.signed.items()}
+    write_tgz(gpu / f"nvidia-drivers-{version}-signature.tar.gz", _tree_members(sigs))
+
+    if runfile:
+        target = root / RUNFILE_BUCKET / "tesla" / version / runfile_name(version)
+        target.parent.mkdir(parents=True)
+        _copy_runfile(cached_runfile(version, bucket.firmware, standins=standins, xz=xz),
+                      target)
+        bucket.runfile = target
+    return bucket
+
+
+def _copy_runfile(source: Path, target: Path) -> None:
+    """A copy, never a hard link: a test that truncates or corrupts the bucket's runfile
+    must not reach the cache (copying 50 MB costs well under a second)."""
+    shutil.copyfile(source, target)
+    target.chmod(0o755)
+
+
+# ------------------------------------------------------------------ NVIDIA's runfile
+
+
+@contextmanager
+def _locked(name: str) -> Iterator[None]:
+    import artifacts
+
+    locks = artifacts.cache_root() / "locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    with (locks / f"{name}.lock").open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
+def runfile_sources(version: str, standins: Path | None) -> dict[str, Path]:
+    """The files a runfile's root takes from Debian's real tree (or the stand-ins)."""
+    import artifacts
+
+    tree = artifacts.nvidia_tree(version)
+    libs = tree / artifacts.LIB_DIR
+    sources = {p.name: p for p in sorted(libs.iterdir()) if p.is_file() and not p.is_symlink()}
+    smi = tree / "usr/lib/nvidia/current"
+    sources["nvidia-smi"] = smi / "nvidia-smi"
+    sources["nvidia-smi.1.gz"] = smi / "nvidia-smi.1.gz"
+    if standins is not None:
+        sources[f"libnvidia-ml.so.{version}"] = standins / "libnvidia-ml.so.1"
+        sources[f"libcuda.so.{version}"] = standins / "libcuda.so.1"
+    return sources
+
+
+def cached_runfile(version: str, firmware: dict[str, bytes], *, standins: Path | None = None,
+                   xz: bool = False) -> Path:
+    """NVIDIA-Linux-x86_64-<v>.run made by Debian's makeself, cached by its inputs' bytes."""
+    import artifacts
+
+    sources = runfile_sources(version, standins)
+    key = runfile_key(version, firmware, sources, xz=xz)
+    target = artifacts.cache_root() / "cos-run" / key / runfile_name(version)
+    with _locked(f"cos-run-{key}"):
+        if target.is_file():
+            return target
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+            staging = Path(tmp) / f"NVIDIA-Linux-x86_64-{version}"
+            _stage_runfile(staging, version, sources, firmware)
+            partial = Path(tmp) / (target.name + ".partial")
+            compress = ["--xz", "--complevel", "1"] if xz else []
+            subprocess.run(["makeself", "--nox11", "--quiet", *compress, str(staging),
+                            str(partial),
+                            f"NVIDIA Accelerated Graphics Driver for Linux-x86_64 {version}",
+                            "./nvidia-installer"], check=True, stdout=subprocess.DEVNULL)
+            os.replace(partial, target)
+    return target
+
+
+def runfile_key(version: str, firmware: dict[str, bytes], sources: dict[str, Path], *,
+                xz: bool) -> str:
+    """The cache key: the staging code's version and every input's bytes."""
+    digest = hashlib.sha256(RUNFILE_LAYOUT + version.encode() + (b"xz" if xz else b"gz"))
+    for name, path in sorted(sources.items()):
+        digest.update(name.encode() + b"\0" + _file_digest(path))
+    for name, data in sorted(firmware.items()):
+        digest.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
+    return digest.hexdigest()[:16]
+
+
+def _file_digest(path: Path) -> bytes:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.digest()
+
+
+def _stage_runfile(staging: Path, version: str, sources: dict[str, Path],
+                   firmware: dict[str, bytes]) -> None:
+    staging.mkdir(parents=True)
+    for name, path in sources.items():
+        shutil.copyfile(path, staging / name)
+        (staging / name).chmod(0o755 if name == "nvidia-smi" else 0o644)
+    installer = staging / "nvidia-installer"
+    installer.write_text("#!/bin/sh\necho 'nvidia-installer: never run by tests' >&2\n"
+                         "exit 99\n")
+    installer.chmod(0o755)
+    (staging / "firmware").mkdir()
+    for name, data in firmware.items():
+        (staging / "firmware" / name).write_bytes(data)
+    sources_text = {
+        "kernel/Kbuild": "# NVIDIA proprietary kernel modules (placeholder)\n",
+        "kernel/nvidia/nv.c": "/* placeholder for NVIDIA's nv.c */\n",
+        "kernel/nvidia/nv-kernel.o_binary": "placeholder\n",
+        "kernel-open/Kbuild": "# NVIDIA open kernel modules (placeholder)\n",
+        "kernel-open/nvidia/nv.c": "/* placeholder for NVIDIA's open nv.c */\n",
+        "kernel-open/nvidia-uvm/uvm.c": "/* placeholder */\n",
+        "kernel-open/conftest.sh": "#!/bin/sh\nexit 0\n",
+    }
+    for rel, text in sources_text.items():
+        (staging / rel).parent.mkdir(parents=True, exist_ok=True)
+        (staging / rel).write_text(text)
+    entries = [f"{name} 0644 CUDA_LIB NATIVE" for name in sorted(sources)
+               if name.startswith("lib")]
+    entries += ["nvidia-smi 0755 UTILITY_BINARY", "nvidia-smi.1.gz 0644 MANPAGE",
+                *(f"firmware/{n} 0644 FIRMWARE NATIVE" for n in sorted(firmware)),
+                "kernel-open/nvidia/nv.c 0644 KERNEL_MODULE_SRC INHERIT_PATH_DEPTH:1 MODULE:open"]
+    (staging / ".manifest").write_text(
+        "NVIDIA Accelerated Graphics Driver for Linux-x86_64\n"
+        f"{version}\n0\nx86_64\n0\n" + "".join(e + "\n" for e in entries))
+
+
+# ------------------------------------------------------------------ serving it
+
+
+@dataclass
+class _Lie:
+    crc32c: bool
+    md5: bool
+    missing: bool
+    composite: bool
+    times: int
+
+
+def object_hashes(data_or_path: bytes | Path) -> tuple[str, str]:
+    """(crc32c, md5) as Cloud Storage writes them: base64 of the big-endian CRC32C and of
+    the 16-byte MD5 digest."""
+    import google_crc32c
+
+    crc, md5 = google_crc32c.Checksum(), hashlib.md5()  # Cloud Storage's hash
+    if isinstance(data_or_path, bytes):
+        crc.update(data_or_path)
+        md5.update(data_or_path)
+    else:
+        with data_or_path.open("rb") as handle:
+            while chunk := handle.read(1 << 20):
+                crc.update(chunk)
+                md5.update(chunk)
+    return (base64.b64encode(crc.digest()).decode(), base64.b64encode(md5.digest()).decode())
+
+
+def x_goog_hash(crc32c: str | None, md5: str | None) -> str:
+    return ",".join(f"{k}={v}" for k, v in (("crc32c", crc32c), ("md5", md5)) if v)
+
+
+def _wrong(value: str) -> str:
+    raw = bytearray(base64.b64decode(value))
+    raw[0] ^= 0xFF
+    return base64.b64encode(bytes(raw)).decode()
+
+
+class _CosMirror(MirrorServer):
+    """MirrorServer that remembers the fault each request thread took (its body's hash)."""
+
+    def __init__(self, owner: CosServer, root: Path, tls: tuple[Path, Path] | None) -> None:
+        super().__init__(root, tls=tls)
+        self.owner = owner
+        self.local = threading.local()
+        handler = type("CosHandler", (_CosHandler,), {"server_state": self})
+        self.httpd.RequestHandlerClass = handler
+
+    def take_fault(self, path: str) -> Fault | None:
+        fault = super().take_fault(path)
+        self.local.fault = fault
+        return fault
+
+
+class _CosHandler(_Handler):
+    server_state: _CosMirror
+
+    def send_response(self, code: int, message: str | None = None) -> None:
+        self._status = code
+        super().send_response(code, message)
+
+    def end_headers(self) -> None:
+        if getattr(self, "_status", None) in (200, 206):
+            for name, value in self.server_state.owner.object_headers(
+                    self._path(), getattr(self.server_state.local, "fault", None)):
+                self.send_header(name, value)
+        super().end_headers()
+
+
+class CosServer:
+    """`root` served like storage.googleapis.com: HTTPS (self-signed) or HTTP on 127.0.0.1,
+    Range and ETag from httpserver.MirrorServer, Cloud Storage's hash headers, and lies.
+
+    `split_hash=True` sends crc32c and md5 as two `x-goog-hash` header lines (as the XML
+    API may; a client library joins them as "crc32c=..., md5=...").
+    """
+
+    def __init__(self, root: Path, *, tls: bool = True, split_hash: bool = False) -> None:
+        self.root = root
+        self.split_hash = split_hash
+        self._tls_dir: Path | None = None
+        self.ca_bundle: Path | None = None
+        pair = None
+        if tls:
+            self._tls_dir = Path(tempfile.mkdtemp(prefix="cos-tls-"))
+            pair = self_signed(self._tls_dir)
+            self.ca_bundle = pair[0]
+        self.mirror = _CosMirror(self, root, pair)
+        self.lies: dict[str, _Lie] = {}
+        self._hashes: dict[tuple[Path, int, int], tuple[str, str]] = {}
+        self._lock = threading.Lock()
+
+    # --- the server ------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        return self.mirror.url
+
+    @property
+    def cos_tools_url(self) -> str:
+        return f"{self.url}/{COS_TOOLS}"
+
+    @property
+    def runfile_url(self) -> str:
+        return f"{self.url}/{RUNFILE_BUCKET}"
+
+    @property
+    def requests(self) -> list[Request]:
+        with self.mirror.lock:
+            return list(self.mirror.requests)
+
+    def requests_for(self, path: str) -> list[Request]:
+        return self.mirror.requests_for(path)
+
+    def __enter__(self) -> CosServer:
+        self.mirror.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.mirror.__exit__(*exc)
+        if self._tls_dir is not None:
+            shutil.rmtree(self._tls_dir, ignore_errors=True)
+
+    # --- faults ----------------------------------------------------------------------
+    def fault(self, path: str, *faults: Fault) -> None:
+        """httpserver's faults (drop, status, corrupt, truncate, change, ...) on a path."""
+        self.mirror.fault(path, *faults)
+
+    def missing(self, path: str, *, status: int = 404, times: int = 0) -> None:
+        """The object answers `status` (404: gone from the bucket); times=0: always."""
+        self.mirror.fault(path, Fault("status", status=status, times=times))
+
+    def lie(self, path: str, *, crc32c: bool = False, md5: bool = False,
+            missing: bool = False, composite: bool = False, times: int = 0) -> None:
+        """The body stays intact, the headers lie: a wrong crc32c, a wrong md5, no
+        x-goog-hash at all (`missing`), or only crc32c (`composite`, what Cloud Storage
+        sends for composite objects). times=0: every response for `path`."""
+        with self._lock:
+            self.lies[path] = _Lie(crc32c, md5, missing, composite, times)
+
+    def _take_lie(self, path: str) -> _Lie | None:
+        with self._lock:
+            lie = self.lies.get(path)
+            if lie and lie.times > 0:
+                lie.times -= 1
+                if lie.times == 0:
+                    del self.lies[path]
+            return lie
+
+    # --- headers ---------------------------------------------------------------------
+    def hashes(self, target: Path) -> tuple[str, str]:
+        """(crc32c, md5) of a served file, cached by size and mtime."""
+        info = target.stat()
+        key = (target, info.st_size, info.st_mtime_ns)
+        with self._lock:
+            cached = self._hashes.get(key)
+        if cached is None:
+            cached = object_hashes(target)
+            with self._lock:
+                self._hashes[key] = cached
+        return cached
+
+    def object_headers(self, path: str, fault: Fault | None) -> list[tuple[str, str]]:
+        """What Cloud Storage adds to a 200/206: the whole object's hashes and size."""
+        if fault is not None and fault.kind in ("change", "serve"):
+            crc, md5 = object_hashes(fault.other)
+            size = len(fault.other)
+        else:
+            target = (self.root / path.lstrip("/")).resolve()
+            if not target.is_file():
+                return []
+            crc, md5 = self.hashes(target)
+            size = target.stat().st_size
+        headers = [("x-goog-stored-content-length", str(size)),
+                   ("x-goog-storage-class", "STANDARD")]
+        lie = self._take_lie(path)
+        if lie is not None:
+            if lie.missing:
+                return headers
+            crc = _wrong(crc) if lie.crc32c else crc
+            md5 = _wrong(md5) if lie.md5 else md5
+            if lie.composite:
+                md5 = ""
+        if self.split_hash:
+            headers += [("x-goog-hash", x_goog_hash(crc, None))]
+            if md5:
+                headers.append(("x-goog-hash", x_goog_hash(None, md5)))
+        else:
+            headers.append(("x-goog-hash", x_goog_hash(crc, md5)))
+        return headers
+
+
+def parse_x_goog_hash(value: str) -> dict[str, str]:
+    """{"crc32c": b64, "md5": b64} from an x-goog-hash value (one or joined lines)."""
+    out: dict[str, str] = {}
+    for part in value.split(","):
+        name, sep, digest = part.strip().partition("=")
+        if sep:
+            out[name] = digest
+    return out
+
+
+def read_tgz(path: Path) -> dict[str, tuple[tarfile.TarInfo, bytes | None]]:
+    """Every member of a .tgz with its bytes (None for non-files), for assertions."""
+    out: dict[str, tuple[tarfile.TarInfo, bytes | None]] = {}
+    with tarfile.open(path, "r:gz") as tar:
+        for info in tar.getmembers():
+            handle = tar.extractfile(info) if info.isfile() else None
+            out[info.name] = (info, handle.read() if handle else None)
+    return out
+
+
+def xattr_bytes(info: tarfile.TarInfo, name: str = "security.ima") -> bytes | None:
+    """A member's SCHILY.xattr.<name> as the raw bytes GNU tar stored."""
+    value: Any = info.pax_headers.get(f"SCHILY.xattr.{name}")
+    return value.encode("utf-8", "surrogateescape") if value is not None else None
+
+
+__all__ = ["FIRMWARE", "IMA_XATTR", "MARKER", "MODULES", "CosBucket", "CosServer",
+           "cached_runfile", "firmware_bytes", "ima_xattr", "make_bucket", "module_bytes",
+           "object_hashes", "parse_x_goog_hash", "read_tgz", "runfile_key", "runfile_name",
+           "runfile_sources", "tarball_name", "x_goog_hash", "xattr_bytes"]
+
+
+# ------------------------------------------------------------------ a COS node
+
+
+def cos_node(root: Path, spec: NodeSpec | None = None) -> Path:
+    """A COS node tree (default: the gke-cos-a100x8 sample) with its kernel's own drm and
+    drm_kms_helper in /lib/modules (nvidia-drm needs them, as on a real COS image)."""
+    spec = spec or SAMPLE_NODES["gke-cos-a100x8"]
+    root.mkdir(parents=True)
+    build_node(root, spec)
+    tree = root / "lib" / "modules" / spec.kernel
+    drm, helper = "kernel/drivers/gpu/drm/drm.ko", "kernel/drivers/gpu/drm/drm_kms_helper.ko"
+    write_host_module(tree, drm, "drm")
+    write_host_module(tree, helper, "drm_kms_helper", ["drm"])
+    (tree / "modules.dep").write_text(f"{drm}:\n{helper}: {drm}\n")
+    return root
