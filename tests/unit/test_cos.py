@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import os
+from pathlib import Path
 
 import google_crc32c
 import pytest
@@ -159,3 +161,20 @@ class TestImaField:
     def test_refused(self, value: object, message: str) -> None:
         with pytest.raises(ValueError, match=message):
             parse_ima(value, {"firmware/a.bin"}, self._fail)
+
+    def test_stage_sets_the_attribute_or_says_why(self, tmp_path: Path) -> None:
+        from installer.errors import StagingError
+        from installer.packages.ima import XATTR, ImaEntry
+        from installer.packages.manifest import FileEntry
+        from installer.stages.stage.ima import set_signatures
+
+        entry = FileEntry("firmware/nvidia/535.261.03/gsp_ga10x.bin", 3, "0" * 64, 0o444,
+                          "firmware")
+        signed = ImaEntry(entry.path, b"\x03\x02sig")
+        staged = tmp_path / "firmware" / "nvidia" / "535.261.03" / "gsp_ga10x.bin"
+        with pytest.raises(StagingError, match=f"cannot set {XATTR} on firmware/nvidia"):
+            set_signatures(tmp_path, (entry,), (signed,))  # not staged yet: ENOENT
+        staged.parent.mkdir(parents=True)
+        staged.write_bytes(b"gsp")
+        set_signatures(tmp_path, (entry,), (signed,))
+        assert os.getxattr(staged, XATTR) == b"\x03\x02sig"
