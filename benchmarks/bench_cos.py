@@ -43,7 +43,7 @@ def baseline(server: CosServer, paths: list[str], tgz: Path, run: Path, work: Pa
     for path in paths:
         subprocess.run(f"curl -s --cacert {server.ca_bundle} {server.url}{path} | md5sum "
                        ">/dev/null", shell=True, check=True)
-    (work / "tgz").mkdir()
+    (work / "tgz").mkdir(parents=True)
     subprocess.run(["tar", "--xattrs", "-xzf", str(tgz), "-C", str(work / "tgz")], check=True)
     subprocess.run(["sh", str(run), "--noexec", "--nox11", "--target", str(work / "run")],
                    check=True, stdout=subprocess.DEVNULL)
@@ -74,7 +74,7 @@ def main() -> None:
         for _ in range(opts.runs):
             reboot(root / "proc")
             reboots.append(timed_install(args, env)[0])
-    size = (bucket.tarball.stat().st_size + bucket.runfile.stat().st_size) / 1e6
+        size = (bucket.tarball.stat().st_size + bucket.runfile.stat().st_size) / 1e6
     print(f"artifacts:                      {size:.0f} MB (modules tarball + runfile), HTTPS")
     print(f"first install on COS:           {first:.2f} s (peak RSS {rss:.0f} MB)")
     print(f"baseline curl|md5sum + tar + sh --noexec: {base_s:.2f} s   ratio "

@@ -80,24 +80,33 @@ def install(ctx: Context, *, paranoid: bool = False) -> InstallResult:
 
 def _install_locked(ctx: Context, previous: InstallState | None, *,
                     paranoid: bool) -> InstallResult:
-    from installer.pipeline import upgrade  # the Kubernetes client: requests
     from installer.stages import stage
 
     reused = fastpath.reusable_package(ctx, ctx.node_info(), previous, paranoid=paranoid)
     package = runner.fetch(ctx, reuse=reused)
     runner.run_stage(ctx, "prepare", lambda c: stage.prepare_version(c, package))
-    live = None  # UPGRADE_POLICY evict/drain: free the GPUs first (docs/deploy.md)
-    if ctx.config.upgrade_policy != "refuse":
-        live = runner.run_stage(ctx, "upgrade", lambda c: upgrade.free_gpus(c, package))
+    if ctx.config.upgrade_policy == "refuse":  # today's behaviour: no Kubernetes client
+        _load_to_signal(ctx, package)
+    else:
+        _live_upgrade(ctx, package)
+    manifest = package.manifest
+    return InstallResult(reused is not None, manifest.driver_version, manifest.kernel_release,
+                         manifest.flavour, package.digest, dict(ctx.timings_ms))
+
+
+def _live_upgrade(ctx: Context, package: Package) -> None:
+    """UPGRADE_POLICY evict/drain: free the GPUs first, then install, then uncordon
+    (docs/deploy.md). Imported only here: the Kubernetes client loads requests, which the
+    reboot fast path of a `refuse` node never needs."""
+    from installer.pipeline import upgrade
+
+    live = runner.run_stage(ctx, "upgrade", lambda c: upgrade.free_gpus(c, package))
     try:
         _load_to_signal(ctx, package)
     except InstallerError as exc:
         upgrade.failed(live, exc)
         raise
     upgrade.finish(ctx, live)
-    manifest = package.manifest
-    return InstallResult(reused is not None, manifest.driver_version, manifest.kernel_release,
-                         manifest.flavour, package.digest, dict(ctx.timings_ms))
 
 
 def _load_to_signal(ctx: Context, package: Package) -> None:
