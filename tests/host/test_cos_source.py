@@ -14,7 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cosbucket import CosBucket, CosServer, cos_node, make_bucket
+from cosbucket import CosBucket, cos_node, make_bucket
+from cosserver import CosServer
 from e2e import events, run_cli, standin_env
 from helpers import node_args, tree_listing
 from native import build_standins

@@ -21,19 +21,17 @@ from cosbucket import (
     MODULES,
     PADDED_ALIAS,
     CosBucket,
-    CosServer,
     cached_runfile,
     firmware_bytes,
     ima_xattr,
     make_bucket,
-    object_hashes,
-    parse_x_goog_hash,
     read_tgz,
     runfile_key,
     runfile_sources,
     tarball_name,
     xattr_bytes,
 )
+from cosserver import CosServer, object_hashes, parse_x_goog_hash
 from httpserver import Fault
 from native import build_standins
 from signing_keys import make_key, modinfo, openssl_verify
