@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import kubernetes_validate
 import yaml
@@ -80,17 +81,8 @@ def test_the_documented_live_upgrade_component_renders_in_another_overlay(
         tmp_path: Path) -> None:
     """The runbook's own-overlay snippet, laid out as the doc says: valid, rolling, and the
     component's binding names the service account in the overlay's namespace."""
-    shutil.copytree(REPO / "daemonset", tmp_path / "gpu-node-installer" / "daemonset")
     overlay = _block("# my-upgrading-cluster/kustomization.yaml")
-    my_cluster = tmp_path / "my-upgrading-cluster"
-    my_cluster.mkdir()
-    (my_cluster / "kustomization.yaml").write_text(yaml.safe_dump(overlay))
-    proc = subprocess.run([tool("kubectl"), "kustomize", str(my_cluster)], capture_output=True,
-                          text=True, timeout=120, check=False)
-    assert proc.returncode == 0, proc.stderr
-    docs = tuple(d for d in yaml.safe_load_all(proc.stdout) if d)
-    for doc in docs:
-        kubernetes_validate.validate(doc, "1.28.0", strict=True)
+    docs = _render_beside_repo(tmp_path / "my-upgrading-cluster", overlay)
     daemonset = one(docs, "DaemonSet", "gpu-node-installer")
     assert daemonset["spec"]["updateStrategy"]["type"] == "RollingUpdate"
     binding = one(docs, "ClusterRoleBinding", "gpu-node-installer-upgrade")
@@ -103,24 +95,15 @@ def test_the_documented_overlay_snippets_render_and_validate(tmp_path: Path) -> 
     """'Your own overlay' plus the air-gapped mirror CA and the module parameters, laid out as
     the doc says (the repository beside `my-cluster/`): the result is valid, every namespaced
     object lands in one namespace, and the additions reach the installer container."""
-    shutil.copytree(REPO / "daemonset", tmp_path / "gpu-node-installer" / "daemonset")
     overlay = _block("# my-cluster/kustomization.yaml")
     mirror = _block("# in your overlay's kustomization.yaml")
     params = _block("configMapGenerator:\n  - name: gpu-node-installer-module-params")
     _merge_generators(overlay["configMapGenerator"], mirror["configMapGenerator"])
     _merge_generators(overlay["configMapGenerator"], params["configMapGenerator"])
     overlay["patches"] = mirror["patches"]
-    my_cluster = tmp_path / "my-cluster"
-    my_cluster.mkdir()
-    (my_cluster / "kustomization.yaml").write_text(yaml.safe_dump(overlay))
-    (my_cluster / "ca.crt").write_text("-----BEGIN CERTIFICATE-----\n")
-    (my_cluster / "module-params.conf").write_text("nvidia.NVreg_EnableMSI=0\n")
-    proc = subprocess.run([tool("kubectl"), "kustomize", str(my_cluster)], capture_output=True,
-                          text=True, timeout=120, check=False)
-    assert proc.returncode == 0, proc.stderr
-    docs = tuple(d for d in yaml.safe_load_all(proc.stdout) if d)
-    for doc in docs:
-        kubernetes_validate.validate(doc, "1.28.0", strict=True)
+    docs = _render_beside_repo(tmp_path / "my-cluster", overlay, {
+        "ca.crt": "-----BEGIN CERTIFICATE-----\n",
+        "module-params.conf": "nvidia.NVreg_EnableMSI=0\n"})
     namespaced = {d["metadata"].get("namespace") for d in docs
                   if d["kind"] not in ("ClusterRole", "ClusterRoleBinding")}
     assert namespaced == {"kube-system"}
@@ -136,3 +119,22 @@ def test_the_documented_overlay_snippets_render_and_validate(tmp_path: Path) -> 
                      if v["name"] == "module-params")
     assert one(docs, "ConfigMap", params_cm)["data"] == {
         "module-params.conf": "nvidia.NVreg_EnableMSI=0\n"}
+
+
+def _render_beside_repo(overlay_dir: Path, overlay: dict[str, Any],
+                        files: dict[str, str] | None = None) -> tuple[dict[str, Any], ...]:
+    """Lay the overlay out as the docs say (this repository beside it, as
+    `gpu-node-installer/`), render it with kustomize and validate every object strictly."""
+    shutil.copytree(REPO / "daemonset", overlay_dir.parent / "gpu-node-installer" / "daemonset",
+                    dirs_exist_ok=True)
+    overlay_dir.mkdir()
+    (overlay_dir / "kustomization.yaml").write_text(yaml.safe_dump(overlay))
+    for name, text in (files or {}).items():
+        (overlay_dir / name).write_text(text)
+    proc = subprocess.run([tool("kubectl"), "kustomize", str(overlay_dir)], capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    docs = tuple(d for d in yaml.safe_load_all(proc.stdout) if d)
+    for doc in docs:
+        kubernetes_validate.validate(doc, "1.28.0", strict=True)
+    return docs

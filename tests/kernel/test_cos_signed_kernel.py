@@ -10,8 +10,8 @@ is rejected"), where the same module unsigned is refused as unsigned and one who
 garbled as a bad message (EBADMSG): a key the kernel trusts is not at hand, so "unavailable
 key" is the proof that the structure parsed.
 
-The sig_enforce boot of test_load_kernel.py runs tests/kernel/scenarios.py's fixed group;
-joining it would mean changing that group, so this file boots once on its own (~15-30 s).
+The guest runs scenarios.py's `raw_loads` group (the raw finit_module the sig_enforce group
+uses too); this file boots once on its own (~15-30 s).
 """
 
 from __future__ import annotations
@@ -37,38 +37,6 @@ pytestmark = pytest.mark.timeout(1200)  # cold: the open test modules compile fi
 
 VERSION = "535.261.03"
 ORDER = ("nvidia.ko", "nvidia-uvm.ko", "nvidia-modeset.ko", "nvidia-drm.ko")
-
-# Runs inside the guest: raw finit_module on each file, errno and the kernel's own words.
-PROBE = r'''
-import json, os, subprocess, sys
-from pathlib import Path
-from installer.node import syscalls
-
-args = json.loads(Path(sys.argv[1]).read_text())
-
-def dmesg():
-    return subprocess.run(["dmesg"], capture_output=True, text=True).stdout.splitlines()
-
-def modules():
-    return [line.split()[0] for line in Path("/proc/modules").read_text().splitlines()]
-
-out = {"sig_enforce": Path("/sys/module/module/parameters/sig_enforce").read_text().strip(),
-       "cmdline": Path("/proc/cmdline").read_text().strip(), "cases": {}}
-for case, path in args["cases"]:
-    before = len(dmesg())
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        syscalls.finit_module(fd, "")
-        code = 0
-    except OSError as exc:
-        code = exc.errno or -1
-    finally:
-        os.close(fd)
-    out["cases"][case] = {"errno": code, "strerror": os.strerror(code) if code else "",
-                          "dmesg": dmesg()[before:], "modules": modules()}
-Path(sys.argv[2]).write_text(json.dumps(out, indent=1))
-'''
-
 
 @pytest.fixture(scope="module")
 def open_modules(kernel: Kernel) -> Path:
@@ -113,8 +81,7 @@ def enforced(kernel: Kernel, open_modules: Path, from_tgz: Path,
     (mods / "garbled-nvidia.ko").write_bytes(unsigned + b"\x31" + tail[1:])  # DER tag broken
     cases.append(("garbled", str(mods / "garbled-nvidia.ko")))
     (out / "args.json").write_text(json.dumps({"cases": cases}))
-    (out / "probe.py").write_text(PROBE)
-    script = (f'"{sys.executable}" "$GNI_OUT/probe.py" "$GNI_OUT/args.json" '
+    script = (f'"{sys.executable}" tests/kernel/scenarios.py raw_loads "$GNI_OUT/args.json" '
               f'"$GNI_OUT/results.json"\n')
     result = guest.run_in_guest(script, kernel=kernel, cmdline="module.sig_enforce=1",
                                 timeout=600, cwd=REPO, env={"PYTHONPATH": str(REPO)},
