@@ -173,6 +173,23 @@ class TestRefusals:
             code, line, _ = _failing(tmp_path, server)
         assert code == 5 and "535.999.01" in line and "no prebuilt modules" in line, line
 
+    def test_firmware_differing_from_the_runfile(self, tmp_path: Path) -> None:
+        """A signature signs one file: the tarball's firmware must be the runfile's."""
+        from cosbucket import read_tgz, write_tgz, xattr_bytes
+
+        other = make_bucket(tmp_path / "b", build_id=BUILD, kernel_release=NODE.kernel,
+                            version=VERSION, standins=build_standins(tmp_path / "standins"))
+        members = []
+        for name, (info, data) in read_tgz(other.tarball).items():
+            xattrs = {"security.ima": x} if (x := xattr_bytes(info)) else {}
+            if name.endswith("gsp_ga10x.bin") and data is not None:
+                data = data[:-1] + bytes([data[-1] ^ 1])
+            members.append((name, data, xattrs))
+        write_tgz(other.tarball, members)
+        with CosServer(other.root) as server:
+            code, line, _ = _failing(tmp_path, server)
+        assert code == 7 and "gsp_ga10x.bin differs" in line, line
+
     def test_proprietary_only_gpus_are_refused_before_any_request(
             self, tmp_path: Path, server: CosServer) -> None:
         v100 = NodeSpec(os="cos", kernel=NODE.kernel,

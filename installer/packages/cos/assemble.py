@@ -10,6 +10,8 @@ running it; the firmware signatures go into the manifest's `ima`, set at staging
 
 from __future__ import annotations
 
+import hashlib
+import shutil
 import tarfile
 import zlib
 from dataclasses import dataclass
@@ -18,6 +20,7 @@ from pathlib import Path, PurePosixPath
 from installer.errors import IntegrityError
 from installer.packages.build import BuildRequest, BuildResult, build
 from installer.packages.ima import MAX_SIGNATURE, XATTR
+from installer.packages.manifest import HASH_CHUNK
 
 MAX_MODULE = 512 * 1024**2
 MAX_MEMBERS = 4096
@@ -36,15 +39,15 @@ class Prebuilt:
     """What the modules tarball held: the modules' directory, firmware and IMA signatures."""
 
     modules_dir: Path
-    firmware: dict[str, bytes]
+    firmware: dict[str, str]  # file name -> sha256 (a signature signs exactly those bytes)
     ima: dict[str, bytes]
 
 
 def unpack_modules(tgz: Path, dest: Path) -> Prebuilt:
-    """Every `.ko` into `dest` (flat), firmware bytes and signatures kept; members that are
-    not plain files, or whose names climb out, are refused."""
+    """Every `.ko` streamed into `dest` (flat), firmware digests and signatures kept; members
+    that are not plain files, or whose names climb out, are refused."""
     dest.mkdir(parents=True)
-    firmware: dict[str, bytes] = {}
+    firmware: dict[str, str] = {}
     ima: dict[str, bytes] = {}
     try:
         with tarfile.open(tgz, "r:gz") as tar:
@@ -69,19 +72,27 @@ def _check_member(where: str, member: tarfile.TarInfo, count: int) -> None:
 
 
 def _take(tar: tarfile.TarFile, member: tarfile.TarInfo, dest: Path,
-          firmware: dict[str, bytes], ima: dict[str, bytes]) -> None:
-    """A module is written out; firmware and `.sig` members are remembered."""
+          firmware: dict[str, str], ima: dict[str, bytes]) -> None:
+    """A module is streamed out; a firmware file's digest and `.sig` members are kept."""
     base = PurePosixPath(member.name).name
+    in_firmware = "firmware" in PurePosixPath(member.name).parts
     handle = tar.extractfile(member)
-    data = handle.read() if handle is not None else b""
-    if base.endswith(".ko"):
-        if (dest / base).exists():
-            raise ArtifactError(f"two modules named {base} ({member.name})")
-        (dest / base).write_bytes(data)
-    elif base.endswith(".sig") and "firmware" in PurePosixPath(member.name).parts:
-        ima[base.removesuffix(".sig")] = _signature(data, member.name)
-    elif "firmware" in PurePosixPath(member.name).parts:
-        firmware[base] = data
+    if handle is None:
+        raise ArtifactError(f"member {member.name!r} cannot be read")
+    with handle:
+        if base.endswith(".ko"):
+            if (dest / base).exists():
+                raise ArtifactError(f"two modules named {base} ({member.name})")
+            with (dest / base).open("xb") as out:
+                shutil.copyfileobj(handle, out, HASH_CHUNK)
+        elif base.endswith(".sig") and in_firmware:
+            ima[base.removesuffix(".sig")] = _signature(handle.read(MAX_SIGNATURE + 1),
+                                                        member.name)
+        elif in_firmware:
+            digest = hashlib.sha256()
+            while chunk := handle.read(HASH_CHUNK):
+                digest.update(chunk)
+            firmware[base] = digest.hexdigest()
     value = member.pax_headers.get(_PAX_XATTR)
     if value is not None and not base.endswith(".ko"):
         ima[base] = _signature(value.encode("utf-8", "surrogateescape"), member.name)
@@ -111,8 +122,8 @@ def _check_firmware(result: BuildResult, prebuilt: Prebuilt) -> None:
     """Firmware in both archives must be the same bytes: a signature signs one file."""
     staged = {PurePosixPath(e.path).name: e for e in result.manifest.files
               if e.kind == "firmware"}
-    for name, data in prebuilt.firmware.items():
+    for name, sha256 in prebuilt.firmware.items():
         entry = staged.get(name)
-        if entry is not None and (result.directory / entry.path).read_bytes() != data:
+        if entry is not None and entry.sha256 != sha256:
             raise ArtifactError(f"firmware {name} differs between the modules tarball and "
                                 "the runfile, so its signature cannot hold")

@@ -12,6 +12,7 @@ any download, so later boots are the fast path with no network.
 from __future__ import annotations
 
 import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -206,8 +207,6 @@ def build_package(target: CosTarget, settings: CosSettings, downloader: Download
                   requested: str, log: Any, **where: Any) -> BuildResult:
     """`package build --cos-build`: the package a node of that build would assemble, made
     ahead of time (for a preloaded image or an internal mirror)."""
-    import tempfile
-
     with tempfile.TemporaryDirectory(prefix="gni-cos-") as work:
         artifacts = CosArtifacts(target, settings, downloader, Path(work), log)
         aliases = artifacts.aliases()
