@@ -1,4 +1,4 @@
-"""The raw kernel calls for modules: finit_module(2) and delete_module(2) through ctypes.
+"""Raw kernel calls through ctypes: finit_module(2), delete_module(2), renameat2(2).
 
 glibc < 2.38 has no finit_module wrapper and the image must not depend on kmod, so the
 syscall numbers per machine live here. Errors come back as OSError with the kernel's errno;
@@ -8,6 +8,7 @@ the load stage maps them to errors with remedies.
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import platform
 from typing import Any
@@ -46,3 +47,27 @@ def delete_module(name: str) -> None:
     """delete_module(name, O_NONBLOCK): fail at once (EAGAIN) instead of waiting for users."""
     _syscall(_syscall_numbers()[1], ctypes.c_char_p(name.encode()),
              ctypes.c_uint(os.O_NONBLOCK))
+
+
+RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def exchange(first: str | os.PathLike[str], second: str | os.PathLike[str]) -> bool:
+    """renameat2(RENAME_EXCHANGE): swap two existing names in one atomic step.
+
+    False where the kernel, libc or filesystem cannot (ENOSYS, EINVAL, no wrapper in libc):
+    the caller then falls back to two renames. Other failures raise OSError.
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    call = getattr(libc, "renameat2", None)
+    if call is None:
+        return False
+    done = call(ctypes.c_int(_AT_FDCWD), os.fsencode(first), ctypes.c_int(_AT_FDCWD),
+                os.fsencode(second), ctypes.c_uint(RENAME_EXCHANGE))
+    if done == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL):
+        return False
+    raise OSError(err, os.strerror(err), str(first))

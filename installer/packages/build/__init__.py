@@ -142,7 +142,7 @@ def build(request: BuildRequest) -> BuildResult:
         modules, signatures = apply(request.signing, modules, Path(work))
         manifest, data = write_package(destination, identity, request.arch, request.os, picked,
                                        links, modules, load_order(modules), signatures,
-                                       provenance, ima=dict(request.ima))
+                                       provenance, ima=dict(request.ima), repo=request.repo)
     digest = sha256_hex(data)
     tarball = write_tarball(destination, request.tarball) if request.tarball else None
     index, aliases = (update_index(request.repo, manifest, digest, request.aliases)

@@ -1,24 +1,31 @@
 """Write a built package: files hashed while copied, manifest, atomic swap, tarball, index.
 
 Everything lands in a temp directory beside its destination and is renamed into place
-only when complete; `index.json` is replaced atomically, so a reader never sees half.
+only when complete (over an old package: one `renameat2(RENAME_EXCHANGE)`, so the place is
+never empty); `index.json` is replaced atomically (fsynced temp, rename), so a reader never
+sees half. A package replaced by other contents is first withdrawn from the index, so a
+SIGKILL at any instant leaves an index that lists only packages holding what it says.
+Builds of one place take a lock beside it and remove what killed runs left there.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import glob
 import gzip
 import hashlib
 import os
 import shutil
 import tarfile
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from installer.node.host import write_atomic
+from installer.node.syscalls import exchange
 from installer.packages.build.inputs import (
     COPY_CHUNK,
     KIND_MODES,
@@ -36,6 +43,7 @@ from installer.packages.manifest import (
     dump_manifest,
     manifest_from_dict,
     manifest_to_dict,
+    sha256_hex,
 )
 from installer.packages.repository import (
     INDEX_NAME,
@@ -62,29 +70,51 @@ def write_package(destination: Path, identity: Identity, arch: str,
                   os_info: dict[str, str] | None, picked: list[Picked], links: list[LinkEntry],
                   modules: list[ModuleInfo], ordered: list[ModuleInfo],
                   signatures: tuple[SignatureEntry, ...], provenance: dict[str, Any] | None,
-                  *, ima: Mapping[str, bytes] | None = None) -> tuple[Manifest, bytes]:
-    """Copy and hash every file into a temp dir beside `destination`, then swap it in."""
+                  *, ima: Mapping[str, bytes] | None = None, repo: Path | None = None
+                  ) -> tuple[Manifest, bytes]:
+    """Copy and hash every file into a temp dir beside `destination`, then swap it in
+    (with `repo`: after withdrawing an index entry that names other contents for it)."""
     destination.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{destination.name}.", dir=destination.parent))
-    try:
-        picked = [_firmware_home(item, identity.driver_version) for item in picked]
-        ima_entries = _ima_entries(picked, ima or {})
-        module_files = [Picked(f"modules/{m.path.name}", m.path, "module") for m in modules]
-        entries = [_copy(item, tmp) for item in sorted(picked + module_files,
-                                                       key=lambda p: p.relpath)]
-        manifest = manifest_from_dict(manifest_to_dict(Manifest(
-            1, identity.driver_version, identity.kernel_release, arch,
-            identity.flavour, os_info, tuple(entries),
-            tuple(ModuleEntry(m.name, f"modules/{m.path.name}", m.depends, {})
-                  for m in ordered), tuple(links), signatures, provenance, ima_entries)))
-        data = dump_manifest(manifest)
-        (tmp / MANIFEST_NAME).write_bytes(data)
-        tmp.chmod(0o755)
-        _swap_into_place(tmp, destination)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    with _place_lock(destination):
+        tmp = Path(tempfile.mkdtemp(prefix=f".{destination.name}.", dir=destination.parent))
+        try:
+            picked = [_firmware_home(item, identity.driver_version) for item in picked]
+            ima_entries = _ima_entries(picked, ima or {})
+            module_files = [Picked(f"modules/{m.path.name}", m.path, "module")
+                            for m in modules]
+            entries = [_copy(item, tmp) for item in sorted(picked + module_files,
+                                                           key=lambda p: p.relpath)]
+            manifest = manifest_from_dict(manifest_to_dict(Manifest(
+                1, identity.driver_version, identity.kernel_release, arch,
+                identity.flavour, os_info, tuple(entries),
+                tuple(ModuleEntry(m.name, f"modules/{m.path.name}", m.depends, {})
+                      for m in ordered), tuple(links), signatures, provenance, ima_entries)))
+            data = dump_manifest(manifest)
+            (tmp / MANIFEST_NAME).write_bytes(data)
+            tmp.chmod(0o755)
+            if repo is not None:
+                withdraw(repo, manifest, sha256_hex(data))
+            _swap_into_place(tmp, destination)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     return manifest, data
+
+
+@contextlib.contextmanager
+def _place_lock(destination: Path) -> Iterator[None]:
+    """One build of a place at a time; what killed builds left beside it is removed."""
+    lock_path = destination.with_name(f".{destination.name}.lock")
+    with lock_path.open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for stale in destination.parent.glob(f".{glob.escape(destination.name)}.*"):
+            if stale == lock_path:
+                continue
+            if stale.is_dir() and not stale.is_symlink():
+                shutil.rmtree(stale, ignore_errors=True)
+            else:
+                stale.unlink(missing_ok=True)
+        yield
 
 
 def _ima_entries(picked: list[Picked], ima: Mapping[str, bytes]) -> tuple[ImaEntry, ...]:
@@ -122,13 +152,17 @@ def _copy(item: Picked, root: Path) -> FileEntry:
 
 
 def _swap_into_place(tmp: Path, destination: Path) -> None:
-    old = None
-    if destination.exists():
-        old = destination.with_name(f".{destination.name}.old-{os.getpid()}")
-        os.rename(destination, old)
+    """`tmp` becomes `destination` in one step; the old package is then removed."""
+    if not destination.exists():
+        os.rename(tmp, destination)
+        return
+    if exchange(tmp, destination):  # tmp now holds the old package
+        shutil.rmtree(tmp, ignore_errors=True)
+        return
+    old = destination.with_name(f".{destination.name}.old-{os.getpid()}")
+    os.rename(destination, old)  # no RENAME_EXCHANGE here: a short gap, never a mix
     os.rename(tmp, destination)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def write_tarball(directory: Path, target: Path) -> Path:
@@ -150,34 +184,46 @@ def write_tarball(directory: Path, target: Path) -> Path:
     return target
 
 
-def update_index(repo: Path, manifest: Manifest, digest: str, alias_names: tuple[str, ...]
-                 ) -> tuple[Path, dict[str, str]]:
-    """Add the package to `<repo>/index.json` (creating it), set aliases, write atomically.
-
-    Read, change and replace happen under an exclusive lock on `<repo>/.index.json.lock`,
-    so builds finishing together (threads of one command, or two commands) lose nothing.
-    """
+@contextlib.contextmanager
+def _index_lock(repo: Path) -> Iterator[Index]:
+    """The index as it is, read under an exclusive lock on `<repo>/.index.json.lock`, so
+    builds finishing together (threads of one command, or two commands) lose nothing;
+    temp files of killed writers are removed under it."""
     repo.mkdir(parents=True, exist_ok=True)
     with (repo / f".{INDEX_NAME}.lock").open("a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        return _update_index(repo, manifest, digest, alias_names)
+        for stale in repo.glob(f".{INDEX_NAME}.tmp-*"):  # a killed writer's
+            stale.unlink(missing_ok=True)
+        path = repo / INDEX_NAME
+        index = Index()
+        if path.exists():
+            with path.open("rb") as handle:
+                index = parse_index(handle.read(MAX_INDEX_BYTES + 1), str(path))
+        yield index
 
 
-def _update_index(repo: Path, manifest: Manifest, digest: str, alias_names: tuple[str, ...]
-                  ) -> tuple[Path, dict[str, str]]:
-    path = repo / INDEX_NAME
-    index = Index()
-    if path.exists():
-        with path.open("rb") as handle:
-            index = parse_index(handle.read(MAX_INDEX_BYTES + 1), str(path))
+def _candidate(manifest: Manifest, digest: str) -> Candidate:
+    return Candidate(manifest.driver_version, manifest.kernel_release, manifest.arch,
+                     manifest.flavour, manifest.key, digest, manifest.os)
+
+
+def withdraw(repo: Path, manifest: Manifest, digest: str) -> None:
+    """Before a package's directory is replaced: an index entry for its place that names
+    another digest goes (it would name a manifest the directory no longer holds)."""
+    if not (repo / INDEX_NAME).exists():
+        return
+    key = _candidate(manifest, digest).key
+    with _index_lock(repo) as index:
+        kept = tuple(c for c in index.packages if c.key != key or c.manifest_sha256 == digest)
+        if len(kept) != len(index.packages):
+            write_atomic(repo / INDEX_NAME, index_to_bytes(Index(kept, index.aliases)))
+
+
+def update_index(repo: Path, manifest: Manifest, digest: str, alias_names: tuple[str, ...]
+                 ) -> tuple[Path, dict[str, str]]:
+    """Add the package to `<repo>/index.json` (creating it), set aliases, write atomically."""
     aliases = {name: manifest.driver_version for name in alias_names}
-    candidate = Candidate(manifest.driver_version, manifest.kernel_release, manifest.arch,
-                          manifest.flavour, manifest.key, digest, manifest.os)
-    tmp = path.with_name(f".{INDEX_NAME}.tmp-{os.getpid()}")
-    try:
-        tmp.write_bytes(index_to_bytes(with_package(index, candidate, aliases)))
-        os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-    return path, aliases
+    with _index_lock(repo) as index:
+        write_atomic(repo / INDEX_NAME,
+                     index_to_bytes(with_package(index, _candidate(manifest, digest), aliases)))
+    return repo / INDEX_NAME, aliases

@@ -66,7 +66,7 @@ def build_source(request: BuildRequest, user_trees: Callable[[Any, Path], list[P
                       "kernel_headers": [], "compiler": "", "patches": []}
         manifest, data = write_package(destination, identity, request.arch, request.os,
                                        picked + source_files(tree), links, [], [], (),
-                                       provenance)
+                                       provenance, repo=request.repo)
     digest = sha256_hex(data)
     tarball = write_tarball(destination, request.tarball) if request.tarball else None
     index, aliases = (update_index(request.repo, manifest, digest, request.aliases)
