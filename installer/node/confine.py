@@ -7,6 +7,12 @@ writes, renames or deletes is resolved the way the node resolves it: absolute li
 re-rooted at the host root, `..` clamped there. `openat2(2)` with `RESOLVE_IN_ROOT` does it
 in the kernel where it exists (Linux 5.6+); otherwise, and for the part of a path that does
 not exist yet, a walk component by component does the same.
+
+A path resolved here is still a path: a link swapped into it on the node before the write
+would redirect a path-based write. `open_dir` closes that gap for the writes that matter (the
+install dir's switch, the cache's rename, `node.host`): the directory is opened by
+openat2(RESOLVE_IN_ROOT) at the instant of the write and the write goes through that
+descriptor (`*at()`), so it lands inside the host root or fails, never outside.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ class _OpenHow(ctypes.Structure):
 
 _libc: ctypes.CDLL | None = None
 _ROOT_FDS: dict[Path, int] = {}
+_HOST_ROOTS: dict[str, Path] = {}  # the host roots this process confines to
 _openat2_works = _SYS_OPENAT2 is not None
 
 
@@ -48,6 +55,7 @@ def resolve(root: Path, relative: PurePosixPath, *, follow_last: bool = True) ->
     delete, never the file it points at). Raises EscapeError when the result would lie
     outside the host root or the host root is not a directory.
     """
+    _remember(root)
     parts = [p for p in relative.parts if p not in ("", ".", "/")]
     if not follow_last and parts and parts[-1] != "..":
         parent = resolve(root, PurePosixPath(*parts[:-1]), follow_last=True)
@@ -72,11 +80,15 @@ def check_root(root: Path) -> None:
                           remedy="mount the node's / there or pass --host-root")
 
 
-def _kernel_resolve(root: Path, parts: list[str]) -> Path | None:
-    """openat2(RESOLVE_IN_ROOT) + the fd's path; None when unavailable or a part is missing."""
-    global _openat2_works
-    if not _openat2_works:
-        return None
+def _remember(root: Path) -> None:
+    key = str(root).rstrip("/") or "/"
+    if key not in _HOST_ROOTS:
+        if len(_HOST_ROOTS) >= 8:  # a process has one host root; tests make many
+            _HOST_ROOTS.pop(next(iter(_HOST_ROOTS)))
+        _HOST_ROOTS[key] = root
+
+
+def _root_fd(root: Path) -> int:
     dirfd = _ROOT_FDS.get(root)
     if dirfd is None:
         try:
@@ -84,13 +96,53 @@ def _kernel_resolve(root: Path, parts: list[str]) -> Path | None:
         except OSError:
             check_root(root)
             raise
-        if len(_ROOT_FDS) >= 8:  # a process has one host root; tests make many
+        if len(_ROOT_FDS) >= 8:
             os.close(_ROOT_FDS.pop(next(iter(_ROOT_FDS))))
         _ROOT_FDS[root] = dirfd  # kept open: one open per host root, not per path
-    fd = _openat2(dirfd, "/".join(parts).encode())
+    return dirfd
+
+
+def _unavailable(err: int) -> bool:
+    """Whether openat2 failed for want of the call itself (old kernel, seccomp)."""
+    global _openat2_works
+    if err in (errno.ENOSYS, errno.EPERM, errno.EINVAL, errno.E2BIG):
+        _openat2_works = False  # walk, and write by path, from now on
+    return not _openat2_works
+
+
+def kernel_confines() -> bool:
+    """Whether openat2(RESOLVE_IN_ROOT) works here (False after ENOSYS and the like)."""
+    return _openat2_works
+
+
+def open_dir(path: Path) -> int | None:
+    """An O_PATH descriptor of the directory `path` (a path under a host root this process
+    confines to), resolved again at this instant by openat2(RESOLVE_IN_ROOT): a link swapped
+    into the path since leads inside the root or nowhere. None when `path` is under no known
+    host root or openat2 is unavailable (the caller then writes by path); OSError (ENOENT,
+    ENOTDIR) when the directory is not there inside the root any more."""
+    text = str(path)
+    keys = [k for k in _HOST_ROOTS if text == k or text.startswith(k.rstrip("/") + "/")]
+    if not keys or not _openat2_works:
+        return None
+    key = max(keys, key=len)
+    fd = _openat2(_root_fd(_HOST_ROOTS[key]), (text[len(key):].strip("/") or ".").encode(),
+                  os.O_DIRECTORY)
+    if fd >= 0:
+        return fd
+    if _unavailable(-fd):
+        return None
+    raise OSError(-fd, os.strerror(-fd), text)
+
+
+def _kernel_resolve(root: Path, parts: list[str]) -> Path | None:
+    """openat2(RESOLVE_IN_ROOT) + the fd's path; None when unavailable or a part is missing."""
+    global _openat2_works
+    if not _openat2_works:
+        return None
+    fd = _openat2(_root_fd(root), "/".join(parts).encode())
     if fd < 0:
-        if -fd in (errno.ENOSYS, errno.EPERM, errno.EINVAL, errno.E2BIG):
-            _openat2_works = False  # old kernel or seccomp: walk from now on
+        _unavailable(-fd)
         return None
     try:
         real = os.readlink(f"/proc/self/fd/{fd}")
@@ -121,12 +173,13 @@ def _rebase(root: Path, real: Path) -> Path:
         raise EscapeError(f"{real} lies outside the host root {root}") from None
 
 
-def _openat2(dirfd: int, path: bytes) -> int:
-    """The raw syscall: a file descriptor, or minus the errno."""
+def _openat2(dirfd: int, path: bytes, flags: int = 0) -> int:
+    """The raw syscall (O_PATH, plus `flags`): a file descriptor, or minus the errno."""
     global _libc
     if _libc is None:
         _libc = ctypes.CDLL(None, use_errno=True)
-    how = _OpenHow(os.O_PATH | os.O_CLOEXEC, 0, _RESOLVE_IN_ROOT | _RESOLVE_NO_MAGICLINKS)
+    how = _OpenHow(os.O_PATH | os.O_CLOEXEC | flags, 0,
+                   _RESOLVE_IN_ROOT | _RESOLVE_NO_MAGICLINKS)
     fd = int(_libc.syscall(ctypes.c_long(_SYS_OPENAT2 or -1), ctypes.c_int(dirfd),
                            ctypes.c_char_p(path), ctypes.byref(how),
                            ctypes.c_size_t(ctypes.sizeof(how))))

@@ -281,10 +281,63 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+_by_path_noted = False
+
+
+def _dir_fd(path: Path) -> int | None:
+    """`confine.open_dir`, saying once in the log when writes fall back to paths."""
+    global _by_path_noted
+    fd = _confine.open_dir(path)
+    if fd is None and not _confine.kernel_confines() and not _by_path_noted:
+        _by_path_noted = True
+        import structlog  # only on kernels without openat2 (before 5.6) or under seccomp
+
+        structlog.get_logger().warning(
+            "openat2 unavailable: writes on the node go by path (a link swapped into the "
+            "install dir's path while a write runs could redirect it)")
+    return fd
+
+
 def replace_symlink(link: Path, target: str) -> None:
-    """Make `link` point at `target` with one atomic rename: readers see old or new."""
-    tmp = link.with_name(f".{link.name}.new-{os.getpid()}")
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(tmp)
-    os.symlink(target, tmp)
-    os.replace(tmp, link)
+    """Make `link` point at `target` with one atomic rename: readers see old or new.
+
+    Under a host root the link's directory is opened in the root (RESOLVE_IN_ROOT) and
+    the link made and renamed through that descriptor, never through the path again.
+    """
+    tmp_name = f".{link.name}.new-{os.getpid()}"
+    fd = _dir_fd(link.parent)
+    if fd is None:
+        tmp = link.with_name(tmp_name)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        os.symlink(target, tmp)
+        os.replace(tmp, link)
+        return
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp_name, dir_fd=fd)
+        os.symlink(target, tmp_name, dir_fd=fd)
+        os.replace(tmp_name, link.name, src_dir_fd=fd, dst_dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
+def rename_confined(source: Path, target: Path) -> None:
+    """`os.replace(source, target)`, both directories opened in the host root at this
+    instant (as `replace_symlink`), so a swapped-in link cannot carry it outside."""
+    source_fd = _dir_fd(source.parent)
+    if source_fd is None:
+        os.replace(source, target)
+        return
+    try:
+        target_fd = source_fd if target.parent == source.parent else _dir_fd(target.parent)
+        if target_fd is None:  # the target lies under no host root: its path as given
+            os.replace(source, target)
+            return
+        try:
+            os.replace(source.name, target.name, src_dir_fd=source_fd, dst_dir_fd=target_fd)
+        finally:
+            if target_fd != source_fd:
+                os.close(target_fd)
+    finally:
+        os.close(source_fd)

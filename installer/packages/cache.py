@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from installer.errors import StagingError
+from installer.node.host import rename_confined
 from installer.packages.documents import DocumentError, read_document, read_file
 from installer.packages.manifest import (
     HASH_CHUNK,
@@ -131,7 +132,7 @@ class Cache:
             if target.parent.is_symlink():  # the store's own dirs are real, never followed
                 raise OSError(errno.ELOOP, f"{target.parent} is a symbolic link")
             tmp.chmod(0o444)
-            os.replace(tmp, target)
+            rename_confined(tmp, target)  # through descriptors opened in the host root
         except OSError as exc:
             raise CacheError(f"cannot store {sha256[:12]} in {self.root}: {exc.strerror}"
                              ) from None
@@ -208,7 +209,7 @@ class Cache:
         try:
             refs.mkdir(parents=True, exist_ok=True)
             tmp.write_text(json.dumps(ref, indent=1) + "\n", encoding="utf-8")
-            os.replace(tmp, refs / f"{digest}.json")
+            rename_confined(tmp, refs / f"{digest}.json")
         except OSError as exc:
             raise CacheError(f"cannot write a ref in {refs}: {exc.strerror}") from None
 
