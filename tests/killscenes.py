@@ -1,8 +1,8 @@
 """The three kill-storm scenes of issue 22, each as cheap as its path allows.
 
 - `cos_scene`: `install` on a COS node from the cos-tools layout served over HTTPS (a
-  small runfile: the NVML/CUDA stand-ins, so a run is ~2 s); the cache is emptied before
-  most runs, so almost every run downloads and assembles the package again.
+  small runfile: the NVML/CUDA stand-ins plus random padding, so a run is ~2 s); the cache
+  is emptied before most runs, so almost every run downloads and assembles the package.
 - `fallback_scene`: `install --build-fallback auto` on a node with the real Debian headers and
   a repository holding only a source package (stand-in module sources, really compiled with
   make and gcc-12); the cache is emptied before most runs, so each one builds again.
@@ -69,16 +69,28 @@ def _node_storm(name: str, argv: list[str], env: dict[str, str], root: Path) -> 
                  prepare=lambda i: _empty_cache(root / INSTALL / ".cache", i))
 
 
+def _padded(source: Path, target: Path, padding: int) -> Path:
+    """A copy of a library with `padding` random bytes after its ELF (the loader maps only
+    what its program headers name)."""
+    shutil.copyfile(source, target)
+    with target.open("ab") as out:
+        for _ in range(padding >> 20):
+            out.write(os.urandom(1 << 20))
+    return target
+
+
 def small_runfile(bucket_root: Path, standins: Path, firmware: dict[str, bytes],
-                  work: Path) -> Path:
-    """NVIDIA's runfile layout with only the stand-ins and a stand-in nvidia-smi (~30 kB)."""
+                  work: Path, *, padding: int = 0) -> Path:
+    """NVIDIA's runfile layout with only the stand-ins (libcuda padded with `padding`
+    random bytes) and a stand-in nvidia-smi."""
     work.mkdir(parents=True)
     smi, page = work / "nvidia-smi", work / "nvidia-smi.1.gz"
     smi.write_text("#!/bin/sh\necho stand-in\n")
     page.write_bytes(b"")
+    cuda = _padded(standins / "libcuda.so.1", work / "libcuda.so.1", padding)
     staging = work / "stage" / f"NVIDIA-Linux-x86_64-{VERSION}"
     _stage_runfile(staging, VERSION, {f"libnvidia-ml.so.{VERSION}": standins / "libnvidia-ml.so.1",
-                                      f"libcuda.so.{VERSION}": standins / "libcuda.so.1",
+                                      f"libcuda.so.{VERSION}": cuda,
                                       "nvidia-smi": smi, "nvidia-smi.1.gz": page}, firmware)
     target = bucket_root / RUNFILE_BUCKET / "tesla" / VERSION / runfile_name(VERSION)
     target.parent.mkdir(parents=True)
@@ -89,11 +101,13 @@ def small_runfile(bucket_root: Path, standins: Path, firmware: dict[str, bytes],
 
 
 @contextmanager
-def cos_scene(base: Path) -> Iterator[Storm]:
+def cos_scene(base: Path, *, padding: int = 24 << 20) -> Iterator[Storm]:
+    """`padding` bytes in the runfile make downloading and assembling the larger part of a
+    run, as they are on a node (NVIDIA's real runfile is ~300 MB)."""
     standins = build_standins(base / "standins")
     bucket = make_bucket(base / "cos", build_id=COS_BUILD, kernel_release=COS_NODE.kernel,
                          version=VERSION, runfile=False)
-    small_runfile(bucket.root, standins, bucket.firmware, base / "runfile")
+    small_runfile(bucket.root, standins, bucket.firmware, base / "runfile", padding=padding)
     root = cos_node(base / "node", COS_NODE)
     with CosServer(bucket.root) as server:
         assert server.ca_bundle is not None
@@ -166,9 +180,8 @@ def repo_scene(base: Path, *, padding: int = 48 << 20) -> Iterator[Storm]:
     """`padding` bytes (appended to libcuda) make writing the package a visible part of a
     run, as against the interpreter's start-up."""
     tree = standin_tree(base / "tree", build_standins(base / "built"), VERSION)
-    with next(tree.rglob(f"libcuda.so.{VERSION}")).open("ab") as cuda:  # after its ELF
-        for _ in range(padding >> 20):
-            cuda.write(os.urandom(1 << 20))
+    cuda = next(tree.rglob(f"libcuda.so.{VERSION}"))
+    _padded(cuda, cuda.with_name("padded"), padding).replace(cuda)
     modules = {(k, v): stand_in_modules(base / "modules" / f"{k}-{v}", k, v)
                for k in REPO_KERNELS for v in "ab"}
     repo = base / "repo"

@@ -18,34 +18,10 @@ from pathlib import Path
 
 from e2e import FAKENODE, Scene, add_version, make_scene, run_cli, standin_env
 from httpserver import MirrorServer
+from killstorm import check_consistent
 
 V1, V2 = "535.261.03", "535.309.01"
 KILLS = 100
-
-
-def _complete(version_dir: Path) -> str:
-    """A version directory is whole: metadata written last, and the SONAME links resolve."""
-    meta = json.loads((version_dir / ".staged.json").read_text())
-    assert (version_dir / "lib64" / "libnvidia-ml.so.1").is_file()
-    assert (version_dir / "lib64" / "libcuda.so.1").is_file()
-    assert meta["digest"] and version_dir.name.startswith(meta["driver_version"])
-    return str(meta["driver_version"])
-
-
-def check_consistent(install_dir: Path, *, quiescent: bool = True) -> str | None:
-    """The version `lib64` and `bin` lead into, asserting it is complete; None before any.
-
-    While a run is switching, two separate lookups may straddle the one atomic rename of
-    `.current`, so only a quiescent check (no run alive) requires both to agree.
-    """
-    lib64, bindir = install_dir / "lib64", install_dir / "bin"
-    if not lib64.is_symlink():
-        return None
-    version = _complete(lib64.resolve().parent)
-    other = _complete(bindir.resolve().parent)
-    if quiescent:
-        assert other == version, "lib64 and bin point at different versions"
-    return version
 
 
 class Watcher(threading.Thread):

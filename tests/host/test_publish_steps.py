@@ -39,54 +39,44 @@ def _publish(repo: Path, tree: Path, modules: Path) -> str:
                               aliases=("default",), force=True)).digest
 
 
-def _watch_swap(monkeypatch: pytest.MonkeyPatch, repo: Path) -> list[tuple[str, list[str]]]:
-    """Record check_repo and the index's digests just before and just after every swap."""
-    seen: list[tuple[str, list[str]]] = []
-    real = publish._swap_into_place
-
-    def swap(tmp: Path, destination: Path) -> None:
-        seen.append(("before", check_repo(repo)))
-        real(tmp, destination)
-        seen.append(("after", check_repo(repo)))
-
-    monkeypatch.setattr(publish, "_swap_into_place", swap)
-    return seen
-
-
 def _listed(repo: Path) -> list[str]:
     index = json.loads((repo / "index.json").read_text())
     return [p["manifest_sha256"] for p in index["packages"]]
 
 
-def test_replacing_contents_withdraws_the_entry_first(
-        tmp_path: Path, inputs: tuple[Path, Path, Path],
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def _watch_swap(monkeypatch: pytest.MonkeyPatch, repo: Path
+                ) -> list[tuple[str, list[str], list[str]]]:
+    """Record check_repo and the digests index.json lists just before and just after every
+    swap: the states a SIGKILL there would leave."""
+    seen: list[tuple[str, list[str], list[str]]] = []
+    real = publish._swap_into_place
+
+    def swap(tmp: Path, destination: Path) -> None:
+        seen.append(("before", check_repo(repo), _listed(repo)))
+        real(tmp, destination)
+        seen.append(("after", check_repo(repo), _listed(repo)))
+
+    monkeypatch.setattr(publish, "_swap_into_place", swap)
+    return seen
+
+
+@pytest.mark.parametrize("contents", ["other", "same"])
+def test_the_states_around_the_swap_are_whole(
+        tmp_path: Path, inputs: tuple[Path, Path, Path], monkeypatch: pytest.MonkeyPatch,
+        contents: str) -> None:
+    """Other contents: the old entry is withdrawn first (without that, index.json named the
+    old digest while the directory held the new package). The same contents: the entry
+    stays listed, and the place is never empty (one exchange)."""
     tree, first, second = inputs
     repo = tmp_path / "repo"
     old = _publish(repo, tree, first)
     seen = _watch_swap(monkeypatch, repo)
-    new = _publish(repo, tree, second)
-    assert old != new
-    assert seen == [("before", []), ("after", [])]
+    new = _publish(repo, tree, first if contents == "same" else second)
+    assert (new == old) is (contents == "same")
+    listed = [old] if contents == "same" else []
+    assert seen == [("before", [], listed), ("after", [], listed)]
     assert _listed(repo) == [new]
     assert check_repo(repo, quiescent=True) == []
-
-
-def test_identical_rebuild_keeps_its_entry_listed(
-        tmp_path: Path, inputs: tuple[Path, Path, Path],
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """Same bytes, same digest: never withdrawn, and the place is never empty (exchange)."""
-    tree, first, _ = inputs
-    repo = tmp_path / "repo"
-    digest = _publish(repo, tree, first)
-    seen = _watch_swap(monkeypatch, repo)
-    withdrawn: list[str] = []
-    real_withdraw = publish.withdraw
-    monkeypatch.setattr(publish, "withdraw", lambda r, m, d: (
-        withdrawn.extend(_listed(r)), real_withdraw(r, m, d))[1])
-    assert _publish(repo, tree, first) == digest
-    assert seen == [("before", []), ("after", [])]
-    assert withdrawn == [digest] and _listed(repo) == [digest]
 
 
 def test_leftovers_of_killed_builds_are_removed(
