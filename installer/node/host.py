@@ -243,28 +243,37 @@ def write_atomic(path: Path, data: bytes, *, mode: int = 0o644) -> None:
     """Write a file so that readers see the old content or the new, never a part.
 
     The bytes go to an adjacent temp file, are fsynced, then renamed over `path`; the
-    directory is fsynced so the rename survives a power cut.
+    directory is fsynced so the rename survives a power cut. Under a host root the temp
+    file is made and renamed through the directory's descriptor (see `replace_symlink`).
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.unlink(missing_ok=True)
+    fd = _dir_fd(path.parent)
+    tmp, name = (path.with_name(f".{path.name}.tmp-{os.getpid()}"), path) if fd is None \
+        else (f".{path.name}.tmp-{os.getpid()}", path.name)
     try:
-        with os.fdopen(create_new(tmp), "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp, dir_fd=fd)
+        try:
+            with os.fdopen(create_new(tmp, dir_fd=fd), "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fchmod(handle.fileno(), mode)
+                os.fsync(handle.fileno())
+            os.replace(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp, dir_fd=fd)
     finally:
-        tmp.unlink(missing_ok=True)
+        if fd is not None:
+            os.close(fd)
     fsync_dir(path.parent)
 
 
-def create_new(path: Path, mode: int = 0o600) -> int:
+def create_new(path: Path | str, mode: int = 0o600, *, dir_fd: int | None = None) -> int:
     """Open a file that must not exist yet (O_EXCL, no link followed): a write never goes
     through an existing path, such as a hard link into the package cache."""
     return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                   mode)
+                   mode, dir_fd=dir_fd)
 
 
 def fsync_dir(path: Path) -> None:

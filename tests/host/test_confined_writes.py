@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from installer.node import confine
-from installer.node.host import Roots, rename_confined, replace_symlink
+from installer.node.host import Roots, rename_confined, replace_symlink, write_atomic
 from installer.packages.cache import Cache, CacheError
 
 INSTALL = "home/kubernetes/bin/nvidia"
@@ -65,6 +65,21 @@ def test_switch_after_swap_lands_inside_when_the_link_leads_there(tmp_path: Path
     assert os.readlink(roots.host / "home.real/kubernetes/bin/nvidia/.current") == \
         ".versions/v2"
     assert not (outside / "kubernetes/bin/nvidia/.current").exists()
+
+
+def test_state_file_after_swap_is_refused_not_written_outside(tmp_path: Path) -> None:
+    """`.state.json`, `.ready.json` and the like (write_atomic) are made the same way."""
+    roots, _, outside = _scene(tmp_path)
+    path = roots.entry(roots.host / INSTALL / ".ready.json")
+    _swap_home_for_escape(roots.host)
+    with pytest.raises(FileNotFoundError):
+        write_atomic(path, b"{}")
+    assert [p for p in outside.rglob("*") if p.is_file()] == []
+    os.unlink(roots.host / "home")
+    os.rename(roots.host / "home.real", roots.host / "home")
+    write_atomic(path, b'{"ready": true}', mode=0o640)  # the path back: written, inside
+    assert path.read_bytes() == b'{"ready": true}' and path.stat().st_mode & 0o777 == 0o640
+    assert sorted(p.name for p in path.parent.iterdir()) == [".ready.json"]
 
 
 def test_by_path_the_same_swap_escapes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch

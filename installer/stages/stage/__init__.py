@@ -44,7 +44,13 @@ from installer.installdir.versions import (
     staged_digest,
     switch_to,
 )
-from installer.node.host import create_new, fsync_dir, replace_symlink, write_atomic
+from installer.node.host import (
+    create_new,
+    fsync_dir,
+    rename_confined,
+    replace_symlink,
+    write_atomic,
+)
 from installer.stages.stage import ima, linker
 
 
@@ -276,22 +282,22 @@ def _rename_into_place(root: Path, tmp: Path, name: str) -> None:
 
     When the old build is the current one, `.current` first moves to the new build, and the
     new build reaches its final name as a hard-linked clone, so `.current` never points at a
-    missing directory.
+    missing directory. Renames go through descriptors opened in the host root.
     """
     versions = root / VERSIONS
     final = versions / name
     if not final.exists():
-        os.rename(tmp, final)
+        rename_confined(tmp, final)
         fsync_dir(versions)
         return
     was_current = current_name(root) == name
     if was_current:
         replace_symlink(root / CURRENT, f"{VERSIONS}/{tmp.name}")
     aside = versions / f".old-{name}-{os.getpid()}"
-    os.rename(final, aside)
+    rename_confined(final, aside)
     clone = versions / f".clone-{name}-{os.getpid()}"
     shutil.copytree(tmp, clone, symlinks=True, copy_function=os.link)
-    os.rename(clone, final)
+    rename_confined(clone, final)
     if was_current:
         replace_symlink(root / CURRENT, f"{VERSIONS}/{name}")
     fsync_dir(versions)
