@@ -48,6 +48,7 @@ class StormResult:
     kills: int = 0
     landed: Counter[str] = field(default_factory=Counter)
     quarters: Counter[int] = field(default_factory=Counter)  # instant / typical, in quarters
+    # kills: SIGKILLs that found the run alive; finished_before_kill: runs that ended first
     corrupt: list[str] = field(default_factory=list)
     finished_before_kill: int = 0
     final_code: int | None = None
@@ -56,8 +57,9 @@ class StormResult:
     def summary(self) -> str:
         where = ", ".join(f"{phase} {count}" for phase, count in self.landed.most_common())
         spread = " ".join(str(self.quarters[q]) for q in range(4))
-        return (f"{self.name}: {self.kills} kills over a {self.typical_s:.2f} s run "
-                f"({self.finished_before_kill} finished first); corrupt states "
+        return (f"{self.name}: {self.kills} kills of a live run, instants over a "
+                f"{self.typical_s:.2f} s run ({self.finished_before_kill} more runs finished "
+                f"first); corrupt states "
                 f"{len(self.corrupt)}; next run exit {self.final_code}, problems "
                 f"{len(self.final_problems)}\n  instants by quarter of the run: {spread}"
                 f"\n  landed in: {where}")
@@ -120,22 +122,25 @@ def kill_at(argv: list[str], env: dict[str, str], delay: float, log: Path
 
 def run_storm(storm: Storm, kills: int, typical_s: float, rng: random.Random,
               work: Path) -> StormResult:
-    """`kills` SIGKILLs at instants uniform over [0, typical_s], checks after each, then the
-    runs left to finish and the final checks."""
+    """SIGKILLs at instants uniform over [0, typical_s] until `kills` of them found the run
+    alive (a run that finished first is counted apart; at most 3 * kills starts), checks
+    after each, then the runs left to finish and the final checks."""
     result = StormResult(storm.name, typical_s)
     log = work / f"{storm.name}.log"
-    for i in range(kills):
-        storm.prepare(i)
+    for start in range(3 * kills):
+        if result.kills >= kills:
+            break
+        storm.prepare(start)
         instant = rng.uniform(0.0, typical_s)
-        code = kill_at(storm.argv(i), storm.env, instant, log)
-        result.kills += 1
+        code = kill_at(storm.argv(start), storm.env, instant, log)
         result.quarters[min(3, int(4 * instant / typical_s))] += 1
         if code is not None:
             result.finished_before_kill += 1
             result.landed[f"finished first (exit {code})"] += 1
         else:
+            result.kills += 1
             result.landed[storm.phase(log)] += 1
-        result.corrupt += [f"kill {i}: {problem}" for problem in storm.check()]
+        result.corrupt += [f"start {start}: {problem}" for problem in storm.check()]
     storm.prepare(kills)
     for argv in storm.finals or (storm.argv(kills),):
         _, done = timed_run(argv, storm.env)

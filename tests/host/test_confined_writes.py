@@ -15,8 +15,9 @@ import os
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
-from installer.node import confine
+from installer.node import confine, host
 from installer.node.host import Roots, rename_confined, replace_symlink, write_atomic
 from installer.packages.cache import Cache, CacheError
 
@@ -90,8 +91,13 @@ def test_by_path_the_same_swap_escapes(tmp_path: Path, monkeypatch: pytest.Monke
     link = roots.entry(roots.host / INSTALL / ".current")
     _swap_home_for_escape(roots.host)
     monkeypatch.setattr(confine, "_openat2_works", False)
-    replace_symlink(link, ".versions/v2")
-    assert os.readlink(outside / "kubernetes/bin/nvidia/.current") == ".versions/v2"
+    monkeypatch.setattr(host, "_by_path_noted", False)
+    with capture_logs() as logs:
+        replace_symlink(link, ".versions/v2")
+        replace_symlink(link, ".versions/v3")
+    assert os.readlink(outside / "kubernetes/bin/nvidia/.current") == ".versions/v3"
+    noted = [e for e in logs if "openat2 unavailable" in e["event"]]
+    assert len(noted) == 1 and noted[0]["log_level"] == "warning"  # once, not per write
 
 
 def test_cache_rename_after_swap_stays_inside(tmp_path: Path,
