@@ -6,8 +6,9 @@ publishing (`package build --repo`). Each kills its run's process group at insta
 over a measured run, checks after every kill that no cache entry, package or index is
 half-written (tests/killstorm.py), then lets runs finish and checks again, stricter.
 
-The suite runs KILLS[name] kills per storm (KILLSTORM_KILLS overrides all); the >= 100-kill
-storms of the issue are `benchmarks/killstorm.py`. GNI_CRASH_SEED picks the instants.
+The suite runs KILLS[name] kills per storm (KILLSTORM_KILLS overrides all): the issue's
+>= 100 for publishing and COS; the on-node build's runs compile for seconds each, so its
+100-kill storm is `benchmarks/killstorm.py`. GNI_CRASH_SEED picks the instants.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import pytest
 from killscenes import cos_scene, fallback_available, fallback_scene, repo_scene
 from killstorm import Storm, run_storm, typical_duration
 
-KILLS = {"repo": 100, "cos": 30, "fallback": 6}  # about 40 s, 40 s, 60 s on 2 loaded cores
+KILLS = {"repo": 100, "cos": 100, "fallback": 6}  # about 35 s, 90 s, 40 s on 2 shared cores
 Scene = Callable[[Path], AbstractContextManager[Storm]]
 
 
