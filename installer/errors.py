@@ -1,6 +1,6 @@
 """The failure classes: each carries its exit code, a stable slug and a one-line remedy.
 
-This is the one table of exit codes; README.md repeats it and a test keeps the two equal.
+This is the one table of exit codes; docs/reference.md renders it and a test keeps the two equal.
 Only `installer.cli` turns these into process exits.
 """
 
@@ -177,7 +177,7 @@ class UpgradeTimeoutError(InstallerError):
 
 
 def error_table() -> list[type[InstallerError]]:
-    """One class per exit code, ordered by code, for help text and the README table.
+    """One class per exit code, ordered by code, for help text and the reference table.
 
     Finer-grained errors subclass one of these and inherit its code, so only the
     direct subclasses of `InstallerError` define codes.

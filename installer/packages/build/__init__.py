@@ -193,7 +193,8 @@ def _check_build_root(request: BuildRequest) -> None:
         raise _fail("--build-root needs --nvidia-source (it is where the modules compile)")
     if request.build_root != AUTO and not Path(request.build_root or "").is_dir():
         raise _fail(f"--build-root {request.build_root} does not exist or is not a directory",
-                    remedy="make one (README: mmdebstrap), or pass --build-root auto")
+                    remedy="make one (docs/building-packages.md: mmdebstrap), or pass "
+                           "--build-root auto")
     check_privileges()
 
 
