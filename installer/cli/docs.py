@@ -105,7 +105,8 @@ def command_options_table() -> str:
     for path, command in commands():
         for param in own_params(command):
             env = param.envvar if isinstance(param.envvar, str) else ""
-            help_text = getattr(param, "help", None) or ""
+            help_text = getattr(param, "help", None) or (
+                "positional argument" if isinstance(param, click.Argument) else "")
             key = (_name(param), _cell(help_text), env, _accepted(param), _default(param))
             by_param.setdefault(key, []).append(path)
     rows = ["| option | commands | env | accepted | default | what |",
