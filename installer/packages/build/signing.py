@@ -55,7 +55,12 @@ def _fail(message: str, remedy: str | None = None) -> PackageBuildError:
     return PackageBuildError(message, remedy=remedy)
 
 
-def check_options(options: SigningOptions, has_modules: bool) -> None:
+def signs(options: SigningOptions) -> bool:
+    """Whether the package's modules are to be signed (here, or with a vendor's tails)."""
+    return options.key is not None or options.signatures is not None
+
+
+def check_options(options: SigningOptions) -> None:
     """The flags make sense together (checked before any input is read)."""
     if options.hash not in SIGN_HASHES:
         raise _fail(f"--sign-hash {options.hash!r} is not one of {', '.join(SIGN_HASHES)}")
@@ -67,8 +72,15 @@ def check_options(options: SigningOptions, has_modules: bool) -> None:
         raise _fail("--sign-cert needs --sign-key (to sign) or --signatures (to verify)")
     if options.resign and options.key is None:
         raise _fail("--resign needs --sign-key")
-    if (options.key or options.signatures) and not has_modules:
-        raise _fail("there are no modules to sign: give --modules")
+
+
+def check_keys(options: SigningOptions) -> None:
+    """The certificate and the key read and match, before anything is compiled (minutes:
+    a wrong key or passphrase is told first, not after the modules are built)."""
+    if options.cert is not None:
+        cert = load_cert(options.cert)
+        if options.key is not None:
+            load_key(options.key, cert)
 
 
 def apply(options: SigningOptions, modules: list[ModuleInfo], work: Path
