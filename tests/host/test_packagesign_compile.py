@@ -127,6 +127,30 @@ def test_both_flavours_each_signed(tmp_path: Path, keys: dict[str, KeyPair]) -> 
     assert unsigned["open"] != unsigned["proprietary"]  # each flavour its own modules
 
 
+def test_vendor_signatures_attached_to_compiled_modules(tmp_path: Path,
+                                                        keys: dict[str, KeyPair]) -> None:
+    """A vendor compiles reproducibly and ships detached tails: `--signatures` attaches them
+    to what this command compiles, giving the vendor's signed modules byte for byte."""
+    headers = fake_kbuild(tmp_path / "h57", FIRST)
+    source = proprietary_source(tmp_path / "kernel")
+    vendor, attached, sigs = tmp_path / "vendor", tmp_path / "attached", tmp_path / "sigs"
+    done = _cli(f"--nvidia-source={source}", f"--kernel-headers={headers}",
+                f"--out-dir={vendor}", *_sign_args(keys["rsa"]))
+    assert done.returncode == 0, done.stderr[-2000:]
+    sigs.mkdir()
+    for module in (vendor / "modules").iterdir():
+        (sigs / f"{module.name}.sig").write_bytes(strip_signature(module.read_bytes())[1])
+    done = _cli(f"--nvidia-source={source}", f"--kernel-headers={headers}",
+                f"--out-dir={attached}", f"--signatures={sigs}",
+                f"--sign-cert={keys['rsa'].cert}")
+    assert done.returncode == 0, done.stderr[-2000:]
+    for module in (vendor / "modules").iterdir():
+        assert (attached / "modules" / module.name).read_bytes() == module.read_bytes()
+    manifest = parse_manifest((attached / "manifest.json").read_bytes())
+    assert {e.origin for e in manifest.signatures} == {"attached"}
+    assert len(manifest.signatures) == len(MODULES)
+
+
 @pytest.mark.parametrize("kernels", [1, 2])
 def test_wrong_key_refused_before_anything_compiles(tmp_path: Path, keys: dict[str, KeyPair],
                                                     kernels: int) -> None:
