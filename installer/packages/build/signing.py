@@ -1,12 +1,14 @@
 """Module signatures for `package build`: sign with the operator's key, or attach a vendor's.
 
 `--sign-key KEY --sign-cert CERT [--sign-hash sha256|sha384|sha512]` appends to every module
-what the kernel's `scripts/sign-file` appends (see `modsig`): a detached DER PKCS#7
-SignedData with no certificates and no signed attributes, its signer named by the
-certificate's issuer and serial. Keys: RSA (2048 bits or more) and ECDSA on P-256 or P-384,
-what Linux's module signature check verifies; PEM or DER, PKCS#1/SEC1/PKCS#8, encrypted ones
-with the passphrase in `KBUILD_SIGN_PIN` (sign-file's variable). A module already signed is
-refused unless `--resign` (its old signature is then replaced).
+(those of `--modules`, or those the same command compiled: one kernel, many, both flavours;
+the key is read before anything compiles) what the kernel's `scripts/sign-file` appends (see
+`modsig`): a detached DER PKCS#7 SignedData with no certificates and no signed attributes,
+its signer named by the certificate's issuer and serial. Keys: RSA (2048 bits or more) and
+ECDSA on P-256 or P-384, what Linux's module signature check verifies; PEM or DER,
+PKCS#1/SEC1/PKCS#8, encrypted ones with the passphrase in `KBUILD_SIGN_PIN` (sign-file's
+variable). A module already signed is refused unless `--resign` (its old signature is then
+replaced).
 
 `--signatures DIR` attaches a vendor's detached signatures, one `<module>.ko.sig` per module
 (what follows the unsigned module in the signed one, as NVIDIA's kmod packages and COS ship
