@@ -6,6 +6,11 @@ Only `installer.cli` turns these into process exits.
 
 from __future__ import annotations
 
+import errno
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import ClassVar
 
 
@@ -215,6 +220,62 @@ class GpuClaimedError(ModuleLoadError):
 
 class CompressedModuleError(ModuleLoadError):
     """A compressed host module cannot be loaded: the kernel does not decompress modules."""
+
+
+# --- a full filesystem, wherever a write meets it (issue 22 item 9) -----------------------
+
+NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+class DiskFullError(StagingError):
+    """A write found its filesystem full (ENOSPC) or the quota spent (EDQUOT)."""
+
+    default_remedy = "free space on that filesystem, or point the directory at a larger one"
+
+
+def disk_full(exc: BaseException, path: Path | str | None = None, needed: int | None = None
+              ) -> DiskFullError | None:
+    """The one line for a write that found no space: the path, bytes needed and free; None
+    for any other failure. `path` defaults to the file the OSError names."""
+    if not isinstance(exc, OSError) or exc.errno not in NO_SPACE:
+        return None
+    where = Path(path if path is not None else exc.filename or ".")
+    free = free_bytes(where)
+    need = f"{needed} bytes needed, " if needed is not None else ""
+    have = f"{free} free" if free is not None else "free space unknown"
+    cause = "disk full" if exc.errno == errno.ENOSPC else "disk quota exceeded"
+    return DiskFullError(f"{cause} writing {where} ({need}{have}); nothing half-written kept",
+                         remedy=f"free {f'at least {needed} bytes' if needed else 'space'} "
+                                "on that filesystem, or point the directory (--cache-dir, "
+                                "--install-dir) at a larger one")
+
+
+def free_bytes(path: Path) -> int | None:
+    """Bytes an unprivileged writer may still use on `path`'s filesystem (its nearest
+    existing ancestor's), or None when it cannot be told."""
+    for candidate in (path, *path.parents):
+        try:
+            info = os.statvfs(candidate)
+        except OSError:
+            continue
+        return info.f_bavail * info.f_frsize
+    return None
+
+
+@contextmanager
+def space_for(path: Path, needed: int | None = None, *, partial: Path | None = None
+              ) -> Iterator[None]:
+    """Turn a full filesystem inside the block into DiskFullError, removing `partial`
+    (the file being written) first so nothing half-written stays behind."""
+    try:
+        yield
+    except OSError as exc:
+        error = disk_full(exc, path, needed)
+        if error is None:
+            raise
+        if partial is not None:
+            partial.unlink(missing_ok=True)
+        raise error from None
 
 
 def printable(text: str) -> str:

@@ -17,7 +17,7 @@ from pathlib import Path, PurePosixPath
 from typing import BinaryIO, Protocol
 
 from installer.config import Config
-from installer.errors import UnsupportedNodeError
+from installer.errors import UnsupportedNodeError, space_for
 from installer.node import confine as _confine
 from installer.node import syscalls
 
@@ -245,16 +245,17 @@ def write_atomic(path: Path, data: bytes, *, mode: int = 0o644) -> None:
     The bytes go to an adjacent temp file, are fsynced, then renamed over `path`; the
     directory is fsynced so the rename survives a power cut.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.unlink(missing_ok=True)
     try:
-        with os.fdopen(create_new(tmp), "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
+        with space_for(path, len(data), partial=tmp):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.unlink(missing_ok=True)
+            with os.fdopen(create_new(tmp), "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.chmod(tmp, mode)
+            os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
     fsync_dir(path.parent)

@@ -38,6 +38,7 @@ from installer.stages.fetch.responses import (
     NETWORK_ERRORS,
     HashPipe,
     Retryable,
+    check_length,
     check_status,
     tls_error,
     validator,
@@ -131,11 +132,13 @@ class Downloader:
 
     # ------------------------------------------------------------ public
 
-    def fetch_bytes(self, url: str, limit: int) -> bytes:
-        """A small document (index.json, manifest.json), at most `limit` bytes."""
+    def fetch_bytes(self, url: str, limit: int,
+                    oversize: type[IntegrityError] = IntegrityError) -> bytes:
+        """A small document (index.json, manifest.json), at most `limit` bytes; a larger one
+        raises `oversize` (its class carries the document's own remedy)."""
         if url.startswith("file://"):
-            return read_local(url, limit)
-        return self._retry(url, lambda watch: self._get_small(url, limit, watch))
+            return read_local(url, limit, oversize)
+        return self._retry(url, lambda watch: self._get_small(url, limit, watch, oversize))
 
     def fetch_file(self, url: str, dest: Path, *, size: int, sha256: str) -> None:
         """Download `url` into `dest` and check size and sha256 (ChecksumMismatch if not)."""
@@ -265,7 +268,8 @@ class Downloader:
                                 f"({safe(target)}); refused",
                                 remedy="fix the mirror or pass --allow-http")
 
-    def _get_small(self, url: str, limit: int, watch: Watch) -> bytes:
+    def _get_small(self, url: str, limit: int, watch: Watch,
+                   oversize: type[IntegrityError]) -> bytes:
         with self._get(url, {}) as response:
             check_status(response, url)
             read = getattr(response.raw, "read1", response.raw.read)
@@ -278,7 +282,7 @@ class Downloader:
             except NETWORK_ERRORS as exc:
                 raise Retryable(scrub(f"{type(exc).__name__}: {exc}", url)) from None
         if len(data) > limit:
-            raise IntegrityError(f"{safe(url)} is larger than the {limit} bytes allowed")
+            raise oversize(f"{safe(url)} is larger than the {limit} bytes allowed")
         return bytes(data)
 
     def _attempt(self, url: str, partial: _Partial, watch: Watch) -> None:
@@ -290,6 +294,7 @@ class Downloader:
         with self._get(url, headers) as response:
             if response.status_code == 416 and partial.received == partial.size:
                 return
+            check_length(response, url, partial.size, partial.received)
             check_status(response, url)
             self._position(response, partial, url)
             try:
