@@ -233,18 +233,22 @@ class DiskFullError(StagingError):
     default_remedy = "free space on that filesystem, or point the directory at a larger one"
 
 
-def disk_full(exc: BaseException, path: Path | str | None = None, needed: int | None = None
-              ) -> DiskFullError | None:
+def disk_full(exc: BaseException, path: Path | str | None = None, needed: int | None = None,
+              *, cleaned: bool = True) -> DiskFullError | None:
     """The one line for a write that found no space: the path, bytes needed and free; None
-    for any other failure. `path` defaults to the file the OSError names."""
+    for any other failure. `path` defaults to the file the OSError names; `cleaned` says
+    the caller removed what it had half-written."""
     if not isinstance(exc, OSError) or exc.errno not in NO_SPACE:
         return None
-    where = Path(path if path is not None else exc.filename or ".")
-    free = free_bytes(where)
+    named = path if path is not None else exc.filename
+    where = Path(os.fsdecode(named)) if named is not None else None
+    free = free_bytes(where) if where is not None else None
     need = f"{needed} bytes needed, " if needed is not None else ""
     have = f"{free} free" if free is not None else "free space unknown"
     cause = "disk full" if exc.errno == errno.ENOSPC else "disk quota exceeded"
-    return DiskFullError(f"{cause} writing {where} ({need}{have}); nothing half-written kept",
+    shown = where if where is not None else "a file (rerun with --debug for its path)"
+    kept = "; nothing half-written kept" if cleaned else ""
+    return DiskFullError(f"{cause} writing {shown} ({need}{have}){kept}",
                          remedy=f"free {f'at least {needed} bytes' if needed else 'space'} "
                                 "on that filesystem, or point the directory (--cache-dir, "
                                 "--install-dir) at a larger one")

@@ -45,7 +45,7 @@ class InstallerGroup(click.Group):
             _report(ctx, exc.one_line())
             raise click.exceptions.Exit(exc.code) from exc
         except Exception as exc:
-            full = disk_full(exc)  # a full disk no write site named: exit 11, not a bug
+            full = disk_full(exc, cleaned=False)  # a full disk no write site named: exit 11
             if full is not None:
                 _report(ctx, full.one_line())
                 raise click.exceptions.Exit(full.code) from exc

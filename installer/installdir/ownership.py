@@ -54,7 +54,6 @@ def guard(config: Config, roots: Roots) -> None:
     """Refuse, before anything is written, an install or cache dir the installer may not own."""
     install = roots.node(config.install_dir)
     _refuse_system("--install-dir", config.install_dir, install, roots)
-    _refuse_overlap(config)
     _refuse_file("--install-dir", config.install_dir, install, roots)
     names = _names(install) - {layout.LOCK_FILE}
     if names and MARKER not in names and not _adoptable(install, names) and not _gke(
@@ -68,6 +67,7 @@ def guard(config: Config, roots: Roots) -> None:
     if config.cache_dir is not None:
         cache = roots.node(config.cache_dir)
         _refuse_system("--cache-dir", config.cache_dir, cache, roots)
+        _refuse_overlap(config)
         _refuse_file("--cache-dir", config.cache_dir, cache, roots)
         names = _names(cache)
         if names and MARKER not in names and not names <= CACHE_NAMES:

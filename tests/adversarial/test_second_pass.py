@@ -245,18 +245,30 @@ def _run_wrapped(arena: Arena, wrapper: str, wrapper_args: list[str], *args: str
     return Result(done.returncode, done.stdout, done.stderr)
 
 
-def test_9_cache_dir_filesystem_full(arena: Arena) -> None:
+def _preloaded_tarball(arena: Arena) -> list[str]:
+    """The package as a preloaded tarball: unpacked into the cache's temp area."""
+    from installer.packages.build.publish import write_tarball
+
+    preloaded = arena.base / "preloaded"
+    write_tarball(arena.scene.repo / PKG, preloaded / f"{PKG}.tar.gz")
+    return ["--preloaded-dir", str(preloaded)]
+
+
+@pytest.mark.parametrize("source", ["mirror download", "preloaded tarball"])
+def test_9_cache_dir_filesystem_full(arena: Arena, source: str) -> None:
     """Item 9: --cache-dir on a 16 KiB tmpfs: exit 11 naming the path, the bytes needed and
     free; nothing half-written is left on that filesystem (whole verified blobs may be)."""
     cache = arena.root / CACHE_NODE.lstrip("/")
     cache.mkdir(parents=True)
     lib_size = (arena.scene.repo / LIB).stat().st_size
     assert lib_size > 16 * 1024, "the case needs a file larger than the tmpfs"
+    flags = (["--mirror", good(arena)] if source == "mirror download"
+             else _preloaded_tarball(arena))
     listing = arena.scene.work / "left.txt"
     settle(arena)
     before = arena.snapshot()
     done = _run_wrapped(arena, TMPFS, ["16k", str(cache), str(listing)], "fetch",
-                        *arena.args("--mirror", good(arena), "--driver-version", VERSION,
+                        *arena.args(*flags, "--driver-version", VERSION,
                                     "--cache-dir", CACHE_NODE))
     assert_refused(done, 11, "error(staging-failed)", "disk full writing",
                    f"{cache}/tmp/run-", "bytes needed", "free)", "nothing half-written",
@@ -345,6 +357,7 @@ def test_12_looking_commands_never_write_the_termination_log(arena: Arena, kubel
     dev = _private_dev(arena)
     if kubelet:
         (dev / "termination-log").write_text("")
+    settle(arena)
     looking = _looking(arena)
     before = arena.snapshot()
     for name, args in looking.items():

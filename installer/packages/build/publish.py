@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from installer.errors import space_for
 from installer.packages.build.inputs import (
     COPY_CHUNK,
     KIND_MODES,
@@ -111,7 +112,8 @@ def _copy(item: Picked, root: Path) -> FileEntry:
     target = root / item.relpath
     target.parent.mkdir(parents=True, exist_ok=True)
     digest, size = hashlib.sha256(), 0
-    with item.source.open("rb") as source, target.open("wb") as out:
+    with space_for(target, item.source.stat().st_size, partial=target), \
+            item.source.open("rb") as source, target.open("wb") as out:
         while chunk := source.read(COPY_CHUNK):
             digest.update(chunk)
             out.write(chunk)
@@ -141,12 +143,17 @@ def write_tarball(directory: Path, target: Path) -> Path:
 
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-    with tmp.open("wb") as raw, gzip.GzipFile(filename="", mode="wb", compresslevel=1,
-                                               fileobj=raw, mtime=0) as compressed, \
-            tarfile.open(fileobj=compressed, mode="w", format=tarfile.PAX_FORMAT) as archive:
-        for path in sorted(p for p in directory.rglob("*") if p.is_file()):
-            archive.add(path, arcname=path.relative_to(directory).as_posix(), filter=clean)
-    os.replace(tmp, target)
+    try:
+        with space_for(target, None, partial=tmp), tmp.open("wb") as raw, \
+                gzip.GzipFile(filename="", mode="wb", compresslevel=1, fileobj=raw,
+                              mtime=0) as compressed, \
+                tarfile.open(fileobj=compressed, mode="w", format=tarfile.PAX_FORMAT) as archive:
+            for path in sorted(p for p in directory.rglob("*") if p.is_file()):
+                archive.add(path, arcname=path.relative_to(directory).as_posix(), filter=clean)
+        os.replace(tmp, target)
+    except BaseException:  # nothing half-written stays beside the repository
+        tmp.unlink(missing_ok=True)
+        raise
     return target
 
 

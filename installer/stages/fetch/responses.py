@@ -76,18 +76,14 @@ _UNSATISFIED_RE = re.compile(r"^bytes \*/(\d+)$")
 
 def check_length(response: requests.Response, url: str, size: int | None, received: int
                  ) -> None:
-    """A mirror's file of another length than its manifest lists: the package on that mirror
-    is inconsistent (a resume would only be answered 416), so the next mirror is tried."""
-    if size is None:
+    """A resume answered 416 short of the manifest's size: the mirror's file is shorter than
+    its manifest lists, so the package on that mirror is inconsistent and the next mirror is
+    tried. (A short 200 alone may be a dropped transfer: that one is resumed first.)"""
+    if size is None or response.status_code != 416 or received >= size:
         return
-    total: int | None = None
-    if response.status_code == 416:
-        match = _UNSATISFIED_RE.match(response.headers.get("Content-Range", ""))
-        total = int(match.group(1)) if match else received
-    elif response.status_code == 200:
-        length = response.headers.get("Content-Length", "")
-        total = int(length) if length.isascii() and length.isdigit() else None
-    if total is not None and total != size:
+    match = _UNSATISFIED_RE.match(response.headers.get("Content-Range", ""))
+    total = int(match.group(1)) if match else received
+    if total < size:
         raise ShortOnMirror(f"{safe(url)}: the mirror's file is {total} bytes, the manifest "
                             f"says {size}: the package on that mirror is inconsistent")
 
