@@ -181,6 +181,27 @@ class UpgradeTimeoutError(InstallerError):
                       "UPGRADE_TIMEOUT; the next run resumes")
 
 
+class InterruptedRun(InstallerError):
+    """SIGINT (Ctrl-C) stopped the run; what it had begun was undone (see
+    `installer.node.interrupts`)."""
+
+    code = 130
+    slug = "interrupted"
+    summary = "stopped by SIGINT (Ctrl-C); temp files removed, the previous version kept"
+    default_remedy = "nothing to repair: rerun when wanted, it starts the stage over"
+
+
+class TerminatedRun(InstallerError):
+    """SIGTERM (the kubelet deleting the pod, a drain) stopped the run; as for SIGINT."""
+
+    code = 143
+    slug = "terminated"
+    summary = ("stopped by SIGTERM (pod deleted, node drained); temp files removed, the "
+               "previous version kept")
+    default_remedy = ("nothing to repair: the next run (the recreated pod) starts the "
+                      "stage over")
+
+
 def error_table() -> list[type[InstallerError]]:
     """One class per exit code, ordered by code, for help text and the reference table.
 

@@ -21,6 +21,7 @@ from installer.cli import logs
 from installer.config import SETTINGS, SETTINGS_BY_NAME, Config, load_config
 from installer.context import Context
 from installer.errors import InstallerError, disk_full, error_table, printable
+from installer.node import interrupts
 from installer.node.host import Host, RealHost, Roots
 from installer.pipeline import commands as run
 
@@ -34,27 +35,37 @@ def _epilog() -> str:
 
 
 class InstallerGroup(click.Group):
-    """Turns InstallerError (and unexpected exceptions) into one line and an exit code."""
+    """Turns InstallerError (and unexpected exceptions) into one line and an exit code;
+    SIGTERM and SIGINT end the command as such an error (`installer.node.interrupts`)."""
 
     def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except (click.exceptions.Exit, click.ClickException, click.Abort):
-            raise
-        except InstallerError as exc:
-            _report(ctx, exc.one_line())
-            raise click.exceptions.Exit(exc.code) from exc
-        except Exception as exc:
-            full = disk_full(exc, cleaned=False)  # a full disk no write site named: exit 11
-            if full is not None:
-                _report(ctx, full.one_line())
-                raise click.exceptions.Exit(full.code) from exc
-            line = (f"error(internal): {type(exc).__name__}: {exc}; "
-                    "fix: rerun with --debug and report the traceback")
-            if _debug_enabled(ctx):
-                traceback.print_exc()
-            _report(ctx, line)
-            raise click.exceptions.Exit(1) from exc
+        with interrupts.handled():
+            try:
+                return super().invoke(ctx)
+            except (click.exceptions.Exit, click.ClickException, click.Abort):
+                raise
+            except InstallerError as exc:
+                interrupts.disarm()
+                _report(ctx, exc.one_line())
+                raise click.exceptions.Exit(exc.code) from exc
+            except interrupts.Signalled as sig:  # outside any stage (e.g. the lock wait)
+                interrupts.disarm()
+                command = ctx.invoked_subcommand or "run"
+                error = sig.error(command, f"during {command}, outside its stages")
+                _report(ctx, error.one_line())
+                raise click.exceptions.Exit(error.code) from None
+            except Exception as exc:
+                interrupts.disarm()
+                full = disk_full(exc, cleaned=False)  # a full disk no write site named: exit 11
+                if full is not None:
+                    _report(ctx, full.one_line())
+                    raise click.exceptions.Exit(full.code) from exc
+                line = (f"error(internal): {type(exc).__name__}: {exc}; "
+                        "fix: rerun with --debug and report the traceback")
+                if _debug_enabled(ctx):
+                    traceback.print_exc()
+                _report(ctx, line)
+                raise click.exceptions.Exit(1) from exc
 
 
 def _debug_enabled(ctx: click.Context) -> bool:

@@ -196,14 +196,18 @@ def _build_version(root: Path, name: str, package: PackageLike, *,
     versions = root / VERSIONS
     tmp = versions / f".tmp-{name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    for sub in TOP_LINKS:
-        (tmp / sub).mkdir(parents=True)
-    for entry in package.manifest.files:
-        _place(tmp, entry, package.path_of(entry.path), allow_hardlinks=allow_hardlinks)
-    ima.set_signatures(tmp, package.manifest.files, package.manifest.ima)
-    _package_links(tmp, package)
-    linker.make_soname_links(tmp / "lib64")
-    _write_meta(tmp, package)
+    try:
+        for sub in TOP_LINKS:
+            (tmp / sub).mkdir(parents=True)
+        for entry in package.manifest.files:
+            _place(tmp, entry, package.path_of(entry.path), allow_hardlinks=allow_hardlinks)
+        ima.set_signatures(tmp, package.manifest.files, package.manifest.ima)
+        _package_links(tmp, package)
+        linker.make_soname_links(tmp / "lib64")
+        _write_meta(tmp, package)
+    except BaseException:  # a failure or a signal (SIGTERM) mid-copy leaves no temp dir
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     _rename_into_place(root, tmp, name)
 
 
