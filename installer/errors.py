@@ -1,11 +1,16 @@
 """The failure classes: each carries its exit code, a stable slug and a one-line remedy.
 
-This is the one table of exit codes; README.md repeats it and a test keeps the two equal.
+This is the one table of exit codes; docs/reference.md renders it and a test keeps the two equal.
 Only `installer.cli` turns these into process exits.
 """
 
 from __future__ import annotations
 
+import errno
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import ClassVar
 
 
@@ -176,8 +181,29 @@ class UpgradeTimeoutError(InstallerError):
                       "UPGRADE_TIMEOUT; the next run resumes")
 
 
+class InterruptedRun(InstallerError):
+    """SIGINT (Ctrl-C) stopped the run; what it had begun was undone (see
+    `installer.node.interrupts`)."""
+
+    code = 130
+    slug = "interrupted"
+    summary = "stopped by SIGINT (Ctrl-C); temp files removed, the previous version kept"
+    default_remedy = "nothing to repair: rerun when wanted, it starts the stage over"
+
+
+class TerminatedRun(InstallerError):
+    """SIGTERM (the kubelet deleting the pod, a drain) stopped the run; as for SIGINT."""
+
+    code = 143
+    slug = "terminated"
+    summary = ("stopped by SIGTERM (pod deleted, node drained); temp files removed, the "
+               "previous version kept")
+    default_remedy = ("nothing to repair: the next run (the recreated pod) starts the "
+                      "stage over")
+
+
 def error_table() -> list[type[InstallerError]]:
-    """One class per exit code, ordered by code, for help text and the README table.
+    """One class per exit code, ordered by code, for help text and the reference table.
 
     Finer-grained errors subclass one of these and inherit its code, so only the
     direct subclasses of `InstallerError` define codes.
@@ -215,6 +241,66 @@ class GpuClaimedError(ModuleLoadError):
 
 class CompressedModuleError(ModuleLoadError):
     """A compressed host module cannot be loaded: the kernel does not decompress modules."""
+
+
+# --- a full filesystem, wherever a write meets it (issue 22 item 9) -----------------------
+
+NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+class DiskFullError(StagingError):
+    """A write found its filesystem full (ENOSPC) or the quota spent (EDQUOT)."""
+
+    default_remedy = "free space on that filesystem, or point the directory at a larger one"
+
+
+def disk_full(exc: BaseException, path: Path | str | None = None, needed: int | None = None,
+              *, cleaned: bool = True) -> DiskFullError | None:
+    """The one line for a write that found no space: the path, bytes needed and free; None
+    for any other failure. `path` defaults to the file the OSError names; `cleaned` says
+    the caller removed what it had half-written."""
+    if not isinstance(exc, OSError) or exc.errno not in NO_SPACE:
+        return None
+    named = path if path is not None else exc.filename
+    where = Path(os.fsdecode(named)) if named is not None else None
+    free = free_bytes(where) if where is not None else None
+    need = f"{needed} bytes needed, " if needed is not None else ""
+    have = f"{free} free" if free is not None else "free space unknown"
+    cause = "disk full" if exc.errno == errno.ENOSPC else "disk quota exceeded"
+    shown = where if where is not None else "a file (rerun with --debug for its path)"
+    kept = "; nothing half-written kept" if cleaned else ""
+    return DiskFullError(f"{cause} writing {shown} ({need}{have}){kept}",
+                         remedy=f"free {f'at least {needed} bytes' if needed else 'space'} "
+                                "on that filesystem, or point the directory (--cache-dir, "
+                                "--install-dir) at a larger one")
+
+
+def free_bytes(path: Path) -> int | None:
+    """Bytes an unprivileged writer may still use on `path`'s filesystem (its nearest
+    existing ancestor's), or None when it cannot be told."""
+    for candidate in (path, *path.parents):
+        try:
+            info = os.statvfs(candidate)
+        except OSError:
+            continue
+        return info.f_bavail * info.f_frsize
+    return None
+
+
+@contextmanager
+def space_for(path: Path, needed: int | None = None, *, partial: Path | None = None
+              ) -> Iterator[None]:
+    """Turn a full filesystem inside the block into DiskFullError, removing `partial`
+    (the file being written) first so nothing half-written stays behind."""
+    try:
+        yield
+    except OSError as exc:
+        error = disk_full(exc, path, needed)
+        if error is None:
+            raise
+        if partial is not None:
+            partial.unlink(missing_ok=True)
+        raise error from None
 
 
 def printable(text: str) -> str:

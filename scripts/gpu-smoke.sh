@@ -11,7 +11,7 @@
 #                number a container was given when it sees only some of the node's GPUs)
 # --json FILE    also keep verify's full JSON report there
 # PYTHON=...     interpreter with the installer's dependencies (default: .venv/bin/python)
-# Exit status: verify's (0 ok, 12 verification failed; see README "Exit codes").
+# Exit status: verify's (0 ok, 12 verification failed; see docs/reference.md, "Exit codes").
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")/.." && pwd)

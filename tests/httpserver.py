@@ -13,6 +13,8 @@ upstream between requests); `trickle` sends N bytes, then one byte every `second
 mirror that never trips a per-recv read timeout); `slow_headers` sends its status line and
 headers one byte every `seconds`; `redirect` answers `status` (3xx) with `other` as the
 Location; `serve` answers 200 with `other` as the body (a hostile or broken document).
+A fault with `length=False` sends no Content-Length: the body ends when the connection
+closes (what http.client then reads from a socket its connection object no longer holds).
 Every request is recorded for assertions (with its query and Authorization header).
 """
 
@@ -45,6 +47,7 @@ class Fault:
     retry_after: int = 1
     seconds: float = 5.0
     other: bytes = b""
+    length: bool = True
 
 
 @dataclass(frozen=True)
@@ -190,7 +193,11 @@ class _Handler(BaseHTTPRequestHandler):
         length = end - start
         if fault and fault.kind == "truncate":
             length = min(length, fault.after)
-        self.send_header("Content-Length", str(length))
+        if fault is None or fault.length:
+            self.send_header("Content-Length", str(length))
+        else:
+            self.send_header("Connection", "close")
+            self.close_connection = True
         self.send_header("Accept-Ranges", "bytes")
         if state.etags:
             self.send_header("ETag", etag)

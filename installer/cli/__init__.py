@@ -1,6 +1,6 @@
-"""The command line: click commands (`commands`), the log set-up (`logs`) and the README
-tables generated from the code (`docs`). Commands parse, call one pipeline function and
-render; the sequencing lives in `installer.pipeline`."""
+"""The command line: click commands (`commands`), the log set-up (`logs`) and the reference
+tables generated from the code (`docs`, rendered into docs/reference.md). Commands parse,
+call one pipeline function and render; the sequencing lives in `installer.pipeline`."""
 
 from installer.cli.commands import cli, main
 from installer.cli.package import package

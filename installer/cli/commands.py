@@ -20,7 +20,8 @@ from installer import __version__
 from installer.cli import logs
 from installer.config import SETTINGS, SETTINGS_BY_NAME, Config, load_config
 from installer.context import Context
-from installer.errors import InstallerError, error_table, printable
+from installer.errors import InstallerError, disk_full, error_table, printable
+from installer.node import interrupts
 from installer.node.host import Host, RealHost, Roots
 from installer.pipeline import commands as run
 
@@ -34,23 +35,37 @@ def _epilog() -> str:
 
 
 class InstallerGroup(click.Group):
-    """Turns InstallerError (and unexpected exceptions) into one line and an exit code."""
+    """Turns InstallerError (and unexpected exceptions) into one line and an exit code;
+    SIGTERM and SIGINT end the command as such an error (`installer.node.interrupts`)."""
 
     def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except (click.exceptions.Exit, click.ClickException, click.Abort):
-            raise
-        except InstallerError as exc:
-            _report(ctx, exc.one_line())
-            raise click.exceptions.Exit(exc.code) from exc
-        except Exception as exc:
-            line = (f"error(internal): {type(exc).__name__}: {exc}; "
-                    "fix: rerun with --debug and report the traceback")
-            if _debug_enabled(ctx):
-                traceback.print_exc()
-            _report(ctx, line)
-            raise click.exceptions.Exit(1) from exc
+        with interrupts.handled():
+            try:
+                return super().invoke(ctx)
+            except (click.exceptions.Exit, click.ClickException, click.Abort):
+                raise
+            except InstallerError as exc:
+                interrupts.disarm()
+                _report(ctx, exc.one_line())
+                raise click.exceptions.Exit(exc.code) from exc
+            except interrupts.Signalled as sig:  # outside any stage (e.g. the lock wait)
+                interrupts.disarm()
+                command = ctx.invoked_subcommand or "run"
+                error = sig.error(command, f"during {command}, outside its stages")
+                _report(ctx, error.one_line())
+                raise click.exceptions.Exit(error.code) from None
+            except Exception as exc:
+                interrupts.disarm()
+                full = disk_full(exc, cleaned=False)  # a full disk no write site named: exit 11
+                if full is not None:
+                    _report(ctx, full.one_line())
+                    raise click.exceptions.Exit(full.code) from exc
+                line = (f"error(internal): {type(exc).__name__}: {exc}; "
+                        "fix: rerun with --debug and report the traceback")
+                if _debug_enabled(ctx):
+                    traceback.print_exc()
+                _report(ctx, line)
+                raise click.exceptions.Exit(1) from exc
 
 
 def _debug_enabled(ctx: click.Context) -> bool:
@@ -65,32 +80,49 @@ def _config_of(ctx: click.Context) -> Config | None:
     return None if obj is None else obj.get("config")
 
 
+# Commands run by hand to look at a node or a workload: their failure is no pod's last word,
+# so it never goes to a termination log (nor creates one in a laptop's real /dev).
+LOOK_ONLY = frozenset({"check-pod", "compat", "detect", "status", "versions"})
+
+
 def _report(ctx: click.Context, line: str) -> None:
-    """Print the failure line and copy it to the termination log when that is writable.
+    """Print the failure line and copy it to the termination log (`_termination_log`).
 
     The line may quote a hostile document: control characters and lone surrogates are
     escaped, so it stays one printable line and no encoding step can fail on it.
     """
     line = printable(line)
     click.echo(line, err=True)
-    config = _config_of(ctx)
-    target = config.termination_log if config is not None else _early_termination_log()
+    if ctx.invoked_subcommand in LOOK_ONLY:
+        return
+    target, explicit = _termination_log(ctx)
     if target is None:
         return
+    # the default path is written only where the kubelet made it: never created here
+    flags = os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC | (
+        os.O_CREAT if explicit else os.O_NOFOLLOW)
     try:
-        with target.open("w", encoding="utf-8", errors="backslashreplace") as handle:
+        with os.fdopen(os.open(target, flags, 0o644), "w", encoding="utf-8",
+                       errors="backslashreplace") as handle:
             handle.write(line + "\n")
     except (OSError, ValueError):
-        pass  # a directory, read-only or odd path: the line is on stderr all the same
+        pass  # absent, a directory, read-only or odd: the line is on stderr all the same
 
 
-def _early_termination_log() -> Path | None:
-    """Before the config loaded: $TERMINATION_LOG only once it passes its own check."""
-    value = os.environ.get("TERMINATION_LOG", "/dev/termination-log")
+def _termination_log(ctx: click.Context) -> tuple[Path | None, bool]:
+    """Where the failure line goes, and whether the operator set that path explicitly
+    (--termination-log or $TERMINATION_LOG); before the config loaded, $TERMINATION_LOG only
+    once it passes its own check."""
+    config = _config_of(ctx)
+    value = os.environ.get("TERMINATION_LOG", "")
+    if config is not None:
+        obj = ctx.find_object(dict) or {}
+        return config.termination_log, bool(obj.get("termination_log_flag") or value)
     try:
-        return Path(SETTINGS_BY_NAME["termination_log"].parse(value))
+        return Path(SETTINGS_BY_NAME["termination_log"].parse(
+            value or SETTINGS_BY_NAME["termination_log"].default or "")), bool(value)
     except ValueError:
-        return None
+        return None, False
 
 
 def node_options(fn: F) -> F:
@@ -116,6 +148,7 @@ def make_context(flags: dict[str, Any]) -> Context:
     """Validate settings, configure logs, build the host seam (tests may inject a factory)."""
     click_ctx = click.get_current_context()
     obj = click_ctx.find_root().ensure_object(dict)
+    obj["termination_log_flag"] = flags.get("termination_log") is not None
     config = load_config(flags, os.environ)
     obj["config"] = config
     logs.configure(config.log_format, config.log_level)

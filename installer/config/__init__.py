@@ -1,7 +1,8 @@
 """One validated, frozen `Config` built from CLI flags and environment variables (flag wins).
 
-Every setting is declared once in `SETTINGS`: the CLI builds its options from it, the README's
-configuration table lists it, and the deploy manifests are checked against its env vars.
+Every setting is declared once in `SETTINGS`: the CLI builds its options from it,
+docs/reference.md's settings table lists it, and the deploy manifests are checked against
+its env vars.
 Validation happens here, before any I/O on the host, and fails with one line naming the
 setting, the value and what is accepted.
 """

@@ -50,7 +50,8 @@ def decimal(value: str) -> float:
     """A number of ASCII digits with an optional fraction: `300`, `0.5`, `.5`, `2.`."""
     text = value.strip()
     if not _DECIMAL.fullmatch(text):
-        raise Invalid(value)
+        raise Invalid(value, "numbers are plain decimals (digits with an optional '.' "
+                             "fraction, like 30 or 0.5): no exponent, sign, '_', inf or nan")
     return float(text)
 
 
@@ -229,7 +230,10 @@ def mirror_url(value: str) -> str:
     if not sep or scheme.lower() not in ("https", "http", "file") or not rest:
         raise Invalid(value)
     if scheme.lower() == "file":
-        if not rest.startswith("/") or any(c.isspace() for c in rest):
+        if not rest.startswith("/"):
+            raise Invalid(value, "a file:// mirror needs an absolute path, as in "
+                                 "file:///srv/repo (no host, no relative path)")
+        if any(c.isspace() for c in rest):
             raise Invalid(value)
     else:
         network_url(text, ("http", "https"))

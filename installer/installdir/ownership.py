@@ -54,6 +54,7 @@ def guard(config: Config, roots: Roots) -> None:
     """Refuse, before anything is written, an install or cache dir the installer may not own."""
     install = roots.node(config.install_dir)
     _refuse_system("--install-dir", config.install_dir, install, roots)
+    _refuse_file("--install-dir", config.install_dir, install, roots)
     names = _names(install) - {layout.LOCK_FILE}
     if names and MARKER not in names and not _adoptable(install, names) and not _gke(
             config, install, names):
@@ -66,6 +67,8 @@ def guard(config: Config, roots: Roots) -> None:
     if config.cache_dir is not None:
         cache = roots.node(config.cache_dir)
         _refuse_system("--cache-dir", config.cache_dir, cache, roots)
+        _refuse_overlap(config)
+        _refuse_file("--cache-dir", config.cache_dir, cache, roots)
         names = _names(cache)
         if names and MARKER not in names and not names <= CACHE_NAMES:
             raise ConfigError(
@@ -149,6 +152,37 @@ def _refuse_system(flag: str, setting: PurePosixPath, real: Path, roots: Roots) 
                 f"{flag} {shown} is a system directory; the installer creates and removes "
                 "files in it", remedy=f"point {flag} at a directory of its own, e.g. "
                 "/home/kubernetes/bin/nvidia (install) or its .cache (cache)")
+
+
+def _refuse_overlap(config: Config) -> None:
+    """A --cache-dir sharing the install dir's names would be switched, pruned or uninstalled
+    with it: only the default `<install dir>/.cache` (or a directory of its own) is safe."""
+    install, cache = config.install_dir, config.cache_dir
+    if cache is None:
+        return
+    inside = cache.relative_to(install).parts if cache.is_relative_to(install) else None
+    if install.is_relative_to(cache):
+        why = "is the install dir" if cache == install else "holds the install dir"
+    elif inside and inside[0] in OWN_NAMES - {layout.CACHE_DIR}:
+        why = f"lies in {inside[0]}/, which the installer switches, prunes or removes"
+    else:
+        return
+    raise ConfigError(f"--cache-dir {cache} {why} (--install-dir {install})",
+                      remedy="leave --cache-dir (DRIVER_CACHE_DIR) unset for <install dir>/"
+                             ".cache, or point it at a directory outside the install dir")
+
+
+def _refuse_file(flag: str, setting: PurePosixPath, real: Path, roots: Roots) -> None:
+    """The dir, or a directory above it, is an existing file: nothing can be created there."""
+    for path in (real, *real.parents):
+        if path == roots.host or not path.is_relative_to(roots.host):
+            return
+        if path.exists() and not path.is_dir():
+            node = PurePosixPath("/", path.relative_to(roots.host).as_posix())
+            what = "is a file" if node == setting else f"cannot be created: {node} is a file"
+            raise ConfigError(f"{flag} {setting} {what}, not a directory",
+                              remedy=f"remove or rename that file, or point {flag} at a "
+                                     "directory")
 
 
 def _refuse_linked(base: Path, names: tuple[str, ...]) -> None:

@@ -53,7 +53,7 @@ class NodeInfo:
         return [f for f in self.functions if f.kind == pci.KIND_NVSWITCH]
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON shape documented in README (keys are a contract)."""
+        """The JSON shape documented in docs/reference.md (keys are a contract)."""
         return {
             "os": {**asdict(self.os), "family": self.os.family},
             "kernel": {"release": self.kernel_release, "arch": self.kernel_arch},

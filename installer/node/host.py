@@ -17,7 +17,7 @@ from pathlib import Path, PurePosixPath
 from typing import BinaryIO, Protocol
 
 from installer.config import Config
-from installer.errors import UnsupportedNodeError
+from installer.errors import UnsupportedNodeError, space_for
 from installer.node import confine as _confine
 from installer.node import syscalls
 
@@ -245,27 +245,29 @@ def write_atomic(path: Path, data: bytes, *, mode: int = 0o644) -> None:
     The bytes go to an adjacent temp file, are fsynced, then renamed over `path`; the
     directory is fsynced so the rename survives a power cut. Under a host root the temp
     file is made and renamed through the directory's descriptor (see `replace_symlink`).
+    A full disk is DiskFullError, the temp file removed.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = _dir_fd(path.parent)
-    tmp, name = (path.with_name(f".{path.name}.tmp-{os.getpid()}"), path) if fd is None \
-        else (f".{path.name}.tmp-{os.getpid()}", path.name)
-    try:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp, dir_fd=fd)
+    with space_for(path, len(data)):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = _dir_fd(path.parent)
+        tmp, name = (path.with_name(f".{path.name}.tmp-{os.getpid()}"), path) if fd is None \
+            else (f".{path.name}.tmp-{os.getpid()}", path.name)
         try:
-            with os.fdopen(create_new(tmp, dir_fd=fd), "wb") as handle:
-                handle.write(data)
-                handle.flush()
-                os.fchmod(handle.fileno(), mode)
-                os.fsync(handle.fileno())
-            os.replace(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
-        finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp, dir_fd=fd)
-    finally:
-        if fd is not None:
-            os.close(fd)
+            try:
+                with os.fdopen(create_new(tmp, dir_fd=fd), "wb") as handle:
+                    handle.write(data)
+                    handle.flush()
+                    os.fchmod(handle.fileno(), mode)
+                    os.fsync(handle.fileno())
+                os.replace(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp, dir_fd=fd)
+        finally:
+            if fd is not None:
+                os.close(fd)
     fsync_dir(path.parent)
 
 

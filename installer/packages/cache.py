@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from installer.errors import StagingError
+from installer.errors import StagingError, disk_full, space_for
 from installer.node.host import rename_confined
 from installer.packages.documents import DocumentError, read_document, read_file
 from installer.packages.manifest import (
@@ -86,7 +86,8 @@ class Cache:
             run_dir.mkdir(parents=True)
             lock = (tmp / f"{run_dir.name}.lock").open("w")
         except OSError as exc:
-            raise CacheError(f"cannot create the cache at {self.root}: {exc.strerror}") from None
+            raise disk_full(exc, self.root) or CacheError(
+                f"cannot create the cache at {self.root}: {exc.strerror}") from None
         fcntl.flock(lock, fcntl.LOCK_EX)
         self._run_dir, self._lock = run_dir, lock
         try:
@@ -134,8 +135,8 @@ class Cache:
             tmp.chmod(0o444)
             rename_confined(tmp, target)  # through descriptors opened in the host root
         except OSError as exc:
-            raise CacheError(f"cannot store {sha256[:12]} in {self.root}: {exc.strerror}"
-                             ) from None
+            raise disk_full(exc, target.parent) or CacheError(
+                f"cannot store {sha256[:12]} in {self.root}: {exc.strerror}") from None
         return target
 
     def has_blob(self, entry: FileEntry, *, verify: bool = True) -> bool:
@@ -172,8 +173,9 @@ class Cache:
                     digest.update(chunk)
                     out.write(chunk)
         except OSError as exc:
-            needed = f" ({entry.size} bytes needed)" if exc.errno == errno.ENOSPC else ""
-            raise CacheError(f"cannot write {tmp}: {exc.strerror}{needed}") from None
+            tmp.unlink(missing_ok=True)
+            raise disk_full(exc, tmp, entry.size) or CacheError(
+                f"cannot write {tmp}: {exc.strerror}") from None
         if size != entry.size or digest.hexdigest() != entry.sha256:
             tmp.unlink()
             return False
@@ -185,7 +187,8 @@ class Cache:
         sha = hashlib.sha256(data).hexdigest()
         if not self.blob(sha).is_file():
             tmp = self.temp_path("manifest.json")
-            tmp.write_bytes(data)
+            with space_for(tmp, len(data), partial=tmp):
+                tmp.write_bytes(data)
             self.commit(tmp, sha)
         return sha
 
@@ -211,7 +214,9 @@ class Cache:
             tmp.write_text(json.dumps(ref, indent=1) + "\n", encoding="utf-8")
             rename_confined(tmp, refs / f"{digest}.json")
         except OSError as exc:
-            raise CacheError(f"cannot write a ref in {refs}: {exc.strerror}") from None
+            tmp.unlink(missing_ok=True)
+            raise disk_full(exc, refs) or CacheError(
+                f"cannot write a ref in {refs}: {exc.strerror}") from None
 
     def refs(self) -> list[CacheRef]:
         """Cached packages, most recently used first; unreadable refs are ignored."""

@@ -11,13 +11,15 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from installer.errors import IntegrityError
 from installer.packages.documents import read_document
 from installer.packages.ima import ImaEntry, ima_to_list, parse_ima
+from installer.packages.modules import ModuleEntry as ModuleEntry
+from installer.packages.modules import parse_modules
 from installer.packages.placement import staged_clash
 from installer.packages.provenance import provenance_of
 from installer.packages.signatures import SignatureEntry, parse_signatures, signatures_to_list
@@ -32,18 +34,17 @@ MAX_TOTAL_SIZE = 32 * 1024**3
 MAX_FILES = 20_000
 MAX_MANIFEST_BYTES = 8 * 1024**2
 MAX_PATH_CHARS = 1024
+NAME_MAX = 255  # bytes in one path component (Linux): a longer one cannot be created
 HASH_CHUNK = 1024 * 1024
 DRIVER_VERSION_RE = re.compile(r"^\d{3,4}\.\d{1,3}(\.\d{1,3})?$")
 KERNEL_RELEASE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+~-]{0,127}$")
 SOURCE_RELEASE = "source"  # the kernel_release of a source package (built for no kernel)
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
-_MODULE_NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,63}$")
 _OS_KEYS = ("id", "version_id", "build_id")
 _TOP_KEYS = {"schema_version", "driver_version", "kernel_release", "arch", "flavour", "os",
              "files", "modules"}
 _OPTIONAL_TOP_KEYS = frozenset({"links", "signatures", "provenance", "ima"})
 _FILE_KEYS = {"path", "size", "sha256", "mode", "kind"}
-_MODULE_KEYS = {"name", "file", "depends", "params"}
 _LINK_KEYS = {"path", "target"}
 
 
@@ -66,16 +67,6 @@ class FileEntry:
     sha256: str
     mode: int
     kind: str
-
-
-@dataclass(frozen=True)
-class ModuleEntry:
-    """A kernel module of the package, in load order, with what it needs loaded first."""
-
-    name: str
-    file: str
-    depends: tuple[str, ...]
-    params: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -183,6 +174,9 @@ def check_relpath(value: Any, where: str) -> str:
     parts = value.split("/")
     if any(part in ("", ".", "..") for part in parts):
         raise _fail(where, f"{value!r} has an empty, '.' or '..' component")
+    if any(len(part.encode("utf-8", "surrogatepass")) > NAME_MAX for part in parts):
+        raise _fail(where, f"{value[:80]!r}... has a component longer than {NAME_MAX} bytes, "
+                    "which no Linux filesystem can create")
     return value
 
 
@@ -253,44 +247,6 @@ def _check_tree_shape(paths: list[str], where: str) -> None:
         raise _fail(where, f"{clash[0]!r} is both a file and a directory")
 
 
-def _parse_module(obj: Any, where: str, files: dict[str, FileEntry]) -> ModuleEntry:
-    obj = _check_keys(obj, _MODULE_KEYS, where)
-    name = _match(obj["name"], _MODULE_NAME_RE, f"{where}.name", "a kernel module name")
-    file = check_relpath(obj["file"], f"{where}.file")
-    if file not in files or files[file].kind != "module":
-        raise _fail(f"{where}.file", f"{file!r} is not a file of kind 'module'")
-    depends = obj["depends"]
-    if not isinstance(depends, list):
-        raise _fail(f"{where}.depends", "must be a list of module names")
-    for i, dep in enumerate(depends):
-        _match(dep, _MODULE_NAME_RE, f"{where}.depends[{i}]", "a kernel module name")
-    params = obj["params"]
-    if not isinstance(params, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in params.items()):
-        raise _fail(f"{where}.params", "must map parameter names to strings")
-    return ModuleEntry(name, file, tuple(depends), dict(params))
-
-
-def _norm(name: str) -> str:
-    return name.replace("-", "_")
-
-
-def _parse_modules(value: Any, files: tuple[FileEntry, ...]) -> tuple[ModuleEntry, ...]:
-    if not isinstance(value, list):
-        raise _fail("modules", "must be a list")
-    by_path = {entry.path: entry for entry in files}
-    modules = tuple(_parse_module(item, f"modules[{i}]", by_path) for i, item in enumerate(value))
-    names = [_norm(module.name) for module in modules]
-    for i, module in enumerate(modules):
-        if _norm(module.name) in names[:i]:
-            raise _fail(f"modules[{i}].name", f"duplicate module {module.name!r}")
-        later = [dep for dep in module.depends if _norm(dep) in names[i:]]
-        if later:
-            raise _fail(f"modules[{i}].depends", f"{later[0]!r} must come before "
-                        f"{module.name!r} (modules are listed in load order)")
-    return modules
-
-
 def _parse_links(value: Any, files: tuple[FileEntry, ...]) -> tuple[LinkEntry, ...]:
     if not isinstance(value, list):
         raise _fail("links", "must be a list")
@@ -327,7 +283,8 @@ def manifest_from_dict(obj: Any) -> Manifest:
         raise _fail("schema_version", f"{version!r} is not supported (this installer reads "
                     f"{SCHEMA_VERSION}); upgrade the installer or rebuild the package")
     files = _parse_files(obj["files"])
-    modules = _parse_modules(obj["modules"], files)
+    modules = parse_modules(obj["modules"], {f.path for f in files if f.kind == "module"},
+                            _fail)
     links = _parse_links(obj.get("links", []), files)
     clash = staged_clash(files, links)  # two entries landing on one staged path (placement)
     if clash is not None:

@@ -11,12 +11,14 @@ writes the files with mode 0600; a tarball is unpacked once. Failures are one li
 from __future__ import annotations
 
 import lzma
+import shutil
 import tarfile
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from installer.errors import DiskFullError, space_for
 from installer.packages.manifest import (
     HASH_CHUNK,
     MANIFEST_NAME,
@@ -66,13 +68,7 @@ def unpack_tarball(tar_path: Path, dest: Path, *, on_file: Callable[[Path], None
             for member in tar:
                 _check_header(scan, tar, member)
             _check_complete(scan)
-            dest.mkdir(parents=True)
-            for name in sorted(scan.dirs):
-                (dest / name).mkdir(parents=True, exist_ok=True)
-            for name, member in scan.files.items():
-                _extract(scan, tar, member, dest / name)
-                if on_file is not None:
-                    on_file(dest / name)
+            _write_all(scan, tar, dest, on_file)
     except _READ_ERRORS as exc:
         raise ManifestError(f"{tar_path} is not a readable package tarball: {exc}") from None
     return dest
@@ -166,6 +162,24 @@ def _check_complete(scan: _Scan) -> None:
                                       for d in _parents(name)})
     if clash:
         raise scan.fail(f"member {clash[0]!r} is both a file and a directory")
+
+
+def _write_all(scan: _Scan, tar: tarfile.TarFile, dest: Path,
+               on_file: Callable[[Path], None] | None) -> None:
+    """Every member into `dest`; on a full filesystem `dest` is removed whole."""
+    needed = sum(member.size for member in scan.files.values())
+    try:
+        with space_for(dest, needed):
+            dest.mkdir(parents=True)
+            for name in sorted(scan.dirs):
+                (dest / name).mkdir(parents=True, exist_ok=True)
+            for name, member in scan.files.items():
+                _extract(scan, tar, member, dest / name)
+                if on_file is not None:
+                    on_file(dest / name)
+    except DiskFullError:
+        shutil.rmtree(dest, ignore_errors=True)
+        raise
 
 
 def _parents(name: str) -> list[str]:

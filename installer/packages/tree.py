@@ -35,8 +35,25 @@ def hash_file(path: Path, size_limit: int) -> tuple[int, str]:
     return size, digest.hexdigest()
 
 
-def verify_file(path: Path, entry: FileEntry, where: str) -> None:
-    """Check a local file against its entry: a regular file, its size, then its sha256."""
+def linked_directory(root: Path, relpath: str) -> str | None:
+    """The first directory on the way from `root` to `relpath` that is a symbolic link
+    (`lib64 -> /elsewhere` would let a package stage files it does not hold), else None."""
+    parts = relpath.split("/")[:-1]
+    for depth in range(1, len(parts) + 1):
+        if (root / "/".join(parts[:depth])).is_symlink():
+            return "/".join(parts[:depth])
+    return None
+
+
+def verify_file(path: Path, entry: FileEntry, where: str, root: Path | None = None) -> None:
+    """Check a local file against its entry: a regular file reached through real
+    directories (under `root`, when given), its size, then its sha256."""
+    linked = linked_directory(root, entry.path) if root is not None else None
+    if linked is not None:
+        raise PackageFileError(f"{where}: {linked}/ is a symbolic link (on the way to "
+                               f"{entry.path}); a package's directories must be real",
+                               remedy="replace the link with the directory's own files "
+                               "and republish the package")
     if path.is_symlink() or not path.is_file():
         raise PackageFileError(f"{where}: {entry.path} is missing or not a regular file")
     if path.stat().st_size != entry.size:
@@ -57,5 +74,5 @@ def read_tree(root: Path, source: str = "") -> Package:
         data = handle.read(MAX_MANIFEST_BYTES + 1)
     manifest = parse_manifest(data, source=str(root))
     for entry in manifest.files:
-        verify_file(root / entry.path, entry, str(root))
+        verify_file(root / entry.path, entry, str(root), root)
     return Package(manifest, sha256_hex(data), root, by_hash=False, source=source or str(root))

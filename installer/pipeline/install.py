@@ -11,7 +11,7 @@ from typing import Any
 
 from installer import __version__
 from installer.context import Context
-from installer.errors import InstallerError
+from installer.errors import DiskFullError, InstallerError
 from installer.installdir import ownership
 from installer.installdir.layout import lock_path, version_name
 from installer.installdir.readiness import clear_readiness, ready_paths
@@ -148,7 +148,7 @@ def _restore_previous(ctx: Context, previous: InstallState | None,
             switch_to(root, name)
         for path, data in readiness.items():
             write_atomic(path, data)
-    except OSError as exc:
+    except (OSError, DiskFullError) as exc:
         ctx.log.warning("previous version not restored", reason=str(exc))
         return
     ctx.log.warning("previous version still serving", driver=previous.driver_version)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from installer.context import Context
 from installer.errors import InstallerError
+from installer.node.interrupts import Signalled
 
 if TYPE_CHECKING:
     from installer.node.facts import NodeInfo
@@ -29,21 +30,31 @@ T = TypeVar("T")
 def run_stage(ctx: Context, name: str, fn: Callable[[Context], T]) -> T:
     """Run one step, record its duration, log one event with it.
 
-    A failure is logged once, tagged with the stage's name, and re-raised for the CLI.
+    A failure is logged once, tagged with the stage's name, and re-raised for the CLI; a
+    signal (`installer.node.interrupts`) becomes such a failure here, so that the callers'
+    failure paths (restore the previous version, release the lock) run for it too.
     """
     log = ctx.log.bind(stage=name)
     start = time.perf_counter()
     try:
         result = fn(ctx)
     except InstallerError as exc:
-        exc.stage = exc.stage or name
-        log.error("stage failed", duration_ms=_ms_since(start), error=exc.slug,
-                  exit_code=exc.code, message=exc.message, remedy=exc.remedy)
+        _failed(log, start, exc, name)
         raise
+    except Signalled as sig:  # SIGTERM/SIGINT: now an ordinary failure, naming this stage
+        error = sig.error(name, f"during the {name} stage")
+        _failed(log, start, error, name)
+        raise error from None
     duration = _ms_since(start)
     ctx.timings_ms[name] = duration
     log.info("stage finished", duration_ms=duration, **_summary(result))
     return result
+
+
+def _failed(log: Any, start: float, exc: InstallerError, name: str) -> None:
+    exc.stage = exc.stage or name
+    log.error("stage failed", duration_ms=_ms_since(start), error=exc.slug,
+              exit_code=exc.code, message=exc.message, remedy=exc.remedy)
 
 
 def _ms_since(start: float) -> float:

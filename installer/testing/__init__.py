@@ -3,7 +3,7 @@
 `build_node(root, SAMPLE_NODES["gke-cos-a100x8"])` writes etc/os-release, proc/ and sys/
 (PCI devices as sysfs lays them out, with relative driver symlinks) under `root`, so the
 real `RealHost` reads them exactly as it reads a node. `python -m installer.testing NAME DIR`
-writes one for a person to explore (the README's first command does this).
+writes one for a person to explore (`make sample` does this).
 """
 
 from __future__ import annotations

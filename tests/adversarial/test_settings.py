@@ -12,7 +12,6 @@ import json
 from pathlib import Path
 
 import pytest
-from e2e import INSTALL_DIR
 from httpserver import self_signed
 
 from adversarial.harness import (
@@ -223,13 +222,11 @@ def _with_default_param(repo: Path, key: str, value: str) -> None:
 def test_package_with_a_smuggling_default_parameter(arena: Arena, key: str, value: str
                                                     ) -> None:
     _with_default_param(arena.scene.repo, key, value)
-    arena.install_dir.mkdir(parents=True)  # the node's own /home/kubernetes/bin
-    # fetch and prepare ran (the package's files are cached and unpacked under .versions);
+    (arena.install_dir / ".cache").mkdir(parents=True)  # as after an earlier run
+    # refused when the manifest is validated (issue 22 item 1): nothing reaches the cache;
     # the simulated kernel writes its (empty) state when it starts: nothing was loaded
-    allowed = (*WORK_AREA, f"node/{INSTALL_DIR}/.cache", f"node/{INSTALL_DIR}/.versions",
-               f"node/{INSTALL_DIR}/.gpu-node-installer",
-               "node/proc/.fake-kernel.json", "node/proc/devices")
-    _refused_untouched(arena, (), {}, "error(integrity)", "[load]", "default parameter",
+    allowed = (*WORK_AREA, "node/proc/.fake-kernel.json", "node/proc/devices")
+    _refused_untouched(arena, (), {}, "error(integrity)", "[fetch]", "default parameter",
                        f"nvidia.{key}", str(arena.scene.repo), code=7, allowed=allowed)
     kernel = json.loads((arena.root / "proc" / ".fake-kernel.json").read_text())
     assert kernel["modules"] == {}

@@ -298,13 +298,13 @@ class TestBadInput:
 
 
 
-class TestReadme:
-    """Acceptance: the README's "Running a GPU pod" examples say what the README says."""
+class TestManualExamples:
+    """Acceptance: docs/gpu-pods.md's check-pod examples do what the page says they do."""
 
-    README = Path(__file__).resolve().parents[2] / "README.md"
+    PAGE = Path(__file__).resolve().parents[2] / "docs" / "gpu-pods.md"
 
     def _block(self, marker: str) -> str:
-        text = self.README.read_text()
+        text = self.PAGE.read_text(encoding="utf-8")
         start = text.index(f"```yaml\n# check-pod example: {marker}\n") + len("```yaml\n")
         return text[start:text.index("```", start)]
 
@@ -324,7 +324,8 @@ class TestReadme:
         failed = [line.split()[1] for line in done.stdout.splitlines()
                   if line.startswith("  FAIL")]
         assert failed == ["requests", "whole", "toleration", "gpu-type", "cuda"]
-        assert done.stdout.strip() in self.README.read_text()  # the shown output is current
+        shown = self.PAGE.read_text(encoding="utf-8")
+        assert done.stdout.strip() in shown  # the output the page shows is current
         assert done.stderr.startswith("error(incompatible): 5 rule(s) fail")
 
 

@@ -1,4 +1,5 @@
-"""docs/deploy.md keeps up with the code: the one-liner, every overlay, every exit code."""
+"""docs/deploy.md, docs/upgrading.md and docs/operating.md keep up with the code: the one-liner,
+every overlay, the upgrade runbook and its snippet, every exit code."""
 
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ from deploy.manifests import (
 from installer.errors import error_table
 
 DOC = (REPO / "docs" / "deploy.md").read_text(encoding="utf-8")
+UPGRADING = (REPO / "docs" / "upgrading.md").read_text(encoding="utf-8")
+OPERATING = (REPO / "docs" / "operating.md").read_text(encoding="utf-8")
 
 
 def test_the_one_liner_is_documented_and_renders() -> None:
@@ -39,20 +42,20 @@ def test_every_overlay_is_described() -> None:
 
 
 def test_exit_code_table_covers_every_error_class() -> None:
-    rows = dict(re.findall(r"^\| (\d+) \| `([a-z-]+)` \|", DOC, flags=re.MULTILINE))
+    rows = dict(re.findall(r"^\| (\d+) \| `([a-z-]+)` \|", OPERATING, flags=re.MULTILINE))
     expected = {str(cls.code): cls.slug for cls in error_table()}
     assert rows == expected
-    assert "../README.md#exit-codes" in DOC
+    assert "(reference.md#exit-codes)" in OPERATING
 
 
-def _yaml_blocks() -> list[str]:
-    """Every ```yaml block of the doc, dedented (some sit in list items)."""
+def _yaml_blocks(doc: str) -> list[str]:
+    """Every ```yaml block of a page, dedented (some sit in list items)."""
     return [textwrap.dedent(block) for block in
-            re.findall(r"^[ ]*```yaml\n(.*?)^[ ]*```", DOC, flags=re.MULTILINE | re.DOTALL)]
+            re.findall(r"^[ ]*```yaml\n(.*?)^[ ]*```", doc, flags=re.MULTILINE | re.DOTALL)]
 
 
-def _block(first_line: str) -> dict:
-    (block,) = [b for b in _yaml_blocks() if b.lstrip().startswith(first_line)
+def _block(first_line: str, doc: str = DOC) -> dict:
+    (block,) = [b for b in _yaml_blocks(doc) if b.lstrip().startswith(first_line)
                 or b.startswith(first_line)]
     return yaml.safe_load(block)
 
@@ -67,21 +70,21 @@ def _merge_generators(into: list[dict], more: list[dict]) -> None:
 
 
 def test_the_live_upgrade_runbook_applies_and_watches_the_documented_labels() -> None:
-    assert "kubectl apply -k daemonset/overlays/live-upgrade" in DOC
+    assert "kubectl apply -k daemonset/overlays/live-upgrade" in UPGRADING
     assert ("kubectl get nodes -L gpu-node-installer/upgrade-state,"
-            "gpu-node-installer/driver-version") in DOC
+            "gpu-node-installer/driver-version") in UPGRADING
     for state in ("upgrade-required", "cordon-required", "pod-deletion-required",
                   "validation-required", "uncordon-required", "upgrade-done", "upgrade-failed"):
-        assert f"| `{state}` |" in DOC
+        assert f"| `{state}` |" in UPGRADING
     for rbac in ("pods/eviction", "`get`, `list`", "nodes `list`"):
-        assert rbac in DOC
+        assert rbac in UPGRADING
 
 
 def test_the_documented_live_upgrade_component_renders_in_another_overlay(
         tmp_path: Path) -> None:
     """The runbook's own-overlay snippet, laid out as the doc says: valid, rolling, and the
     component's binding names the service account in the overlay's namespace."""
-    overlay = _block("# my-upgrading-cluster/kustomization.yaml")
+    overlay = _block("# my-upgrading-cluster/kustomization.yaml", UPGRADING)
     docs = _render_beside_repo(tmp_path / "my-upgrading-cluster", overlay)
     daemonset = one(docs, "DaemonSet", "gpu-node-installer")
     assert daemonset["spec"]["updateStrategy"]["type"] == "RollingUpdate"

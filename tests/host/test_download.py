@@ -132,8 +132,10 @@ class TestResume:
             server.fault("/f.bin", Fault("stall", after=200_000, seconds=3))
             log = get(server, tmp_path / "out", digest, replace(FAST, read_timeout=0.5))
             assert statuses(server) == [200, 206]
-        assert "Timeout" in log.named("download retry")[0]["reason"] or "timed out" in str(
-            log.named("download retry")[0]["reason"])
+        # Two clocks see the same stall: the socket's read timeout and the watchdog's
+        # minimum-rate window (64 KiB per read_timeout); whichever fires first names it.
+        reason = str(log.named("download retry")[0]["reason"])
+        assert any(word in reason for word in ("Timeout", "timed out", "KiB arrived in")), reason
 
 
 class TestRetries:

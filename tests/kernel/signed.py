@@ -5,11 +5,19 @@
 - `vendor`: a module of Debian's own kernel (signed by Debian's build key, which that kernel
   trusts), split into the unsigned module and its detached tail, then re-joined by
   `package build --signatures`: the kernel must load it under enforcement.
+
+`enforced_loads` boots once with `module.sig_enforce=1` and offers files to the raw
+`finit_module` (scenarios.py's `raw_loads`); `assert_rejected_for_key` and
+`assert_rejected_as_unsigned` read what the kernel answered for one of them.
 """
 
 from __future__ import annotations
 
+import errno
+import json
+import sys
 from pathlib import Path
+from typing import Any
 
 from click.testing import CliRunner
 from signing_keys import make_key
@@ -17,7 +25,9 @@ from signing_keys import make_key
 from installer.cli import cli
 from installer.packages.build.modsig import strip_signature
 
+from . import guest
 from .assets import Kernel
+from .conftest import REPO
 
 VENDOR_MODULE = "kernel/lib/crc-itu-t.ko"  # no dependencies, loads without hardware
 
@@ -48,3 +58,33 @@ def vendor_attached(kernel: Kernel, work: Path) -> tuple[Path, Path]:
     package_build([f"--modules={work / 'vendor-in'}", f"--signatures={work / 'vendor-sigs'}",
                    "--driver-version=535.261.03", "--flavour=proprietary", f"--out-dir={out}"])
     return out, original
+
+
+def enforced_loads(kernel: Kernel, out: Path, cases: list[tuple[str, str]]) -> dict[str, Any]:
+    """One boot with module.sig_enforce=1: each (case, file under `out`) through the raw
+    finit_module, in order; the guest's results (`cases` by name, `sig_enforce`, `cmdline`)."""
+    (out / "args.json").write_text(json.dumps({"cases": cases}))
+    script = (f'"{sys.executable}" tests/kernel/scenarios.py raw_loads "$GNI_OUT/args.json" '
+              f'"$GNI_OUT/results.json"\n')
+    result = guest.run_in_guest(script, kernel=kernel, cmdline="module.sig_enforce=1",
+                                timeout=600, cwd=REPO, env={"PYTHONPATH": str(REPO)},
+                                out_dir=out)
+    assert result.rc == 0, result.describe()
+    data: dict[str, Any] = result.json("results.json")
+    return data
+
+
+def assert_rejected_for_key(case: dict[str, Any]) -> None:
+    """The kernel parsed the appended signature and refused it for its (unknown) key."""
+    assert case["errno"] == errno.EKEYREJECTED == 129, case
+    assert case["strerror"] == "Key was rejected by service"
+    text = "\n".join(case["dmesg"])
+    assert "Loading of module with unavailable key is rejected" in text, case
+    assert "unsigned" not in text, case  # the kernel found the appended signature
+    assert not {"nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm"} & set(case["modules"])
+
+
+def assert_rejected_as_unsigned(case: dict[str, Any]) -> None:
+    assert case["errno"] == 129, case
+    assert any("Loading of unsigned module is rejected" in line for line in case["dmesg"]), case
+    assert not any("unavailable key" in line for line in case["dmesg"]), case

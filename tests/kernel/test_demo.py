@@ -1,4 +1,5 @@
-"""The README's first command, `make demo`, runs to a successful `status` (real kernel)."""
+"""The README's first command, `make demo` (scripts/demo.py), runs to a successful `status`
+(real kernel)."""
 
 from __future__ import annotations
 

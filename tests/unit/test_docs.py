@@ -1,20 +1,22 @@
-"""README.md's settings and exit-code tables are generated from the code and must match it."""
+"""docs/reference.md's tables (commands, options, settings, exit codes) are generated from the
+code and must match it."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from installer.cli.docs import exit_code_table, settings_table
+from installer.cli.docs import BLOCKS
 from installer.errors import InstallerError, error_table
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+REFERENCE = Path(__file__).resolve().parents[2] / "docs" / "reference.md"
 
 
-def test_readme_tables_match_code() -> None:
-    text = README.read_text()
-    fix = "run: python scripts/render-readme-tables.py"
-    assert settings_table() in text, fix
-    assert exit_code_table() in text, fix
+def test_reference_tables_match_code() -> None:
+    text = REFERENCE.read_text(encoding="utf-8")
+    fix = "run: python scripts/render-reference.py"
+    for name, render in BLOCKS.items():
+        block = f"<!-- {name}:begin -->\n{render()}<!-- {name}:end -->"
+        assert block in text, f"{name}: {fix}"
 
 
 def test_exit_codes_are_unique_and_documented() -> None:

@@ -34,7 +34,13 @@ from installer.packages.build.inputs import (
     scan_modules,
 )
 from installer.packages.build.publish import Identity, update_index, write_package, write_tarball
-from installer.packages.build.signing import SigningOptions, apply, check_options
+from installer.packages.build.signing import (
+    SigningOptions,
+    apply,
+    check_keys,
+    check_options,
+    signs,
+)
 from installer.packages.build.source import build_source
 from installer.packages.manifest import (
     ARCHES,
@@ -184,7 +190,30 @@ def check_request(request: BuildRequest) -> None:
     for path in (*request.debs, *request.trees, *request.run_files):
         if not path.exists():
             raise _fail(f"input {path} does not exist")
-    check_options(request.signing, request.modules_dir is not None)
+    check_options(request.signing)
+    _check_source_package(request)
+    check_keys(request.signing)
+
+
+def _check_source_package(request: BuildRequest) -> None:
+    """Modules to sign come from --modules or are compiled here (--nvidia-source with
+    --kernel-headers); without headers the sources make a source package, which needs the
+    user-mode files and has no modules to sign (nodes compile them)."""
+    compiles = request.nvidia_source is not None and bool(request.kernel_headers)
+    if request.nvidia_source is not None and not compiles and not (
+            request.debs or request.trees or request.run_files):
+        raise _fail("a source package needs the user-mode files too, and no --deb, --run or "
+                    "--tree is given", remedy="also give --deb, --run or --tree (or "
+                    "--kernel-headers, to compile the modules for a kernel)")
+    if not signs(request.signing) or compiles or request.modules_dir is not None:
+        return
+    flag = "--sign-key" if request.signing.key is not None else "--signatures"
+    if request.nvidia_source is not None:
+        raise _fail(f"{flag}: a source package has no modules to sign (nodes compile them)",
+                    remedy="give --kernel-headers to compile the modules here and sign them")
+    raise _fail(f"{flag}: there are no modules to sign",
+                remedy="give --modules (built modules), or --nvidia-source with "
+                       "--kernel-headers (compiled here, then signed)")
 
 
 def _check_build_root(request: BuildRequest) -> None:
@@ -193,7 +222,8 @@ def _check_build_root(request: BuildRequest) -> None:
         raise _fail("--build-root needs --nvidia-source (it is where the modules compile)")
     if request.build_root != AUTO and not Path(request.build_root or "").is_dir():
         raise _fail(f"--build-root {request.build_root} does not exist or is not a directory",
-                    remedy="make one (README: mmdebstrap), or pass --build-root auto")
+                    remedy="make one (docs/building-packages.md: mmdebstrap), or pass "
+                           "--build-root auto")
     check_privileges()
 
 

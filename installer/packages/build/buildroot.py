@@ -117,8 +117,8 @@ def suite_for(kernel: KernelTree) -> str:
         raise PackageBuildError(
             f"--build-root auto knows no Debian suite for kernel {kernel.release}, built with "
             f"{text or 'an unknown compiler'}",
-            remedy="make a root of the kernel's distro by hand (see README, 'Compiling the "
-                   "kernel modules') and pass --build-root DIR")
+            remedy="make a root of the kernel's distro by hand (docs/building-packages.md, "
+                   "'--build-root') and pass --build-root DIR")
     return suite
 
 
@@ -145,7 +145,7 @@ def open_root(path: Path, kernel: KernelTree) -> BuildRoot:
     """Check that `path` is a root that can compile for `kernel`."""
     if not path.is_dir():
         raise PackageBuildError(f"--build-root {path} does not exist",
-                                remedy="make one (see README: mmdebstrap), or pass "
+                                remedy="make one (docs/building-packages.md: mmdebstrap), or pass "
                                        "--build-root auto")
     path = path.resolve()
     if path == Path("/"):

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from installer.errors import space_for
 from installer.node.host import write_atomic
 from installer.node.syscalls import exchange
 from installer.packages.build.inputs import (
@@ -141,7 +142,8 @@ def _copy(item: Picked, root: Path) -> FileEntry:
     target = root / item.relpath
     target.parent.mkdir(parents=True, exist_ok=True)
     digest, size = hashlib.sha256(), 0
-    with item.source.open("rb") as source, target.open("wb") as out:
+    with space_for(target, item.source.stat().st_size, partial=target), \
+            item.source.open("rb") as source, target.open("wb") as out:
         while chunk := source.read(COPY_CHUNK):
             digest.update(chunk)
             out.write(chunk)
@@ -175,12 +177,17 @@ def write_tarball(directory: Path, target: Path) -> Path:
 
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-    with tmp.open("wb") as raw, gzip.GzipFile(filename="", mode="wb", compresslevel=1,
-                                               fileobj=raw, mtime=0) as compressed, \
-            tarfile.open(fileobj=compressed, mode="w", format=tarfile.PAX_FORMAT) as archive:
-        for path in sorted(p for p in directory.rglob("*") if p.is_file()):
-            archive.add(path, arcname=path.relative_to(directory).as_posix(), filter=clean)
-    os.replace(tmp, target)
+    try:
+        with space_for(target, None, partial=tmp), tmp.open("wb") as raw, \
+                gzip.GzipFile(filename="", mode="wb", compresslevel=1, fileobj=raw,
+                              mtime=0) as compressed, \
+                tarfile.open(fileobj=compressed, mode="w", format=tarfile.PAX_FORMAT) as archive:
+            for path in sorted(p for p in directory.rglob("*") if p.is_file()):
+                archive.add(path, arcname=path.relative_to(directory).as_posix(), filter=clean)
+        os.replace(tmp, target)
+    except BaseException:  # nothing half-written stays beside the repository
+        tmp.unlink(missing_ok=True)
+        raise
     return target
 
 

@@ -1,12 +1,14 @@
 """Module signatures for `package build`: sign with the operator's key, or attach a vendor's.
 
 `--sign-key KEY --sign-cert CERT [--sign-hash sha256|sha384|sha512]` appends to every module
-what the kernel's `scripts/sign-file` appends (see `modsig`): a detached DER PKCS#7
-SignedData with no certificates and no signed attributes, its signer named by the
-certificate's issuer and serial. Keys: RSA (2048 bits or more) and ECDSA on P-256 or P-384,
-what Linux's module signature check verifies; PEM or DER, PKCS#1/SEC1/PKCS#8, encrypted ones
-with the passphrase in `KBUILD_SIGN_PIN` (sign-file's variable). A module already signed is
-refused unless `--resign` (its old signature is then replaced).
+(those of `--modules`, or those the same command compiled: one kernel, many, both flavours;
+the key is read before anything compiles) what the kernel's `scripts/sign-file` appends (see
+`modsig`): a detached DER PKCS#7 SignedData with no certificates and no signed attributes,
+its signer named by the certificate's issuer and serial. Keys: RSA (2048 bits or more) and
+ECDSA on P-256 or P-384, what Linux's module signature check verifies; PEM or DER,
+PKCS#1/SEC1/PKCS#8, encrypted ones with the passphrase in `KBUILD_SIGN_PIN` (sign-file's
+variable). A module already signed is refused unless `--resign` (its old signature is then
+replaced).
 
 `--signatures DIR` attaches a vendor's detached signatures, one `<module>.ko.sig` per module
 (what follows the unsigned module in the signed one, as NVIDIA's kmod packages and COS ship
@@ -55,7 +57,12 @@ def _fail(message: str, remedy: str | None = None) -> PackageBuildError:
     return PackageBuildError(message, remedy=remedy)
 
 
-def check_options(options: SigningOptions, has_modules: bool) -> None:
+def signs(options: SigningOptions) -> bool:
+    """Whether the package's modules are to be signed (here, or with a vendor's tails)."""
+    return options.key is not None or options.signatures is not None
+
+
+def check_options(options: SigningOptions) -> None:
     """The flags make sense together (checked before any input is read)."""
     if options.hash not in SIGN_HASHES:
         raise _fail(f"--sign-hash {options.hash!r} is not one of {', '.join(SIGN_HASHES)}")
@@ -67,8 +74,15 @@ def check_options(options: SigningOptions, has_modules: bool) -> None:
         raise _fail("--sign-cert needs --sign-key (to sign) or --signatures (to verify)")
     if options.resign and options.key is None:
         raise _fail("--resign needs --sign-key")
-    if (options.key or options.signatures) and not has_modules:
-        raise _fail("there are no modules to sign: give --modules")
+
+
+def check_keys(options: SigningOptions) -> None:
+    """The certificate and the key read and match, before anything is compiled (minutes:
+    a wrong key or passphrase is told first, not after the modules are built)."""
+    if options.cert is not None:
+        cert = load_cert(options.cert)
+        if options.key is not None:
+            load_key(options.key, cert)
 
 
 def apply(options: SigningOptions, modules: list[ModuleInfo], work: Path

@@ -7,14 +7,15 @@ rest with `Range` and `If-Range` (the ETag, else the Last-Modified date), and a 
 answers 200 instead makes it start over, never splice. Retries (tenacity) cover connection
 errors, timeouts, 408, 429 (honouring Retry-After) and 5xx, bounded by attempts and by one
 deadline for the whole run; the watchdog makes that deadline, and a minimum rate per
-read-timeout window, hold against a mirror that trickles. No message carries a URL's
-credentials or query.
+read-timeout window, hold against a mirror that trickles or a connection that never comes,
+and cuts every transfer on SIGTERM/SIGINT. No message carries a URL's credentials or query.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
+import signal
 import time
 import urllib.parse
 from collections.abc import Callable, Mapping
@@ -26,6 +27,7 @@ import requests
 import tenacity
 
 from installer.errors import ConfigError, DownloadError, IntegrityError
+from installer.node import interrupts
 from installer.stages.fetch.failures import (
     ChecksumMismatch,
     DeadlineExpired,
@@ -38,6 +40,7 @@ from installer.stages.fetch.responses import (
     NETWORK_ERRORS,
     HashPipe,
     Retryable,
+    check_length,
     check_status,
     tls_error,
     validator,
@@ -122,6 +125,7 @@ class Downloader:
         self.progress = progress
         self.deadline = Deadline(settings.deadline)
         self.watchdog = Watchdog()
+        self._unhook = interrupts.register(self.watchdog.abort)
         self.session = requests.Session()
         # passed on each request: a session-level value loses to REQUESTS_CA_BUNDLE (requests)
         self.verify: str | bool = str(settings.ca_bundle) if settings.ca_bundle else True
@@ -131,11 +135,13 @@ class Downloader:
 
     # ------------------------------------------------------------ public
 
-    def fetch_bytes(self, url: str, limit: int) -> bytes:
-        """A small document (index.json, manifest.json), at most `limit` bytes."""
+    def fetch_bytes(self, url: str, limit: int,
+                    oversize: type[IntegrityError] = IntegrityError) -> bytes:
+        """A small document (index.json, manifest.json), at most `limit` bytes; a larger one
+        raises `oversize` (its class carries the document's own remedy)."""
         if url.startswith("file://"):
-            return read_local(url, limit)
-        return self._retry(url, lambda watch: self._get_small(url, limit, watch))
+            return read_local(url, limit, oversize)
+        return self._retry(url, lambda watch: self._get_small(url, limit, watch, oversize))
 
     def fetch_file(self, url: str, dest: Path, *, size: int, sha256: str) -> None:
         """Download `url` into `dest` and check size and sha256 (ChecksumMismatch if not)."""
@@ -158,6 +164,7 @@ class Downloader:
         return partial.hasher, partial.headers
 
     def close(self) -> None:
+        self._unhook()
         self.watchdog.close()
         self.session.close()
 
@@ -168,7 +175,8 @@ class Downloader:
             retry=tenacity.retry_if_exception_type(Retryable),
             stop=tenacity.stop_after_attempt(self.settings.attempts)
             | tenacity.stop_when_event_set(_Expired(self.deadline)),  # type: ignore[arg-type]
-            wait=self._wait, before_sleep=self._log_retry(url), reraise=True)
+            wait=self._wait, sleep=self.watchdog.pause, before_sleep=self._log_retry(url),
+            reraise=True)
         try:
             return retrying(lambda: self._watched(url, attempt))
         except Retryable as exc:
@@ -178,7 +186,9 @@ class Downloader:
 
     def _watched(self, url: str, attempt: Callable[[Watch], T]) -> T:
         """One attempt under the watchdog; a fired bound replaces whatever the read saw."""
-        with self.watchdog.watch(self.deadline.end, self.settings.read_timeout) as watch:
+        interrupts.raise_if_received()  # a worker's next file or retry after a signal
+        with self.watchdog.watch(self.deadline.end, self.settings.read_timeout,
+                                 self.settings.connect_timeout) as watch:
             try:
                 result = attempt(watch)
             except Exception as exc:
@@ -191,9 +201,15 @@ class Downloader:
                 raise self._fired(url, watch)
             return result
 
-    def _fired(self, url: str, watch: Watch) -> Exception:
+    def _fired(self, url: str, watch: Watch) -> BaseException:
+        if watch.fired == "interrupted":
+            return interrupts.Signalled(interrupts.received() or signal.SIGTERM)
         if watch.fired == "deadline":
-            return self._expired(url, "the mirror was still sending")
+            return self._expired(url, "no connection yet (name lookup, TCP or TLS handshake)"
+                                 if watch.fired_connecting else "the mirror was still sending")
+        if watch.fired == "connect":
+            return Retryable(f"no connection within {self.settings.connect_timeout:g} s "
+                             "(--connect-timeout): the name lookup, TCP or TLS handshake hangs")
         return Retryable(f"less than {STALL_BYTES // 1024} KiB arrived in "
                          f"{self.settings.read_timeout:g} s (--read-timeout): the mirror "
                          "stalls or trickles")
@@ -265,7 +281,8 @@ class Downloader:
                                 f"({safe(target)}); refused",
                                 remedy="fix the mirror or pass --allow-http")
 
-    def _get_small(self, url: str, limit: int, watch: Watch) -> bytes:
+    def _get_small(self, url: str, limit: int, watch: Watch,
+                   oversize: type[IntegrityError]) -> bytes:
         with self._get(url, {}) as response:
             check_status(response, url)
             read = getattr(response.raw, "read1", response.raw.read)
@@ -278,7 +295,7 @@ class Downloader:
             except NETWORK_ERRORS as exc:
                 raise Retryable(scrub(f"{type(exc).__name__}: {exc}", url)) from None
         if len(data) > limit:
-            raise IntegrityError(f"{safe(url)} is larger than the {limit} bytes allowed")
+            raise oversize(f"{safe(url)} is larger than the {limit} bytes allowed")
         return bytes(data)
 
     def _attempt(self, url: str, partial: _Partial, watch: Watch) -> None:
@@ -290,6 +307,7 @@ class Downloader:
         with self._get(url, headers) as response:
             if response.status_code == 416 and partial.received == partial.size:
                 return
+            check_length(response, url, partial.size, partial.received)
             check_status(response, url)
             self._position(response, partial, url)
             try:
@@ -346,6 +364,7 @@ class Downloader:
                                            limit + 1 - partial.received)):
                 if self.deadline.remaining() <= 0:
                     raise self._expired(url, f"{partial.received} bytes copied")
+                interrupts.raise_if_received()
                 partial.received += len(chunk)
                 partial.hasher.update(chunk)
                 out.write(chunk)

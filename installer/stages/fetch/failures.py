@@ -36,6 +36,14 @@ class ChecksumMismatch(IntegrityError):
     """A downloaded file's size or sha256 differs from its manifest entry."""
 
 
+class ShortOnMirror(ChecksumMismatch):
+    """The mirror's file has another size than its manifest entry: that mirror's copy of
+    the package is inconsistent (manifest and files published apart)."""
+
+    default_remedy = ("republish the package on that mirror (its manifest and files "
+                      "differ), or list a mirror that holds it whole")
+
+
 class DeadlineExpired(DownloadError):
     """The run's download deadline passed (mid-stream included): nothing more is tried."""
 

@@ -70,7 +70,8 @@ def open_local(url: str) -> Iterator[BinaryIO]:
         yield handle
 
 
-def read_local(url: str, limit: int) -> bytes:
+def read_local(url: str, limit: int, oversize: type[IntegrityError] = IntegrityError
+               ) -> bytes:
     """A small document from a file:// mirror, at most `limit` bytes."""
     with open_local(url) as handle:
         try:
@@ -78,5 +79,5 @@ def read_local(url: str, limit: int) -> bytes:
         except OSError as exc:
             raise DownloadError(f"cannot read {safe(url)}: {exc.strerror}") from None
     if len(data) > limit:
-        raise IntegrityError(f"{safe(url)} is larger than the {limit} bytes allowed")
+        raise oversize(f"{safe(url)} is larger than the {limit} bytes allowed")
     return data

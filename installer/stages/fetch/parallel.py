@@ -13,7 +13,8 @@ T = TypeVar("T")
 
 
 def run_parallel(jobs: Iterable[Callable[[], T]], parallel: int) -> list[T]:
-    """Run jobs on at most `parallel` threads; the first failure cancels what has not begun."""
+    """Run jobs on at most `parallel` threads; the first failure (or a signal in the waiting
+    thread) cancels what has not begun; what has begun is waited for."""
     stop = threading.Event()
 
     def guarded(job: Callable[[], T]) -> T:
@@ -23,15 +24,23 @@ def run_parallel(jobs: Iterable[Callable[[], T]], parallel: int) -> list[T]:
 
     with ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="download") as pool:
         futures = [pool.submit(guarded, job) for job in jobs]
-        done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+        try:
+            done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+        except BaseException:  # a signal (installer.node.interrupts): jobs not begun never begin
+            _cancel(stop, futures)
+            raise
         failed = [f for f in done if f.exception() is not None]
         if failed:
-            stop.set()
-            for future in futures:
-                future.cancel()
+            _cancel(stop, futures)
             wait(futures)
             raise _first_real(futures)
         return [future.result() for future in futures]
+
+
+def _cancel(stop: threading.Event, futures: list[Future[T]]) -> None:
+    stop.set()
+    for future in futures:
+        future.cancel()
 
 
 class _Cancelled(Exception):

@@ -14,7 +14,7 @@ import requests
 import urllib3
 
 from installer.errors import DownloadError
-from installer.stages.fetch.failures import NotOnMirror, TlsError
+from installer.stages.fetch.failures import NotOnMirror, ShortOnMirror, TlsError
 from installer.stages.fetch.urls import safe, scrub
 
 NETWORK_ERRORS = (requests.ConnectionError, requests.Timeout,
@@ -69,6 +69,23 @@ def check_status(response: requests.Response, url: str) -> None:
         raise Retryable(f"HTTP {status}", retry_after(response.headers.get("Retry-After")))
     raise DownloadError(f"{safe(url)} answered HTTP {status}",
                         remedy="check the mirror URL and its access rules")
+
+
+_UNSATISFIED_RE = re.compile(r"^bytes \*/(\d+)$")
+
+
+def check_length(response: requests.Response, url: str, size: int | None, received: int
+                 ) -> None:
+    """A resume answered 416 short of the manifest's size: the mirror's file is shorter than
+    its manifest lists, so the package on that mirror is inconsistent and the next mirror is
+    tried. (A short 200 alone may be a dropped transfer: that one is resumed first.)"""
+    if size is None or response.status_code != 416 or received >= size:
+        return
+    match = _UNSATISFIED_RE.match(response.headers.get("Content-Range", ""))
+    total = int(match.group(1)) if match else received
+    if total < size:
+        raise ShortOnMirror(f"{safe(url)}: the mirror's file is {total} bytes, the manifest "
+                            f"says {size}: the package on that mirror is inconsistent")
 
 
 def retry_after(value: str | None) -> float | None:

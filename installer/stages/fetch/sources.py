@@ -13,7 +13,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from installer.errors import InstallerError, IntegrityError, PackageNotFoundError
+from installer.errors import (
+    DiskFullError,
+    InstallerError,
+    IntegrityError,
+    PackageNotFoundError,
+    space_for,
+)
 from installer.packages.cache import Cache, cached_package
 from installer.packages.manifest import (
     MANIFEST_NAME,
@@ -31,6 +37,7 @@ from installer.packages.repository import (
     TARBALL_SUFFIXES,
     Candidate,
     Index,
+    IndexFormatError,
     package_path,
     parse_index,
     scan_tree,
@@ -142,6 +149,14 @@ class PreloadedSource:
         return commit_tree(self.cache, package, manifest_bytes, self.requested)
 
 
+class CacheDamaged(PackageNotFoundError):
+    """A cached package lost a file or a file no longer hashes right; the bad blobs are
+    gone, so only a source that still holds the package can bring it back."""
+
+    default_remedy = ("give a source that holds the package (--mirror / DRIVER_MIRRORS or "
+                      "--preloaded-dir) so it is fetched again")
+
+
 class CacheSource:
     """Packages earlier runs fetched onto this node (the fast reboot path)."""
 
@@ -164,8 +179,10 @@ class CacheSource:
         package = (cached_package(self.cache, candidate.manifest_sha256)
                    if candidate.manifest_sha256 else None)
         if package is None:
-            raise PackageNotFoundError(f"{self.name} no longer holds {candidate.path} intact")
+            raise CacheDamaged(f"{self.name} no longer held {candidate.path} intact: the "
+                               "cache was repaired (its damaged or missing files removed)")
         return package
+
 
 
 class MirrorSource:
@@ -194,12 +211,13 @@ class MirrorSource:
         return join(self.base, relpath)
 
     def offers(self) -> Offer:
-        data = self.downloader.fetch_bytes(self.url(INDEX_NAME), MAX_INDEX_BYTES)
+        data = self.downloader.fetch_bytes(self.url(INDEX_NAME), MAX_INDEX_BYTES,
+                                           IndexFormatError)
         return Offer(self.name, parse_index(data, f"mirror {safe(self.base)}"))
 
     def get(self, candidate: Candidate) -> Package:
         data = self.downloader.fetch_bytes(self.url(f"{candidate.path}/{MANIFEST_NAME}"),
-                                           MAX_MANIFEST_BYTES)
+                                           MAX_MANIFEST_BYTES, ManifestError)
         if candidate.manifest_sha256 and sha256_hex(data) != candidate.manifest_sha256:
             raise ManifestError(f"{self.name}: {candidate.path}/{MANIFEST_NAME} differs from "
                                 "the digest index.json gives for it")
@@ -230,9 +248,10 @@ class MirrorSource:
         for mirror in mirrors:
             temp = self.cache.temp_path(entry.path.rsplit("/", 1)[-1])
             try:
-                mirror.downloader.fetch_file(mirror.url(f"{path}/{entry.path}"), temp,
-                                             size=entry.size, sha256=entry.sha256)
-            except DeadlineExpired:
+                with space_for(temp, entry.size, partial=temp):
+                    mirror.downloader.fetch_file(mirror.url(f"{path}/{entry.path}"), temp,
+                                                 size=entry.size, sha256=entry.sha256)
+            except (DeadlineExpired, DiskFullError):  # no other mirror would do better
                 temp.unlink(missing_ok=True)
                 raise
             except InstallerError as exc:

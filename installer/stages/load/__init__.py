@@ -20,7 +20,7 @@ from installer.errors import (
     ModuleInUseError,
     PackageNotFoundError,
 )
-from installer.node import kmod, syscalls
+from installer.node import interrupts, kmod, syscalls
 from installer.node.holders import processes_using_nvidia as processes_using_nvidia
 from installer.node.host import Host
 from installer.packages.manifest import Package
@@ -119,11 +119,12 @@ def load_package(host: Host, package: Package, *, params: modplan.Params = (),
     for warning in result.warnings:
         if log is not None:
             log.warning("preflight", detail=warning)
-    result.unloaded = replace_other_version(host, package)
-    has_firmware = any(entry.kind == "firmware" for entry in package.manifest.files)
-    if has_firmware and firmware_dir:
-        result.firmware_path = point_firmware_path(host, firmware_dir, result.warnings)
-    load_plan(host, plan, package.manifest.driver_version, result)
+    with interrupts.deferred():  # SIGTERM never leaves the old driver out, the new half in
+        result.unloaded = replace_other_version(host, package)
+        has_firmware = any(entry.kind == "firmware" for entry in package.manifest.files)
+        if has_firmware and firmware_dir:
+            result.firmware_path = point_firmware_path(host, firmware_dir, result.warnings)
+        load_plan(host, plan, package.manifest.driver_version, result)
     result.nodes = devnodes.ensure_nodes(host, devnodes.plan(host))
     return result
 

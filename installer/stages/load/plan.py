@@ -209,7 +209,8 @@ def verify_files(package: Package) -> None:
     """Nothing unverified goes into the kernel: re-hash each module file just before use."""
     for module in package.manifest.modules:
         entry = package.manifest.file(module.file)
-        verify_file(package.path_of(module.file), entry, f"package {package.source}")
+        verify_file(package.path_of(module.file), entry, f"package {package.source}",
+                    None if package.by_hash else package.root)
 
 
 def _predictions(host: Host, package: Package) -> tuple[list[InstallerError], list[str]]:

@@ -15,7 +15,6 @@ crash at any instant leaves the complete old set or the complete new set, never 
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import shutil
@@ -25,7 +24,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Protocol
 
 from installer.context import Context
-from installer.errors import IntegrityError, StagingError
+from installer.errors import NO_SPACE, DiskFullError, IntegrityError, StagingError, free_bytes
 from installer.installdir import ownership
 from installer.installdir.layout import (
     CURRENT,
@@ -153,7 +152,7 @@ def stage_package(ctx: Context, package: PackageLike, *,
             linker.driver_root_layout(root, manifest.arch)
         prune(root)
     except OSError as exc:
-        if exc.errno == errno.ENOSPC:
+        if exc.errno in NO_SPACE:
             raise disk_full(ctx, root, package) from exc
         raise StagingError(f"cannot stage into {ctx.config.install_dir}: {exc}") from exc
     warnings = linker.refresh_linker(ctx, files_changed=not unchanged)
@@ -177,22 +176,19 @@ def prepare_version(ctx: Context, package: PackageLike) -> str:
             _build_version(root, name, package, allow_hardlinks=True)
     except OSError as exc:  # free the space at once: the old version must stay servable
         shutil.rmtree(root / VERSIONS / f".tmp-{name}-{os.getpid()}", ignore_errors=True)
-        if exc.errno == errno.ENOSPC:
+        if exc.errno in NO_SPACE:
             raise disk_full(ctx, root, package) from exc
         raise StagingError(f"cannot prepare {name} in {ctx.config.install_dir}: "
                            f"{exc.strerror or exc}") from exc
     return name
 
 
-def disk_full(ctx: Context, root: Path, package: PackageLike) -> StagingError:
+def disk_full(ctx: Context, root: Path, package: PackageLike) -> DiskFullError:
     """The line for a full disk: where, how many bytes the version needs, how many are free."""
     needed = sum(entry.size for entry in package.manifest.files)
-    try:
-        info = os.statvfs(root)
-        free = f", {info.f_bavail * info.f_frsize} free"
-    except OSError:
-        free = ""
-    return StagingError(
+    space = free_bytes(root)
+    free = f", {space} free" if space is not None else ""
+    return DiskFullError(
         f"disk full (no space left on device): {ctx.config.install_dir} (here {root}) "
         f"needs {needed} bytes for {version_name(package.manifest)}{free}; the previous "
         "version still serves",
@@ -206,14 +202,18 @@ def _build_version(root: Path, name: str, package: PackageLike, *,
     versions = root / VERSIONS
     tmp = versions / f".tmp-{name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    for sub in TOP_LINKS:
-        (tmp / sub).mkdir(parents=True)
-    for entry in package.manifest.files:
-        _place(tmp, entry, package.path_of(entry.path), allow_hardlinks=allow_hardlinks)
-    ima.set_signatures(tmp, package.manifest.files, package.manifest.ima)
-    _package_links(tmp, package)
-    linker.make_soname_links(tmp / "lib64")
-    _write_meta(tmp, package)
+    try:
+        for sub in TOP_LINKS:
+            (tmp / sub).mkdir(parents=True)
+        for entry in package.manifest.files:
+            _place(tmp, entry, package.path_of(entry.path), allow_hardlinks=allow_hardlinks)
+        ima.set_signatures(tmp, package.manifest.files, package.manifest.ima)
+        _package_links(tmp, package)
+        linker.make_soname_links(tmp / "lib64")
+        _write_meta(tmp, package)
+    except BaseException:  # a failure or a signal (SIGTERM) mid-copy leaves no temp dir
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     _rename_into_place(root, tmp, name)
 
 

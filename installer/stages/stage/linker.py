@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 from installer.context import Context
-from installer.errors import IntegrityError
+from installer.errors import DiskFullError, IntegrityError
 from installer.installdir.layout import LDCONF_NODE_PATH
 from installer.node.elf import ElfError, is_elf, read_soname
 from installer.node.host import Host, replace_symlink, write_atomic
@@ -65,7 +65,7 @@ def refresh_linker(ctx: Context, *, files_changed: bool = True) -> list[str]:
         if host.read_text(conf) != text:
             write_atomic(conf, text.encode())
             files_changed = True
-    except OSError as exc:
+    except (OSError, DiskFullError) as exc:  # the host's /etc: a warning, not a failure
         warnings.append(f"cannot write {LDCONF_NODE_PATH}: {exc}")
     ldconfig = _host_ldconfig(host) if files_changed else None
     if ldconfig:
