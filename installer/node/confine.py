@@ -89,7 +89,11 @@ def _remember(root: Path) -> None:
 
 
 def _root_fd(root: Path) -> int:
+    """The host root's descriptor, kept open; opened again when the root was replaced."""
     dirfd = _ROOT_FDS.get(root)
+    if dirfd is not None and not _same_dir(dirfd, root):
+        os.close(_ROOT_FDS.pop(root))
+        dirfd = None
     if dirfd is None:
         try:
             dirfd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -100,6 +104,14 @@ def _root_fd(root: Path) -> int:
             os.close(_ROOT_FDS.pop(next(iter(_ROOT_FDS))))
         _ROOT_FDS[root] = dirfd  # kept open: one open per host root, not per path
     return dirfd
+
+
+def _same_dir(dirfd: int, root: Path) -> bool:
+    try:
+        now, held = os.stat(root), os.fstat(dirfd)
+    except OSError:
+        return False
+    return (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino)
 
 
 def _unavailable(err: int) -> bool:

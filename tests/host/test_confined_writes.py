@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -134,3 +135,14 @@ def test_rename_within_the_root_goes_through(tmp_path: Path) -> None:
     (install / "sub").mkdir()
     rename_confined(install / "b", install / "sub" / "c")
     assert (install / "sub" / "c").read_text() == "new"
+
+
+def test_a_host_root_made_anew_at_its_path_is_opened_anew(tmp_path: Path) -> None:
+    """The root's descriptor is kept open; a root replaced at the same path (a test's node
+    rebuilt) is opened again rather than written through the old, deleted one."""
+    roots, install, _ = _scene(tmp_path)
+    replace_symlink(roots.entry(install / ".current"), ".versions/a")
+    shutil.rmtree(roots.host)
+    install.mkdir(parents=True)
+    replace_symlink(install / ".current", ".versions/b")
+    assert os.readlink(install / ".current") == ".versions/b"
