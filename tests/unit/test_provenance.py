@@ -54,7 +54,8 @@ def test_valid_provenance_round_trips_and_old_manifests_stay_valid() -> None:
 
 @pytest.mark.parametrize(("path", "value"), [
     ("nvidia_source.sha256", "X" * 64), ("nvidia_source.name", ""),
-    ("nvidia_source.name", "a\nb"), ("compiler", 12), ("compiler", "x" * 300),
+    ("nvidia_source.name", "a\nb"), ("compiler", "gcc\n"), ("nvidia_source.version", "\n"),
+    ("compiler", 12), ("compiler", "x" * 300),
     ("patches.0.sha256", "abc"), ("kernel_headers", {}), ("patches", [1]),
     ("kernel_headers.0.extra", "x"),
 ])
