@@ -72,7 +72,8 @@ def main() -> None:
         scene = make_scene(Path(tmp))
         add_version(scene, VERSION, padding=opts.size_mb * 1024 * 1024)
         env = standin_env(VERSION)
-        tree = next(scene.repo.glob(f"*/{VERSION}/*"))
+        # the package directory, not the build lock (`.<flavour>.lock`) publishing keeps beside it
+        tree = next(p for p in scene.repo.glob(f"*/{VERSION}/*") if p.is_dir())
         big = max(tree.rglob("*"), key=lambda p: p.stat().st_size if p.is_file() else 0)
         with MirrorServer(scene.repo) as server:
             args = scene.args("--mirror", server.url, "--allow-http",

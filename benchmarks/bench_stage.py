@@ -25,6 +25,7 @@ from native import build_standins  # noqa: E402
 from native.contexts import make_ctx  # noqa: E402
 from native.packages import standin_tree, tree_package  # noqa: E402
 
+from installer.installdir import versions as installed  # noqa: E402
 from installer.node.elf import read_soname  # noqa: E402
 from installer.stages import stage  # noqa: E402
 from installer.stages.verify import verify  # noqa: E402
@@ -59,7 +60,7 @@ def main() -> None:
         for hard in (True, False):
             def fresh(hard: bool = hard) -> None:
                 """Stage the version that is not current, after deleting its directory."""
-                current = versions.current_name(install) or ""
+                current = installed.current_name(install) or ""
                 target = versions[1] if current.startswith(versions[0]) else versions[0]
                 for old in (install / ".versions").glob(f"{target}-*"):
                     shutil.rmtree(old)
