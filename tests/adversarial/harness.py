@@ -222,3 +222,19 @@ def assert_ok(result: Result) -> None:
     """A run that had to succeed did, without a traceback."""
     assert "Traceback" not in result.stderr, result.stderr[-3000:]
     assert result.code == 0, result.stderr[-3000:]
+
+
+def run_wrapped(arena: Arena, wrapper: str, wrapper_args: list[str], *args: str,
+                env: dict[str, str] | None = None) -> Result:
+    """`fakenode.py ARGS` in the arena's sandbox, through one more shell `wrapper` that
+    mounts what the case needs (a small tmpfs, a private /dev); it exits 96 if it cannot."""
+    tmp = arena.scene.work / "tmp"
+    tmp.mkdir(parents=True, exist_ok=True)
+    command = ["unshare", "-m", "--propagation", "private", "sh", "-c", SANDBOX, "sandbox",
+               str(arena.base), "sh", "-c", wrapper, "wrapper", *wrapper_args,
+               sys.executable, str(FAKENODE), *args]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False,
+                          env={**arena.env, **(env or {}), "TMPDIR": str(tmp)},
+                          errors="replace")
+    assert done.returncode not in (SANDBOX_FAILED, 96), done.stderr[-2000:]
+    return Result(done.returncode, done.stdout, done.stderr)

@@ -9,26 +9,21 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from e2e import FAKENODE, INSTALL_DIR
-from helpers import node_args
+from e2e import INSTALL_DIR
 from httpserver import MirrorServer
 
 from adversarial.harness import (
-    SANDBOX,
-    SANDBOX_FAILED,
     VERSION,
     WORK_AREA,
     Arena,
-    Result,
     assert_refused,
     assert_untouched,
     install,
+    run_wrapped,
     settle,
 )
 from adversarial.mirrorkit import (
@@ -230,21 +225,6 @@ exit $rc
 """
 
 
-def _run_wrapped(arena: Arena, wrapper: str, wrapper_args: list[str], *args: str,
-                 env: dict[str, str] | None = None) -> Result:
-    """`fakenode.py ARGS` in the arena's sandbox, through one more shell `wrapper`."""
-    tmp = arena.scene.work / "tmp"
-    tmp.mkdir(parents=True, exist_ok=True)
-    command = ["unshare", "-m", "--propagation", "private", "sh", "-c", SANDBOX, "sandbox",
-               str(arena.base), "sh", "-c", wrapper, "wrapper", *wrapper_args,
-               sys.executable, str(FAKENODE), *args]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False,
-                          env={**arena.env, **(env or {}), "TMPDIR": str(tmp)},
-                          errors="replace")
-    assert done.returncode not in (SANDBOX_FAILED, 96), done.stderr[-2000:]
-    return Result(done.returncode, done.stdout, done.stderr)
-
-
 def _preloaded_tarball(arena: Arena) -> list[str]:
     """The package as a preloaded tarball: unpacked into the cache's temp area."""
     from installer.packages.build.publish import write_tarball
@@ -267,7 +247,7 @@ def test_9_cache_dir_filesystem_full(arena: Arena, source: str) -> None:
     listing = arena.scene.work / "left.txt"
     settle(arena)
     before = arena.snapshot()
-    done = _run_wrapped(arena, TMPFS, ["16k", str(cache), str(listing)], "fetch",
+    done = run_wrapped(arena, TMPFS, ["16k", str(cache), str(listing)], "fetch",
                         *arena.args(*flags, "--driver-version", VERSION,
                                     "--cache-dir", CACHE_NODE))
     assert_refused(done, 11, "error(staging-failed)", "disk full writing",
@@ -301,100 +281,6 @@ def test_10_damaged_cached_package_offline(arena: Arena) -> None:
     assert not blob.exists()
     rel = str(blob.relative_to(arena.base))
     assert_untouched(before, arena.snapshot(), (*WORK_AREA, rel))
-
-
-# ---------------------------------------------------------------- 12. the termination log
-
-# /dev of the sandbox is an arena folder holding the few device nodes a run uses, so the
-# real default path /dev/termination-log is what the CLI sees, and the arena listing shows
-# whether it was created or changed.
-DEVICES = ("null", "zero", "full", "random", "urandom")
-DEV = """
-dev=$1; shift
-for name in null zero full random urandom; do
-  mount --bind "/dev/$name" "$dev/$name" || exit 96
-done
-mount --rbind "$dev" /dev || exit 96
-exec "$@"
-"""
-
-
-def _private_dev(arena: Arena) -> Path:
-    dev = arena.base / "dev"
-    dev.mkdir()
-    for name in DEVICES:
-        (dev / name).touch()
-    return dev
-
-
-def _bad_pod(arena: Arena) -> Path:
-    pod = arena.scene.work / "pod.yaml"
-    pod.write_text("apiVersion: v1\nkind: Pod\nmetadata: {name: x}\nspec:\n  containers:\n"
-                   "  - name: c\n    image: cuda\n    resources: {limits: "
-                   "{nvidia.com/gpu: 'two'}}\n")
-    return pod
-
-
-def _looking(arena: Arena) -> dict[str, tuple[list[str], int, str]]:
-    """Commands run by hand that fail (a broken node after the config loaded, a bad setting,
-    version or workload): their arguments, exit code and cause."""
-    (arena.root / "etc" / "os-release").write_text("this is not os-release\n")
-    node = [*node_args(arena.root), "--log-format", "json"]
-    return {
-        "detect": (["detect", *node], 4, "/etc/os-release line 1"),
-        "status": (["status", *node, "--lock-timeout", "-1"], 2, "--lock-timeout='-1'"),
-        "versions": (["versions", *node, "--driver-version", "x"], 2, "--driver-version='x'"),
-        "compat": (["compat", "--cuda", "nope", "--driver", VERSION], 2, "--cuda 'nope'"),
-        "check-pod": (["check-pod", str(_bad_pod(arena)), *node], 14, "rule(s) fail"),
-    }
-
-
-@pytest.mark.parametrize("kubelet", [False, True], ids=["no log", "kubelet's log"])
-def test_12_looking_commands_never_write_the_termination_log(arena: Arena, kubelet: bool
-                                                             ) -> None:
-    """Item 12: check-pod, compat, detect, status, versions and --help, run by hand as root,
-    neither create /dev/termination-log nor overwrite one the kubelet provided."""
-    dev = _private_dev(arena)
-    if kubelet:
-        (dev / "termination-log").write_text("")
-    settle(arena)
-    looking = _looking(arena)
-    before = arena.snapshot()
-    for args, code, cause in looking.values():
-        assert_refused(_run_wrapped(arena, DEV, [str(dev)], *args), code, cause)
-    assert _run_wrapped(arena, DEV, [str(dev)], "--help").code == 0
-    assert_untouched(before, arena.snapshot())
-
-
-@pytest.mark.parametrize("kubelet", [False, True], ids=["no log", "kubelet's log"])
-def test_12_install_writes_the_log_only_where_the_kubelet_made_it(arena: Arena, kubelet: bool
-                                                                  ) -> None:
-    """Item 12: a failing `install` without TERMINATION_LOG writes /dev/termination-log
-    when the file exists (a container), and never creates it (a laptop, a node)."""
-    dev = _private_dev(arena)
-    if kubelet:
-        (dev / "termination-log").write_text("")
-    before = arena.snapshot()
-    done = _run_wrapped(arena, DEV, [str(dev)], "install", *node_args(arena.root),
-                        "--log-format", "json", "--download-retries", "0")
-    assert_refused(done, 2, "--download-retries")
-    if kubelet:
-        assert (dev / "termination-log").read_text() == done.lines[0] + "\n"
-        assert_untouched(before, arena.snapshot(), ("dev/termination-log",))
-    else:
-        assert not (dev / "termination-log").exists()
-        assert_untouched(before, arena.snapshot())
-
-
-def test_12_explicit_termination_log_is_created(arena: Arena) -> None:
-    """Item 12: TERMINATION_LOG set explicitly is created when missing (the operator asked)."""
-    log = arena.scene.work / "explicit-log"
-    before = arena.snapshot()
-    done = arena.run("install", *node_args(arena.root), "--log-format", "json",
-                     "--download-retries", "0", env={"TERMINATION_LOG": str(log)})
-    assert_refused(done, 2, "--download-retries")
-    assert log.read_text() == done.lines[0] + "\n"
-    assert_untouched(before, arena.snapshot())  # work/ (the log's folder) is the run's own
 
 
 # ---------------------------------------------------------------- overlapping dirs
