@@ -11,7 +11,7 @@ import contextlib
 import os
 import stat
 import subprocess
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO, Protocol
@@ -249,25 +249,20 @@ def write_atomic(path: Path, data: bytes, *, mode: int = 0o644) -> None:
     """
     with space_for(path, len(data)):
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd = _dir_fd(path.parent)
-        tmp, name = (path.with_name(f".{path.name}.tmp-{os.getpid()}"), path) if fd is None \
-            else (f".{path.name}.tmp-{os.getpid()}", path.name)
-        try:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp, dir_fd=fd)
+        with _names_in(path.parent) as (fd, at):
+            tmp = at(f".{path.name}.tmp-{os.getpid()}")
             try:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp, dir_fd=fd)
                 with os.fdopen(create_new(tmp, dir_fd=fd), "wb") as handle:
                     handle.write(data)
                     handle.flush()
                     os.fchmod(handle.fileno(), mode)
                     os.fsync(handle.fileno())
-                os.replace(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
+                os.replace(tmp, at(path.name), src_dir_fd=fd, dst_dir_fd=fd)
             finally:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(tmp, dir_fd=fd)
-        finally:
-            if fd is not None:
-                os.close(fd)
     fsync_dir(path.parent)
 
 
@@ -309,28 +304,31 @@ def _dir_fd(path: Path) -> int | None:
     return fd
 
 
+@contextlib.contextmanager
+def _names_in(directory: Path) -> Iterator[tuple[int | None, Callable[[str], str | Path]]]:
+    """`directory`'s descriptor, opened in the host root at this instant, and how to name an
+    entry in it for the `*at()` calls (`dir_fd=`); (None, its full path) where writes go by
+    path. One shape for every write through a directory, with or without openat2."""
+    fd = _dir_fd(directory)
+    try:
+        yield fd, (lambda name: directory / name) if fd is None else (lambda name: name)
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
 def replace_symlink(link: Path, target: str) -> None:
     """Make `link` point at `target` with one atomic rename: readers see old or new.
 
     Under a host root the link's directory is opened in the root (RESOLVE_IN_ROOT) and
     the link made and renamed through that descriptor, never through the path again.
     """
-    tmp_name = f".{link.name}.new-{os.getpid()}"
-    fd = _dir_fd(link.parent)
-    if fd is None:
-        tmp = link.with_name(tmp_name)
+    with _names_in(link.parent) as (fd, at):
+        tmp = at(f".{link.name}.new-{os.getpid()}")
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        os.symlink(target, tmp)
-        os.replace(tmp, link)
-        return
-    try:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp_name, dir_fd=fd)
-        os.symlink(target, tmp_name, dir_fd=fd)
-        os.replace(tmp_name, link.name, src_dir_fd=fd, dst_dir_fd=fd)
-    finally:
-        os.close(fd)
+            os.unlink(tmp, dir_fd=fd)
+        os.symlink(target, tmp, dir_fd=fd)
+        os.replace(tmp, at(link.name), src_dir_fd=fd, dst_dir_fd=fd)
 
 
 def rename_confined(source: Path, target: Path) -> None:
