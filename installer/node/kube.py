@@ -2,7 +2,7 @@
 
 A handful of calls, so no client library: `requests` with the pod's service-account token
 (re-read on every call, since kubelet rotates it) and the cluster CA. Used by the signal
-stage and by the upgrade flow (`installer.pipeline.upgrade`), hence a shared room. Imported
+stage and by the upgrade flow (`installer.upgrade.flow`), hence a shared room. Imported
 only when a node name is configured, so `import installer.cli` never loads `requests`.
 """
 

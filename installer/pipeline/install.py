@@ -98,7 +98,7 @@ def _live_upgrade(ctx: Context, package: Package) -> None:
     """UPGRADE_POLICY evict/drain: free the GPUs first, then install, then uncordon
     (docs/deploy.md). Imported only here: the Kubernetes client loads requests, which the
     reboot fast path of a `refuse` node never needs."""
-    from installer.pipeline import upgrade
+    from installer.upgrade import flow as upgrade
 
     live = runner.run_stage(ctx, "upgrade", lambda c: upgrade.free_gpus(c, package))
     try:

@@ -15,7 +15,7 @@ from e2e import FAKENODE, add_version, make_scene, run_cli, standin_env
 from httpserver import MirrorServer
 
 VERSION = "535.261.03"
-HEAVY = ("requests", "google_crc32c", "installer.pipeline.upgrade", "installer.node.kube",
+HEAVY = ("requests", "google_crc32c", "installer.upgrade.flow", "installer.node.kube",
          "installer.stages.fetch.cos", "installer.stages.fetch.download",
          "installer.packages.build")
 PROBE = ("import atexit, sys\n"

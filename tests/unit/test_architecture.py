@@ -116,7 +116,8 @@ def test_the_cycle_finder_sees_a_cycle() -> None:
 
 def test_top_level_is_small_and_modules_are_short() -> None:
     entries = [p.name for p in PACKAGE.iterdir() if p.name != "__pycache__"]
-    assert len(entries) <= 14, sorted(entries)
+    # the six rooms of design.md, the edges, and one room per subsystem (upgrade, agent)
+    assert len(entries) <= 16, sorted(entries)
     long = {str(p.relative_to(REPO)): n for p in PACKAGE.rglob("*.py")
             if (n := len(p.read_text(encoding="utf-8").splitlines())) > 400}
     assert long == {}

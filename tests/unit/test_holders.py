@@ -1,4 +1,4 @@
-"""node.holders and pipeline.evictions/rollout: who holds the GPUs, what may be evicted.
+"""node.holders and upgrade.evictions/rollout: who holds the GPUs, what may be evicted.
 
 The /proc tree is a temp dir read through the real Host seam (RealHost), as on a node.
 """
@@ -12,8 +12,8 @@ import pytest
 from installer.errors import UpgradeBlockedError
 from installer.node.holders import Holder, find_holders
 from installer.node.host import RealHost, Roots
-from installer.pipeline import evictions, rollout
-from installer.pipeline.evictions import Pod, pod_from_api
+from installer.upgrade import evictions, rollout
+from installer.upgrade.evictions import Pod, pod_from_api
 
 UID = "0a5c3d8e-2f0b-4f54-9b7e-6c1a5a1b2c3d"
 CID = "ab" * 32

@@ -25,8 +25,8 @@ from installer.errors import InstallerError, UpgradeBlockedError, UpgradeTimeout
 from installer.node import kube
 from installer.node.holders import find_holders
 from installer.packages.manifest import Package
-from installer.pipeline import evictions, rollout
 from installer.stages import load
+from installer.upgrade import evictions, rollout
 
 CORDONED_BY = f"{OWN_PREFIX}/cordoned-by"  # annotation: this installer cordoned the node
 REQUIRED, CORDON, POD_DELETION = "upgrade-required", "cordon-required", "pod-deletion-required"
