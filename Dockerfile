@@ -40,8 +40,9 @@ LABEL org.opencontainers.image.title="gpu-node-installer" \
       org.opencontainers.image.licenses="Apache-2.0"
 # Tools: modules load through finit_module(2) and NVML/CUDA through the staged libraries (both
 # ctypes), downloads are Python (requests, certifi's CA bundle). The only program the installer
-# runs is coreutils' `chroot`, to run the node's own ldconfig; the pod's main container uses
-# coreutils' `sleep` and `test` (its readiness probe). Every Debian-like base has coreutils.
+# runs is coreutils' `chroot`, to run the node's own ldconfig (every Debian-like base has
+# coreutils); the pod's main container is the installer's own `agent` command, which runs the
+# driver's daemons from the install dir (they come with the driver package, not the image).
 RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
     python3 -m venv /opt/gpu-node-installer \
     && /opt/gpu-node-installer/bin/pip install --no-cache-dir --disable-pip-version-check \

@@ -61,6 +61,8 @@ ls -l /dev/nvidia* | sed 's/^/   /'
 echo "== second run (the reboot fast path: nothing downloaded or copied)"
 {python} -m installer install $args --mirror http://127.0.0.1:9 --allow-http \
     --driver-version 535
+echo "== gpu-node-installer agent --once (the node agent's first round: daemons, readiness)"
+{python} -m installer agent --once $args
 echo "== gpu-node-installer status"
 {python} -m installer status $args
 """

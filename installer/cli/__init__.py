@@ -2,10 +2,12 @@
 tables generated from the code (`docs`, rendered into docs/reference.md). Commands parse,
 call one pipeline function and render; the sequencing lives in `installer.pipeline`."""
 
+from installer.cli.agent import agent
 from installer.cli.commands import cli, main
 from installer.cli.package import package
 from installer.cli.pods import check_pod
 
+cli.add_command(agent)
 cli.add_command(package)
 cli.add_command(check_pod)
 

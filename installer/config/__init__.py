@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from installer.config import upgrade, values
+from installer.config import agent, upgrade, values
 from installer.config.modparams import ModuleParam as ModuleParam
 from installer.config.modparams import parse_module_param as parse_module_param
 from installer.config.modparams import read_params_file
@@ -200,6 +200,27 @@ SETTINGS: tuple[Setting, ...] = (
             "nodes that may be upgrading at once: the rollout overlay's maxUnavailable; "
             "this node waits while that many others are cordoned for an upgrade",
             "a whole number >= 1 or a percentage from 1% to 100%", upgrade.max_unavailable),
+    # the node agent (issue 24; parsers in config/agent.py)
+    Setting("persistence_mode", "--persistence-mode", "PERSISTENCE_MODE", "on",
+            "run nvidia-persistenced --persistence-mode from the package (the agent)",
+            "one of on, off", values.choice(*agent.PERSISTENCE)),
+    Setting("uvm_persistence_mode", "--uvm-persistence-mode", "UVM_PERSISTENCE_MODE", "auto",
+            "also pass --uvm-persistence-mode to nvidia-persistenced (auto: drivers R550 and "
+            "later, which have it)", "one of auto, on, off",
+            values.choice(*agent.UVM_PERSISTENCE)),
+    Setting("fabric_timeout", "--fabric-timeout", "FABRIC_TIMEOUT", "600",
+            "seconds Fabric Manager has to bring every GPU's fabric to completed before the "
+            "agent reports the node not ready with an Event and a condition",
+            "a number of seconds above 0, at most 86400", agent.deadline),
+    Setting("ib_modules_timeout", "--ib-modules-timeout", "IB_MODULES_TIMEOUT", "300",
+            "on NVLink5 nodes, seconds to wait for mlx5_core and ib_umad before reporting "
+            "them missing", "a number of seconds above 0, at most 86400", agent.deadline),
+    Setting("agent_interval", "--agent-interval", "AGENT_INTERVAL", "5",
+            "seconds between the agent's rounds (it also wakes on GPU events)",
+            "a number of seconds from 5 to 86400", agent.interval),
+    Setting("daemon_stop_timeout", "--daemon-stop-timeout", "DAEMON_STOP_TIMEOUT", "10",
+            "seconds a daemon has to exit after SIGTERM before SIGKILL",
+            "a number of seconds above 0, at most 86400", agent.deadline),
 )
 
 SETTINGS_BY_NAME = {setting.name: setting for setting in SETTINGS}
@@ -252,6 +273,12 @@ class Config:
     upgrade_grace_period: int | None = None
     upgrade_restart_daemonsets: bool = False
     upgrade_max_unavailable: str = "1"
+    persistence_mode: str = "on"
+    uvm_persistence_mode: str = "auto"
+    fabric_timeout: float = 600.0
+    ib_modules_timeout: float = 300.0
+    agent_interval: float = 5.0
+    daemon_stop_timeout: float = 10.0
 
 
 def _raw_value(setting: Setting, flags: Mapping[str, Any], environ: Mapping[str, str]

@@ -1,6 +1,6 @@
 """The image really builds (podman, from a local Debian base) and the installer runs in it:
 `--version`, `detect` against a sample node's host tree bind-mounted in, the default command
-with an overlay's rendered settings, the example's `wait-ready`, the `pause` container's
+with an overlay's rendered settings, the example's `wait-ready`, the agent's readiness probe
 commands, and what the Dockerfile promises (entrypoint, labels, wheels, no pip, preloaded)."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -186,21 +187,20 @@ class TestImage:
         listing = podman.run(image, "-A", PRELOADED, entrypoint="ls").stdout.split()
         assert listing == [MARKER]  # the directory's README stays out (.dockerignore)
 
-    def test_the_pause_container_and_its_probe_run_in_the_image(
-            self, image: str, tmp_path: Path) -> None:
-        """The DaemonSet's main container runs `sleep` and probes with `test` from this
-        image: run exactly the rendered commands, before and after readiness."""
+    def test_the_agent_probe_runs_in_the_image(self, image: str, tmp_path: Path) -> None:
+        """The DaemonSet's readinessProbe (`agent --probe`) runs in this image: not ready
+        without the agent's view, ready with a fresh one that says so."""
         spec = pod_spec(one(render("overlays/gke-cos"), "DaemonSet", "gpu-node-installer"))
-        (pause,) = spec["containers"]
-        command, *args = pause["command"]
-        assert podman.run(image, *(["0"] if args == ["infinity"] else args),
-                          entrypoint=command).returncode == 0
-        probe, *probe_args = pause["readinessProbe"]["exec"]["command"]
-        ready = tmp_path / "install-dir"
-        ready.mkdir()
-        volume = (f"{ready}:/ready:ro",)
-        assert podman.run(image, *probe_args, entrypoint=probe, volumes=volume,
-                          check=False).returncode == 1
-        (ready / ".ready.json").write_text("{}")
-        assert podman.run(image, *probe_args, entrypoint=probe, volumes=volume,
+        (agent,) = spec["containers"]
+        assert agent["args"] == ["agent"]
+        probe, *probe_args = agent["readinessProbe"]["exec"]["command"]
+        install = tmp_path / "host/home/kubernetes/bin/nvidia"
+        install.mkdir(parents=True)
+        args = (*probe_args, "--host-root", "/root", "--termination-log", "/tmp/t")
+        volume = (f"{tmp_path / 'host'}:/root:ro",)
+        assert podman.run(image, *args, entrypoint=probe, volumes=volume,
+                          check=False).returncode == 12
+        (install / ".agent.json").write_text(json.dumps(
+            {"ready": True, "reason": "fabric complete", "updated_at": time.time()}))
+        assert podman.run(image, *args, entrypoint=probe, volumes=volume,
                           check=False).returncode == 0

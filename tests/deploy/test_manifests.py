@@ -38,6 +38,11 @@ def _daemonset(overlay: str) -> dict:
     return one(render(f"overlays/{overlay}"), "DaemonSet", "gpu-node-installer")
 
 
+def _agent_container(overlay: str) -> dict:
+    (agent,) = pod_spec(_daemonset(overlay))["containers"]
+    return agent
+
+
 def _installer_container(overlay: str) -> dict:
     spec = pod_spec(_daemonset(overlay))
     (installer,) = [c for c in spec["initContainers"] if c["name"] == "installer"]
@@ -164,7 +169,7 @@ class TestInstallerContract:
         missing = []
         for workload in workloads(render(target)):
             for container in filter(is_installer, containers(pod_spec(workload))):
-                if "command" in container:  # not the entrypoint: e.g. `sleep` in `pause`
+                if "command" in container:  # not the entrypoint (none today)
                     continue
                 name, *args = container["args"]
                 command = cli.commands.get(name)
@@ -191,7 +196,7 @@ class TestInstallerContract:
 
 
 def test_image_references_agree_across_overlays() -> None:
-    """One installer image and tag everywhere (init, pause, examples, every overlay, the
+    """One installer image and tag everywhere (init, agent, examples, every overlay, the
     Makefile's default), so a release bump cannot miss one."""
     refs = {target: {i for i in images(render(target)) if i.startswith(INSTALLER_IMAGE)}
             for target in TARGETS}
@@ -214,16 +219,34 @@ class TestDaemonSet:
         assert spec["priorityClassName"] == "system-node-critical"
         assert {"operator": "Exists"} in spec["tolerations"]
         assert [c["name"] for c in spec["initContainers"]] == ["installer"]
-        assert [c["name"] for c in spec["containers"]] == ["pause"]
+        assert [c["name"] for c in spec["containers"]] == ["agent"]
         assert _installer_container(overlay)["args"] == ["install"]
+        assert _agent_container(overlay)["args"] == ["agent"]
+        # the agent stops up to three daemons (DAEMON_STOP_TIMEOUT each) after one wait
+        env = container_env(_agent_container(overlay), render(f"overlays/{overlay}"))
+        stop_s = float(env.get("DAEMON_STOP_TIMEOUT") or 10)
+        assert spec["terminationGracePeriodSeconds"] >= 3 * stop_s + 5 + 5
 
-    def test_only_the_installer_is_privileged(self, overlay: str) -> None:
+    def test_privileges_are_the_installer_and_the_agent_only(self, overlay: str) -> None:
+        """Both need device access (modules and mknod; the daemons' device nodes and
+        /dev/kmsg); nothing else in the pod is privileged, and the agent reads /dev only."""
         spec = pod_spec(_daemonset(overlay))
         assert _installer_container(overlay)["securityContext"] == {"privileged": True}
-        (pause,) = spec["containers"]
-        assert not pause["securityContext"].get("privileged", False)
-        assert pause["securityContext"]["capabilities"] == {"drop": ["ALL"]}
-        assert all(m.get("readOnly") for m in pause["volumeMounts"])
+        agent = _agent_container(overlay)
+        assert agent["securityContext"] == {"privileged": True}
+        assert [c["name"] for c in containers(spec)] == ["installer", "agent"]
+        dev = next(n for n, p in host_paths(spec).items() if p == "/dev")
+        assert [m.get("readOnly") for m in agent["volumeMounts"] if m["name"] == dev] == [True]
+
+    def test_agent_reads_the_installer_settings(self, overlay: str) -> None:
+        """Same settings, same host mounts: the agent finds what the install wrote."""
+        docs = render(f"overlays/{overlay}")
+        installer, agent = _installer_container(overlay), _agent_container(overlay)
+        assert container_env(agent, docs) == container_env(installer, docs)
+        host_root = container_env(agent, docs)["HOST_ROOT"]
+        assert mounts_by_volume(agent)["host-root"] == host_root
+        assert not any(m.get("readOnly") for m in agent["volumeMounts"]
+                       if m["name"] == "host-root")
 
     def test_every_container_reports_and_requests(self, overlay: str) -> None:
         for container in containers(pod_spec(_daemonset(overlay))):
@@ -233,7 +256,7 @@ class TestDaemonSet:
 
     def test_host_mounts_match_the_settings(self, overlay: str) -> None:
         """HOST_ROOT is where the node's / is mounted, DEV_ROOT where its /dev is, and the
-        install-dir volume is NVIDIA_INSTALL_DIR_HOST on the node."""
+        install dir (NVIDIA_INSTALL_DIR_HOST) is reached through HOST_ROOT."""
         docs = render(f"overlays/{overlay}")
         spec = pod_spec(_daemonset(overlay))
         installer = _installer_container(overlay)
@@ -243,7 +266,7 @@ class TestDaemonSet:
         by_host_path = {paths[name]: path for name, path in mounts.items() if name in paths}
         assert by_host_path["/"] == env["HOST_ROOT"]
         assert by_host_path["/dev"] == env["DEV_ROOT"]
-        assert paths["install-dir"] == env["NVIDIA_INSTALL_DIR_HOST"]
+        assert "install-dir" not in paths  # the install dir is reached under HOST_ROOT
         assert env["NODE_NAME"] is None  # from the downward API
         params = env["NVIDIA_MODULE_PARAMS_FILE"]
         assert params is not None
@@ -259,12 +282,16 @@ class TestDaemonSet:
         assert paths & {"/proc", "/sys", "/boot"} == set()
         assert {"/", "/dev"} <= paths
 
-    def test_readiness_probe_reads_the_ready_file(self, overlay: str) -> None:
-        spec = pod_spec(_daemonset(overlay))
-        (pause,) = spec["containers"]
-        probe = pause["readinessProbe"]["exec"]["command"]
-        assert probe[:3] == ["test", "-f", "/ready/.ready.json"]
-        assert mounts_by_volume(pause)["install-dir"] == "/ready"
+    def test_readiness_probe_asks_the_agent(self, overlay: str) -> None:
+        """The probe checks the agent's own fresh view, not a file written once; often
+        enough that a withdrawn readiness shows within the 10 s the agent takes."""
+        agent = _agent_container(overlay)
+        probe = agent["readinessProbe"]
+        assert probe["exec"]["command"] == ["gpu-node-installer", "agent", "--probe"]
+        assert probe["periodSeconds"] * probe.get("failureThreshold", 3) <= 10
+        command = cli.commands["agent"]
+        assert "--probe" in {o for p in command.params if isinstance(p, click.Option)
+                             for o in p.opts}
 
     def test_critical_priority_is_admitted_in_its_namespace(self, overlay: str) -> None:
         """Outside kube-system (which GKE gives a quota for it), the overlay brings a
@@ -366,11 +393,9 @@ class TestOverlays:
         mounts = mounts_by_volume(installer)
         run_nvidia = next(n for n, p in paths.items() if p == "/run/nvidia")
         assert mounts[run_nvidia] == f"{env['HOST_ROOT']}/run/nvidia"
-        (pause,) = spec["containers"]
-        probe = pause["readinessProbe"]["exec"]["command"]
-        assert probe[-2:] == ["-f", "/run/nvidia/validations/driver-ready"]
-        validations = next(n for n, p in paths.items() if p == "/run/nvidia/validations")
-        assert mounts_by_volume(pause)[validations] == "/run/nvidia/validations"
+        # the agent withdraws and restores the env file on the same mount
+        assert mounts_by_volume(_agent_container("operator-compatible"))[run_nvidia] == \
+            f"{env['HOST_ROOT']}/run/nvidia"
 
 
 class TestExamples:

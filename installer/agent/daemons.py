@@ -1,0 +1,227 @@
+"""The supervisor: which daemons this node needs, started with pid files, restarted with
+capped exponential backoff, stopped through their pid files.
+
+What runs where (as NVIDIA's driver container decides, from the node):
+- every node, unless PERSISTENCE_MODE=off: `nvidia-persistenced --persistence-mode` (plus
+  `--uvm-persistence-mode` where the driver branch has it, R550+);
+- NVSwitch nodes: `nv-fabricmanager -c <config>`;
+- NVLink5 nodes: once `mlx5_core` and `ib_umad` are loaded, the NVLink Subnet Manager, then
+  Fabric Manager.
+States follow supervisord's shape: a daemon is RUNNING,
+BACKOFF (exited; starts again at `next_start`), WAITING (for the InfiniBand modules) or
+STOPPED. Transitions happen in `tick`, on the loop's clock (time.monotonic()).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import subprocess
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from installer.config import Config
+from installer.config.agent import uvm_persistence
+from installer.node import daemons as seam
+from installer.node.host import Host, write_atomic
+
+BACKOFF_BASE_S = 1.0
+BACKOFF_CAP_S = 60.0
+STABLE_S = 60.0  # a run this long resets the failure count
+FAILING_AFTER = 5  # consecutive short runs: the daemon "keeps failing"
+TAIL_LINES = 10
+LOG_LIMIT = 1 << 20  # a daemon's log in the work area is cut back past 1 MiB
+FABRIC_DAEMONS = ("nvlsm", "nv-fabricmanager")
+
+RUNNING, BACKOFF, WAITING, STOPPED = "running", "backoff", "waiting", "stopped"
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One daemon to run: its name (also its pid file's), argv, and whether it waits for
+    the InfiniBand modules (NVLink5)."""
+
+    name: str
+    argv: tuple[str, ...]
+    needs_ib: bool = False
+
+
+def persistenced_spec(config: Config, binary: Path, driver_version: str) -> Spec:
+    """`nvidia-persistenced --persistence-mode [--uvm-persistence-mode]`, in the foreground
+    so that its exit is seen (NVIDIA's container lets it fork; we supervise it)."""
+    argv = [str(binary), "--persistence-mode"]
+    if uvm_persistence(config.uvm_persistence_mode, driver_version):
+        argv.append("--uvm-persistence-mode")
+    return Spec("nvidia-persistenced", (*argv, "--foreground"))
+
+
+@dataclass
+class Supervised:
+    """A daemon's live state."""
+
+    spec: Spec
+    state: str = STOPPED
+    process: subprocess.Popen[bytes] | None = None
+    adopted_pid: int | None = None  # started by an earlier agent, found by its pid file
+    pidfd: int | None = None
+    started_at: float = 0.0
+    next_start: float = 0.0
+    failures: int = 0
+    restarts: int = 0
+    last_exit: int | None = None
+    tail: list[str] = field(default_factory=list)
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else self.adopted_pid
+
+    def describe(self) -> dict[str, Any]:
+        return {"state": self.state, "pid": self.pid, "restarts": self.restarts,
+                "failures": self.failures, "last_exit": self.last_exit}
+
+
+class Supervisor:
+    """Runs the specs in order; `tick` makes every due transition."""
+
+    def __init__(self, host: Host, specs: list[Spec], *, work: Path, log: Any,
+                 missing_ib: Callable[[], list[str]] = list,
+                 env: Mapping[str, str] | None = None) -> None:
+        self.host, self.work, self.log = host, work, log
+        self.daemons = [Supervised(spec) for spec in specs]
+        self.missing_ib = missing_ib
+        self.env = env
+
+    def adopt(self) -> None:
+        """Daemons an earlier agent (or `agent --once`) left running are kept, not doubled."""
+        for daemon in self.daemons:
+            path = seam.pid_file(self.host, daemon.spec.name)
+            pid = seam.running_pid(path, daemon.spec.name)
+            if pid is None:
+                continue
+            with contextlib.suppress(OSError):
+                daemon.pidfd = os.pidfd_open(pid)
+                daemon.adopted_pid, daemon.state = pid, RUNNING
+                self.log.info("daemon already running: adopted", daemon=daemon.spec.name,
+                              pid=pid)
+
+    def tick(self, now: float) -> list[Supervised]:
+        """Reap exits, start what is due; returns the daemons that exited since last tick."""
+        exited = []
+        ib_missing: list[str] | None = None
+        for daemon in self.daemons:
+            if daemon.state == RUNNING and self._exited(daemon):
+                self._finish(daemon, now)
+                exited.append(daemon)
+            if daemon.state in (STOPPED, BACKOFF, WAITING) and now >= daemon.next_start:
+                if daemon.spec.needs_ib:
+                    ib_missing = self.missing_ib() if ib_missing is None else ib_missing
+                    if ib_missing:
+                        daemon.state = WAITING
+                        continue
+                self._start(daemon, now)
+        return exited
+
+    def _start(self, daemon: Supervised, now: float) -> None:
+        """STOPPED/BACKOFF/WAITING -> RUNNING (or BACKOFF when it cannot even start)."""
+        log_file = self.work / "logs" / f"{daemon.spec.name}.log"
+        _trim(log_file)
+        try:
+            started = seam.start_daemon(self.host, daemon.spec.name, daemon.spec.argv,
+                                        log_file=log_file, env=self.env)
+        except OSError as exc:
+            daemon.tail = [f"cannot start {daemon.spec.argv[0]}: {exc.strerror}"]
+            daemon.last_exit = None
+            self._backoff(daemon, now)
+            return
+        daemon.process, daemon.adopted_pid = started.process, None
+        daemon.state, daemon.started_at = RUNNING, now
+        self.log.info("daemon started", daemon=daemon.spec.name, pid=started.pid,
+                      argv=list(daemon.spec.argv))
+
+    def _exited(self, daemon: Supervised) -> bool:
+        if daemon.process is not None:
+            return daemon.process.poll() is not None
+        if daemon.pidfd is not None:
+            readable, _, _ = select.select([daemon.pidfd], [], [], 0)
+            return bool(readable)
+        return True
+
+    def _finish(self, daemon: Supervised, now: float) -> None:
+        """RUNNING -> BACKOFF: note the exit and the log's last lines."""
+        daemon.last_exit = daemon.process.returncode if daemon.process is not None else None
+        daemon.tail = tail(self.work / "logs" / f"{daemon.spec.name}.log")
+        self._forget(daemon)
+        if now - daemon.started_at >= STABLE_S:
+            daemon.failures = 0
+        self._backoff(daemon, now)
+        self.log.warning("daemon exited", daemon=daemon.spec.name, code=daemon.last_exit,
+                         failures=daemon.failures, restart_in_s=round(daemon.next_start - now),
+                         last_lines=daemon.tail[-3:])
+
+    def _backoff(self, daemon: Supervised, now: float) -> None:
+        daemon.failures += 1
+        daemon.state = BACKOFF
+        daemon.next_start = now + min(BACKOFF_CAP_S,
+                                      BACKOFF_BASE_S * 2 ** (daemon.failures - 1))
+        daemon.restarts += 1
+
+    def _forget(self, daemon: Supervised) -> None:
+        if daemon.pidfd is not None:
+            os.close(daemon.pidfd)
+        daemon.process, daemon.adopted_pid, daemon.pidfd = None, None, None
+        with contextlib.suppress(FileNotFoundError):
+            seam.pid_file(self.host, daemon.spec.name).unlink()
+
+    def failing(self) -> list[Supervised]:
+        """Daemons that keep failing (FAILING_AFTER short runs in a row)."""
+        return [d for d in self.daemons if d.failures >= FAILING_AFTER]
+
+    def down(self) -> list[Supervised]:
+        """Daemons not running now (exited, waiting, never started)."""
+        return [d for d in self.daemons if d.state != RUNNING]
+
+    def next_due(self) -> float | None:
+        """When the earliest pending restart is due (monotonic), if any."""
+        due = [d.next_start for d in self.daemons if d.state in (BACKOFF, STOPPED)]
+        return min(due) if due else None
+
+    def stop_all(self, timeout_s: float, *, only_started: bool = False) -> list[str]:
+        """Stop every daemon through its pid file, last started first; the names stopped.
+        `only_started`: leave adopted ones running (`agent --once` on a live node)."""
+        stopped = []
+        for daemon in reversed(self.daemons):
+            if daemon.state != RUNNING or (only_started and daemon.process is None):
+                continue
+            path = seam.pid_file(self.host, daemon.spec.name)
+            if seam.stop_daemon(self.host, path, timeout_s=timeout_s):
+                stopped.append(daemon.spec.name)
+            if daemon.process is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    daemon.process.wait(timeout=1.0)
+            self._forget(daemon)
+            daemon.state = STOPPED
+        return stopped
+
+
+def tail(path: Path, lines: int = TAIL_LINES) -> list[str]:
+    """The last lines of a daemon's log (bounded read)."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - 8192))
+            data = handle.read()
+    except OSError:
+        return []
+    text = data.decode("utf-8", errors="replace").splitlines()
+    return [line[:300] for line in text if line.strip()][-lines:]
+
+
+def _trim(path: Path) -> None:
+    """A log past LOG_LIMIT is cut back to its tail (the daemon appends with O_APPEND)."""
+    with contextlib.suppress(OSError):
+        if path.stat().st_size > LOG_LIMIT:
+            write_atomic(path, "\n".join(tail(path, 200)).encode() + b"\n")

@@ -1,0 +1,311 @@
+"""The agent's loop: one round decides readiness; between rounds it waits on the GPU health
+source (Xid events) or a >= 5 s interval, never busy-polls.
+
+A round: the supervisor reaps and (re)starts daemons; the verdict is computed from the
+daemons, the InfiniBand modules (NVLink5) and every GPU's fabric state (NVML); readiness is
+withdrawn or restored on a change; the cluster hears of changes only. SIGTERM (the kubelet
+deleting the pod) is only noted by its handler (as `installer.node.interrupts` does); the
+loop then stops the daemons through their pid files and leaves readiness as the node really
+is: on a fabric node, without Fabric Manager, not ready.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from installer.agent import health
+from installer.agent.daemons import RUNNING, WAITING, Supervised, Supervisor
+from installer.agent.fabric import GpuFabric, fabric_summary, read_fabric
+from installer.agent.plan import Plan, make_plan
+from installer.agent.readiness import HEARTBEAT_S, Keeper, remove_view, work_dir, write_view
+from installer.agent.report import Reporter
+from installer.context import Context
+from installer.errors import VerificationError
+from installer.installdir.layout import install_root
+from installer.node import kmod
+from installer.node.fabric import missing_ib_modules
+
+WAIT_CAP_S = 5.0  # a daemon's exit is seen within this, so readiness goes within 10 s
+
+
+class AgentNotReadyError(VerificationError):
+    """`agent --once`: the node is not ready (daemons, fabric, or no verified install)."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a round concluded."""
+
+    ready: bool
+    reason: str  # CamelCase, as a condition's reason
+    message: str
+    gpus: tuple[GpuFabric, ...] = ()
+
+    def to_text(self) -> str:
+        lines = [f"{'ready' if self.ready else 'not ready'} ({self.reason}): {self.message}"]
+        lines += [f"GPU {g.index}: fabric {g.state}"
+                  + (f" status {g.status}" if g.status is not None else "")
+                  for g in self.gpus]
+        return "\n".join(lines)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_view(), indent=2)
+
+    def to_view(self) -> dict[str, Any]:
+        return {"ready": self.ready, "reason": self.message, "cause": self.reason,
+                "fabric": [{"index": g.index, "state": g.state, "status": g.status}
+                           for g in self.gpus]}
+
+
+@dataclass
+class AgentState:
+    """What the loop remembers between rounds."""
+
+    started: float
+    verdict: Verdict | None = None
+    view_written: float = 0.0
+    fabric_since: float = 0.0  # when the fabric daemons last (re)started
+    nvml_ready: bool = False
+    notes: list[str] = field(default_factory=list)
+
+
+class Agent:
+    """One node's agent: plan, supervise, decide, report."""
+
+    def __init__(self, ctx: Context, environ: Mapping[str, str],
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.ctx, self.config, self.host, self.log = ctx, ctx.config, ctx.host, ctx.log
+        self.environ, self.clock = environ, clock
+        self.keeper = Keeper(self.config, self.host)
+        self.reporter = Reporter(self.config, self.log)
+        self.state = AgentState(started=clock())
+        self.work = work_dir(self.config, self.host)
+        self.plan: Plan | None = None
+        self.supervisor: Supervisor | None = None
+        self.no_install: str | None = None
+
+    def prepare(self) -> Plan:
+        """Refuse bad settings and packages (exit 2, 14) before anything starts."""
+        loaded = kmod.loaded_driver(self.host)
+        driver = loaded.version if loaded is not None else ""
+        self.no_install = self.keeper.capture()
+        if loaded is None:
+            self.no_install = "no NVIDIA kernel module is loaded"
+        plan = make_plan(self.config, self.host, driver_version=driver, work=self.work,
+                         environ=self.environ)
+        self.plan = plan
+        self.supervisor = Supervisor(
+            self.host, list(plan.specs), work=self.work, log=self.log,
+            missing_ib=lambda: missing_ib_modules(self.host))
+        self.supervisor.adopt()
+        self.log.info("agent planned", fabric=plan.kind,
+                      daemons=[s.name for s in plan.specs], notes=list(plan.notes))
+        return plan
+
+    def round(self) -> Verdict:
+        """One round: supervise, decide, apply."""
+        assert self.supervisor is not None and self.plan is not None
+        now = self.clock()
+        exited = self.supervisor.tick(now)
+        if any(d.spec.name in ("nv-fabricmanager", "nvlsm") for d in exited) or \
+                self.state.fabric_since == 0.0:
+            self.state.fabric_since = now
+        verdict = self._decide(now)
+        self._apply(verdict, now)
+        return verdict
+
+    def _decide(self, now: float) -> Verdict:
+        assert self.supervisor is not None and self.plan is not None
+        if self.no_install is not None:
+            return Verdict(False, "NotInstalled",
+                           f"the install has not made this node ready: {self.no_install}")
+        failing = self.supervisor.failing()
+        if failing:
+            return _failing_verdict(failing)
+        down = self.supervisor.down()
+        waiting = [d for d in down if d.state == WAITING]
+        if waiting:
+            return self._ib_verdict(now)
+        if down:
+            daemon = down[0]
+            code = f" (exit code {daemon.last_exit})" if daemon.last_exit is not None else ""
+            return Verdict(False, "DaemonDown",
+                           f"{daemon.spec.name} is not running{code}; restarting")
+        if not self.plan.fabric:
+            return Verdict(True, "Ready", "driver ready; "
+                           f"{_running(self.supervisor) or 'no daemons needed'}")
+        return self._fabric_verdict(now)
+
+    def _ib_verdict(self, now: float) -> Verdict:
+        missing = ", ".join(missing_ib_modules(self.host)) or "the InfiniBand modules"
+        waited = now - self.state.started
+        if waited >= self.config.ib_modules_timeout:
+            message = f"{missing} not loaded after {waited:.0f}s: NVLSM and Fabric Manager " \
+                      "cannot start (load the InfiniBand driver, e.g. MLNX_OFED/DOCA)"
+            self.reporter.event("InfiniBandModulesMissing", message, once_key="ib")
+            return Verdict(False, "InfiniBandModulesMissing", message)
+        return Verdict(False, "WaitingForInfiniBand",
+                       f"waiting for {missing} before NVLSM and Fabric Manager "
+                       f"({waited:.0f}s of {self.config.ib_modules_timeout:g}s)")
+
+    def _fabric_verdict(self, now: float) -> Verdict:
+        try:
+            gpus = self._read_fabric()
+        except Exception as exc:  # NVML failing is a not-ready node, never a crash
+            return Verdict(False, "NvmlError", f"cannot read the GPUs' fabric state: {exc}")
+        summary = fabric_summary(gpus)
+        if gpus and all(g.ok for g in gpus):
+            return Verdict(True, "Ready", f"fabric complete: {summary}", tuple(gpus))
+        waited = now - self.state.fabric_since
+        detail = "; ".join(f"GPU {g.index}: {g.state}"
+                           + (f" (status {g.status})" if g.status else "")
+                           for g in gpus if not g.ok)
+        if waited >= self.config.fabric_timeout:
+            message = (f"fabric not complete after {waited:.0f}s "
+                       f"(FABRIC_TIMEOUT={self.config.fabric_timeout:g}): {summary}; {detail}")
+            self.reporter.event("FabricNotReady", message, once_key="fabric")
+            return Verdict(False, "FabricTimeout", message, tuple(gpus))
+        return Verdict(False, "FabricInProgress", f"waiting for the fabric: {summary}",
+                       tuple(gpus))
+
+    def _read_fabric(self) -> list[GpuFabric]:
+        if not self.state.nvml_ready:
+            import pynvml  # type: ignore[import-untyped]
+
+            from installer.stages.verify.nvml import bind_library
+
+            bind_library(install_root(self.config, self.host.roots)
+                         / "lib64" / "libnvidia-ml.so.1")
+            pynvml.nvmlInit()
+            self.state.nvml_ready = True
+        return read_fabric()
+
+    def _apply(self, verdict: Verdict, now: float) -> None:
+        """Withdraw or restore readiness and tell the cluster, on a change only."""
+        previous = self.state.verdict
+        changed = previous is None or (previous.ready, previous.reason) != (
+            verdict.ready, verdict.reason)
+        if verdict.ready and not self.keeper.present():
+            self.keeper.restore()
+        elif not verdict.ready and self.no_install is None and self.keeper.present():
+            self.keeper.withdraw()
+        if changed:
+            log = self.log.info if verdict.ready else self.log.warning
+            log("node ready" if verdict.ready else "node not ready", cause=verdict.reason,
+                detail=verdict.message,
+                gpus=[f"{g.index}:{g.state}" for g in verdict.gpus] or None)
+            self.reporter.verdict(ready=verdict.ready, reason=verdict.reason,
+                                  message=verdict.message)
+            if verdict.ready:
+                self.reporter.rearm()
+        if changed or now - self.state.view_written >= HEARTBEAT_S:
+            assert self.supervisor is not None and self.plan is not None
+            write_view(self.config, self.host, {
+                **verdict.to_view(), "fabric_kind": self.plan.kind,
+                "daemons": {d.spec.name: d.describe() for d in self.supervisor.daemons}})
+            self.state.view_written = now
+        self.state.verdict = verdict
+
+    def wait_s(self) -> float:
+        """How long the loop may wait before the next round."""
+        assert self.supervisor is not None
+        wait = min(self.config.agent_interval, WAIT_CAP_S * 2)
+        due = self.supervisor.next_due()
+        if due is not None:
+            wait = min(wait, max(0.0, due - self.clock()))
+        return max(wait, 0.05) if due is not None else max(wait, WAIT_CAP_S)
+
+    def stop(self, *, only_started: bool = False) -> list[str]:
+        """Stop the daemons; on a fabric node readiness goes with Fabric Manager."""
+        assert self.supervisor is not None and self.plan is not None
+        stopped = self.supervisor.stop_all(self.config.daemon_stop_timeout,
+                                           only_started=only_started)
+        if self.plan.fabric and "nv-fabricmanager" in stopped and self.keeper.present():
+            self.keeper.withdraw()
+            self.reporter.verdict(ready=False, reason="AgentStopped",
+                                  message="the agent stopped Fabric Manager (pod deleted)")
+        return stopped
+
+
+def _running(supervisor: Supervisor) -> str:
+    return ", ".join(f"{d.spec.name} running" for d in supervisor.daemons if d.state == RUNNING)
+
+
+def _failing_verdict(failing: list[Supervised]) -> Verdict:
+    daemon = failing[0]
+    lines = " | ".join(daemon.tail[-5:]) or "no output"
+    return Verdict(False, "DaemonFailing",
+                   f"{daemon.spec.name} keeps failing ({daemon.failures} exits in a row, "
+                   f"last exit code {daemon.last_exit}); last lines: {lines}")
+
+
+@contextmanager
+def stop_on_signal() -> Iterator[threading.Event]:
+    """SIGTERM/SIGINT only set the returned event; the loop acts on it between waits."""
+    stop = threading.Event()
+    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    for signum in previous:
+        signal.signal(signum, lambda _n, _f: stop.set())
+    try:
+        yield stop
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def run_forever(agent: Agent, stop: threading.Event) -> Verdict | None:
+    """Rounds until `stop` is set, waiting on Xid events in between."""
+    source = health.open_xid_source(agent.host, use_nvml=agent.state.nvml_ready)
+    verdict = None
+    try:
+        while not stop.is_set():
+            verdict = agent.round()
+            _observe_health(agent, source.wait(agent.wait_s()))
+    finally:
+        source.close()
+        agent.stop()
+        remove_view(agent.config, agent.host)  # a stopped agent has no view: not "fresh"
+    return verdict
+
+
+def run_once(agent: Agent, *, deadline_s: float) -> Verdict:
+    """`agent --once`: rounds until ready or `deadline_s` passes; daemons it started are
+    stopped again, ones it found running are left as they are."""
+    end = agent.clock() + deadline_s
+    try:
+        while True:
+            verdict = agent.round()
+            if verdict.ready or verdict.reason in ("NotInstalled", "DaemonFailing") or \
+                    agent.clock() >= end:
+                return verdict
+            time.sleep(min(1.0, max(0.05, end - agent.clock())))
+    finally:
+        agent.stop(only_started=True)
+
+
+def _observe_health(agent: Agent, xids: list[Any]) -> None:
+    del agent, xids  # wired to installer.agent.health once it is merged
+
+
+def run_agent(ctx: Context, environ: Mapping[str, str], *, once: bool) -> Verdict:
+    """The `agent` command: plan (refusing bad settings and packages), then run; `--once`
+    raises AgentNotReadyError (exit 12) when the node did not become ready."""
+    agent = Agent(ctx, environ)
+    plan = agent.prepare()
+    if once:
+        verdict = run_once(agent, deadline_s=ctx.config.fabric_timeout if plan.fabric else 0)
+        if not verdict.ready:
+            raise AgentNotReadyError(f"node not ready: {verdict.message}",
+                                     remedy="see the agent's log and `status`; the node "
+                                            "stays not ready until this is fixed")
+        return verdict
+    with stop_on_signal() as stop:
+        last = run_forever(agent, stop)
+    return last or Verdict(False, "AgentStopped", "stopped before its first round")

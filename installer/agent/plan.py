@@ -1,0 +1,79 @@
+"""Which daemons this node needs, from the node itself and the staged package.
+
+Refusals happen here, before anything starts: a fabric node whose package lacks Fabric
+Manager (or NVLSM), or carries a Fabric Manager of another version than the driver, is
+exit 14 (`require_daemons`); a bad `NVFM_CONFIG_*` is exit 2.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from installer.agent import fmconfig
+from installer.agent.daemons import Spec, persistenced_spec
+from installer.config import Config
+from installer.installdir.daemons import StagedDaemon, require_daemons, staged_daemons
+from installer.node.fabric import FabricKind, fabric_kind
+from installer.node.host import Host, write_atomic
+
+FM_CONFIG_COPY = "fabricmanager.cfg"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The node's fabric kind and the daemons to run, in start order."""
+
+    kind: FabricKind
+    specs: tuple[Spec, ...]
+    notes: tuple[str, ...]
+
+    @property
+    def fabric(self) -> bool:
+        return self.kind != "none"
+
+
+def make_plan(config: Config, host: Host, *, driver_version: str, work: Path,
+              environ: Mapping[str, str]) -> Plan:
+    """Decide the daemons; write Fabric Manager's config copy into the work area."""
+    overrides = fmconfig.overrides_from_env(environ)
+    kind = fabric_kind(host)
+    staged = staged_daemons(config, host.roots)
+    specs: list[Spec] = []
+    notes: list[str] = []
+    if config.persistence_mode == "on":
+        persistenced = staged.get("nvidia-persistenced")
+        if persistenced is None:
+            notes.append("the package has no nvidia-persistenced: persistence mode not run")
+        else:
+            specs.append(persistenced_spec(config, persistenced.binary, driver_version))
+    else:
+        notes.append("PERSISTENCE_MODE=off: nvidia-persistenced not run")
+    if kind != "none":
+        require_daemons(kind, staged, driver_version)
+        fm_config = _fm_config(staged["nv-fabricmanager"], overrides, work)
+        if kind == "nvlink5":
+            nvlsm = staged["nvlsm"]
+            argv = [str(nvlsm.binary)] + (["-F", str(nvlsm.config)] if nvlsm.config else [])
+            specs.append(Spec("nvlsm", tuple(argv), needs_ib=True))
+        specs.append(Spec("nv-fabricmanager",
+                          (str(staged["nv-fabricmanager"].binary), "-c", str(fm_config)),
+                          needs_ib=kind == "nvlink5"))
+    elif overrides:
+        notes.append("NVFM_CONFIG_* set but this node has no NVSwitch: ignored")
+    return Plan(kind, tuple(specs), tuple(notes))
+
+
+def _fm_config(fm: StagedDaemon, overrides: Mapping[str, str], work: Path) -> Path:
+    """The staged config with the overrides, written to the work area (the staged file is
+    never edited: it belongs to the version directory)."""
+    text = ""
+    if fm.config is not None:
+        try:
+            text = fm.config.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            text = ""
+    copy = work / FM_CONFIG_COPY
+    write_atomic(copy, fmconfig.render(text, overrides).encode())
+    return copy

@@ -1,0 +1,40 @@
+"""The `agent` command: the DaemonSet's main container (and `--once`, `--probe`)."""
+
+from __future__ import annotations
+
+import os
+
+import click
+
+from installer.cli.commands import emit, node_options, output_option
+from installer.context import Context
+
+
+@click.command()
+@click.option("--once", is_flag=True,
+              help="one round: start what the node needs, wait (up to FABRIC_TIMEOUT on "
+                   "fabric nodes) until ready, stop what it started; exit 0 ready, 12 not")
+@click.option("--probe", is_flag=True,
+              help="the readinessProbe: exit 0 when the running agent's view says ready and "
+                   "is fresh, 12 otherwise (reads one small file, starts nothing)")
+@node_options
+@output_option
+def agent(ctx: Context, output: str, once: bool, probe: bool) -> None:
+    """Run the driver's daemons and keep readiness true only while the node can serve.
+
+    Exit codes: 0 ready (--once, --probe) or stopped by SIGTERM; 2 bad setting (an
+    NVFM_CONFIG_* included); 12 not ready; 14 the package lacks a daemon this node needs
+    or its Fabric Manager differs from the driver."""
+    if probe:
+        from installer.agent.readiness import probe as probe_view
+        from installer.installdir.readiness import NotReadyError
+
+        found = probe_view(ctx.config, ctx.host)
+        emit(found, output)
+        if not found.ready:
+            raise NotReadyError(f"agent view: {found.reason}",
+                                remedy="read the agent container's log on this node")
+        return
+    from installer.agent.loop import run_agent
+
+    emit(run_agent(ctx, os.environ, once=once), output)

@@ -1,0 +1,40 @@
+"""The node agent's settings: persistence daemon, Fabric Manager, deadlines, the loop's pace.
+
+The rows live in the one table in `installer.config`; the parsers are here. Fabric Manager's
+own config overrides come as NVIDIA names them (`NVFM_CONFIG_<FIELD>=value` in the
+environment) and are checked against the staged config file when the agent starts.
+"""
+
+from __future__ import annotations
+
+from installer.config.values import Invalid, decimal
+
+PERSISTENCE = ("on", "off")
+UVM_PERSISTENCE = ("auto", "on", "off")
+MIN_INTERVAL_S = 5.0  # no busy polling: the loop never wakes more often than this
+MAX_SECONDS = 86400.0
+UVM_PERSISTENCE_MAJOR = 550  # `--uvm-persistence-mode` came with the R550 branch
+
+
+def interval(value: str) -> float:
+    """Seconds between the agent's rounds: at least 5, at most a day."""
+    number = decimal(value)
+    if not MIN_INTERVAL_S <= number <= MAX_SECONDS:
+        raise Invalid(value, f"the interval is {MIN_INTERVAL_S:g} to {MAX_SECONDS:g} seconds")
+    return number
+
+
+def deadline(value: str) -> float:
+    """Seconds a wait may last: more than 0, at most a day."""
+    number = decimal(value)
+    if not 0 < number <= MAX_SECONDS:
+        raise Invalid(value)
+    return number
+
+
+def uvm_persistence(setting: str, driver_version: str) -> bool:
+    """Whether to pass `--uvm-persistence-mode`: `auto` means the branch has it (R550+)."""
+    if setting != "auto":
+        return setting == "on"
+    major = driver_version.partition(".")[0]
+    return major.isdigit() and int(major) >= UVM_PERSISTENCE_MAJOR
