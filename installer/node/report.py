@@ -33,6 +33,7 @@ def node_text(node: NodeInfo) -> str:
                      f" driver={gpu.driver:<9} numa={numa} flavours={'/'.join(gpu.flavours)}")
     if node.nvswitches:
         lines.append(f"NVSwitches:      {len(node.nvswitches)} (need Fabric Manager)")
+    lines.append(f"Fabric:          {node.fabric.text}")
     if not node.gpus:
         lines.append("  no NVIDIA GPU on this node")
     lines.extend(f"Note: {note}" for note in node.notes)

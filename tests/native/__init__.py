@@ -22,9 +22,13 @@ def compile_library(source: str, dest: Path, soname: str, *defines: str) -> Path
     return dest
 
 
-def build_standins(lib_dir: Path, *, omit_driver_version: bool = False) -> Path:
-    """Both stand-ins in one directory, named by their SONAMEs (as a staged lib64 is)."""
-    defines = ("-DOMIT_DRIVER_VERSION",) if omit_driver_version else ()
+def build_standins(lib_dir: Path, *, omit_driver_version: bool = False,
+                   omit_fabric_v: bool = False) -> Path:
+    """Both stand-ins in one directory, named by their SONAMEs (as a staged lib64 is).
+
+    `omit_fabric_v`: an NVML without nvmlDeviceGetGpuFabricInfoV (drivers before R550)."""
+    defines = (("-DOMIT_DRIVER_VERSION",) if omit_driver_version else ()) + (
+        ("-DOMIT_FABRIC_V",) if omit_fabric_v else ())
     compile_library("nvml_standin.c", lib_dir / NVML_SONAME, NVML_SONAME, *defines)
     compile_library("cuda_standin.c", lib_dir / CUDA_SONAME, CUDA_SONAME)
     return lib_dir
