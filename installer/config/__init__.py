@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from installer.config import agent, upgrade, values
+from installer.config import agent, health, upgrade, values
 from installer.config.modparams import ModuleParam as ModuleParam
 from installer.config.modparams import parse_module_param as parse_module_param
 from installer.config.modparams import read_params_file
@@ -221,6 +221,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("daemon_stop_timeout", "--daemon-stop-timeout", "DAEMON_STOP_TIMEOUT", "10",
             "seconds a daemon has to exit after SIGTERM before SIGKILL",
             "a number of seconds above 0, at most 86400", agent.deadline),
+    # GPU health in the node agent (issue 24; parser in config/health.py)
+    Setting("xid_critical", "--xid-critical", "XID_CRITICAL", health.DEFAULT,
+            "Xids that set the node condition gpu-node-installer/XidCriticalError and post "
+            "an XIDError Event (48 always; default: GKE's set)",
+            "Xid numbers separated by commas or spaces, none of NVIDIA's application errors "
+            "13, 31, 43, 45, 68, 109", health.xid_list),
 )
 
 SETTINGS_BY_NAME = {setting.name: setting for setting in SETTINGS}
@@ -279,6 +285,7 @@ class Config:
     ib_modules_timeout: float = 300.0
     agent_interval: float = 5.0
     daemon_stop_timeout: float = 10.0
+    xid_critical: tuple[int, ...] = health.GKE_CRITICAL
 
 
 def _raw_value(setting: Setting, flags: Mapping[str, Any], environ: Mapping[str, str]
