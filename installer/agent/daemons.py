@@ -7,9 +7,9 @@ What runs where (as NVIDIA's driver container decides, from the node):
 - NVSwitch nodes: `nv-fabricmanager -c <config>`;
 - NVLink5 nodes: once `mlx5_core` and `ib_umad` are loaded, the NVLink Subnet Manager, then
   Fabric Manager.
-States follow supervisord's shape: a daemon is RUNNING,
-BACKOFF (exited; starts again at `next_start`), WAITING (for the InfiniBand modules) or
-STOPPED. Transitions happen in `tick`, on the loop's clock (time.monotonic()).
+States follow supervisord's shape: a daemon is STARTING (for its first START_S seconds),
+RUNNING, BACKOFF (exited; starts again at `next_start`), WAITING (for the InfiniBand
+modules) or STOPPED. Transitions happen in `tick`, on the loop's clock (time.monotonic()).
 """
 
 from __future__ import annotations
@@ -30,13 +30,16 @@ from installer.node.host import Host, write_atomic
 
 BACKOFF_BASE_S = 1.0
 BACKOFF_CAP_S = 60.0
+START_S = 1.0  # alive this long after its start: RUNNING (supervisord's startsecs)
 STABLE_S = 60.0  # a run this long resets the failure count
 FAILING_AFTER = 5  # consecutive short runs: the daemon "keeps failing"
 TAIL_LINES = 10
 LOG_LIMIT = 1 << 20  # a daemon's log in the work area is cut back past 1 MiB
 FABRIC_DAEMONS = ("nvlsm", "nv-fabricmanager")
 
-RUNNING, BACKOFF, WAITING, STOPPED = "running", "backoff", "waiting", "stopped"
+STARTING, RUNNING, BACKOFF, WAITING, STOPPED = (
+    "starting", "running", "backoff", "waiting", "stopped")
+ALIVE = (STARTING, RUNNING)
 
 
 @dataclass(frozen=True)
@@ -112,9 +115,11 @@ class Supervisor:
         exited = []
         ib_missing: list[str] | None = None
         for daemon in self.daemons:
-            if daemon.state == RUNNING and self._exited(daemon):
+            if daemon.state in ALIVE and self._exited(daemon):
                 self._finish(daemon, now)
                 exited.append(daemon)
+            elif daemon.state == STARTING and now - daemon.started_at >= START_S:
+                daemon.state = RUNNING  # STARTING -> RUNNING: it survived its start
             if daemon.state in (STOPPED, BACKOFF, WAITING) and now >= daemon.next_start:
                 if daemon.spec.needs_ib:
                     ib_missing = self.missing_ib() if ib_missing is None else ib_missing
@@ -137,7 +142,7 @@ class Supervisor:
             self._backoff(daemon, now)
             return
         daemon.process, daemon.adopted_pid = started.process, None
-        daemon.state, daemon.started_at = RUNNING, now
+        daemon.state, daemon.started_at = STARTING, now
         self.log.info("daemon started", daemon=daemon.spec.name, pid=started.pid,
                       argv=list(daemon.spec.argv))
 
@@ -184,8 +189,9 @@ class Supervisor:
         return [d for d in self.daemons if d.state != RUNNING]
 
     def next_due(self) -> float | None:
-        """When the earliest pending restart is due (monotonic), if any."""
+        """When the next transition is due (a restart, a start confirmed), if any."""
         due = [d.next_start for d in self.daemons if d.state in (BACKOFF, STOPPED)]
+        due += [d.started_at + START_S for d in self.daemons if d.state == STARTING]
         return min(due) if due else None
 
     def stop_all(self, timeout_s: float, *, only_started: bool = False) -> list[str]:
@@ -193,7 +199,7 @@ class Supervisor:
         `only_started`: leave adopted ones running (`agent --once` on a live node)."""
         stopped = []
         for daemon in reversed(self.daemons):
-            if daemon.state != RUNNING or (only_started and daemon.process is None):
+            if daemon.state not in ALIVE or (only_started and daemon.process is None):
                 continue
             path = seam.pid_file(self.host, daemon.spec.name)
             if seam.stop_daemon(self.host, path, timeout_s=timeout_s):

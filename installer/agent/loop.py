@@ -21,17 +21,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from installer.agent import health
-from installer.agent.daemons import RUNNING, WAITING, Supervised, Supervisor
+from installer.agent.daemons import RUNNING, STARTING, WAITING, Supervised, Supervisor
 from installer.agent.fabric import GpuFabric, fabric_summary, read_fabric
 from installer.agent.plan import Plan, make_plan
 from installer.agent.readiness import HEARTBEAT_S, Keeper, remove_view, work_dir, write_view
 from installer.agent.report import Reporter
 from installer.context import Context
-from installer.errors import VerificationError
+from installer.errors import InstallerError, VerificationError
 from installer.installdir.layout import install_root
-from installer.node import kmod
+from installer.node import kmod, kmsg
 from installer.node.fabric import missing_ib_modules
+from installer.node.kube import KubeError
 
+ONCE_START_S = 10.0  # `--once` off a fabric: the daemons' start (START_S), a retry or two
 WAIT_CAP_S = 5.0  # a daemon's exit is seen within this, so readiness goes within 10 s
 
 
@@ -73,6 +75,7 @@ class AgentState:
     view_written: float = 0.0
     fabric_since: float = 0.0  # when the fabric daemons last (re)started
     nvml_ready: bool = False
+    nvml_error: str | None = None
     notes: list[str] = field(default_factory=list)
 
 
@@ -128,13 +131,18 @@ class Agent:
                            f"the install has not made this node ready: {self.no_install}")
         failing = self.supervisor.failing()
         if failing:
-            return _failing_verdict(failing)
+            verdict = _failing_verdict(failing)
+            self.reporter.event("DaemonFailing", verdict.message,
+                                once_key=f"failing:{failing[0].spec.name}")
+            return verdict
         down = self.supervisor.down()
         waiting = [d for d in down if d.state == WAITING]
         if waiting:
             return self._ib_verdict(now)
         if down:
             daemon = down[0]
+            if daemon.state == STARTING:
+                return Verdict(False, "DaemonStarting", f"{daemon.spec.name} is starting")
             code = f" (exit code {daemon.last_exit})" if daemon.last_exit is not None else ""
             return Verdict(False, "DaemonDown",
                            f"{daemon.spec.name} is not running{code}; restarting")
@@ -176,16 +184,28 @@ class Agent:
                        tuple(gpus))
 
     def _read_fabric(self) -> list[GpuFabric]:
-        if not self.state.nvml_ready:
-            import pynvml  # type: ignore[import-untyped]
+        if not self.nvml_ready():
+            raise RuntimeError(self.state.nvml_error or "NVML is not initialised")
+        return read_fabric()
 
-            from installer.stages.verify.nvml import bind_library
+    def nvml_ready(self) -> bool:
+        """NVML bound to the staged library and initialised (tried again each call until
+        it works: the driver may be mid-load)."""
+        if self.state.nvml_ready:
+            return True
+        import pynvml  # type: ignore[import-untyped]
 
+        from installer.stages.verify.nvml import bind_library
+
+        try:
             bind_library(install_root(self.config, self.host.roots)
                          / "lib64" / "libnvidia-ml.so.1")
             pynvml.nvmlInit()
-            self.state.nvml_ready = True
-        return read_fabric()
+        except (InstallerError, pynvml.NVMLError) as exc:
+            self.state.nvml_error = f"NVML: {exc}"
+            return False
+        self.state.nvml_ready = True
+        return True
 
     def _apply(self, verdict: Verdict, now: float) -> None:
         """Withdraw or restore readiness and tell the cluster, on a change only."""
@@ -261,17 +281,29 @@ def stop_on_signal() -> Iterator[threading.Event]:
 
 
 def run_forever(agent: Agent, stop: threading.Event) -> Verdict | None:
-    """Rounds until `stop` is set, waiting on Xid events in between."""
-    source = health.open_xid_source(agent.host, use_nvml=agent.state.nvml_ready)
+    """Rounds until `stop` is set; between rounds, wait on Xid events (a-health's source:
+    NVML events, else /dev/kmsg, else a plain sleep) for at most `Agent.wait_s`."""
+    config, api = agent.config, agent.reporter.api
+    boot = kmsg.boot_id(agent.host)
+    try:
+        health.clear_after_reboot(api, config.node_name or "", boot)
+    except KubeError as exc:
+        agent.log.warning("could not clear an earlier boot's Xid condition", detail=str(exc))
+    watched = health.Health(health.critical_set(config))
+    source = health.open_xid_source(agent.host, use_nvml=agent.nvml_ready())
     verdict = None
     try:
         while not stop.is_set():
             verdict = agent.round()
-            _observe_health(agent, source.wait(agent.wait_s()))
+            if stop.is_set():
+                break
+            health.watch_once(source, watched, api=api, node=config.node_name, boot_id=boot,
+                              timeout_s=agent.wait_s(), log=agent.log)
     finally:
         source.close()
         agent.stop()
-        remove_view(agent.config, agent.host)  # a stopped agent has no view: not "fresh"
+        remove_view(config, agent.host)  # a stopped agent has no view: not "fresh"
+        agent.log.info("agent stopped", xids=watched.summary())
     return verdict
 
 
@@ -285,13 +317,11 @@ def run_once(agent: Agent, *, deadline_s: float) -> Verdict:
             if verdict.ready or verdict.reason in ("NotInstalled", "DaemonFailing") or \
                     agent.clock() >= end:
                 return verdict
-            time.sleep(min(1.0, max(0.05, end - agent.clock())))
+            time.sleep(min(0.5, max(0.05, end - agent.clock())))
     finally:
         agent.stop(only_started=True)
 
 
-def _observe_health(agent: Agent, xids: list[Any]) -> None:
-    del agent, xids  # wired to installer.agent.health once it is merged
 
 
 def run_agent(ctx: Context, environ: Mapping[str, str], *, once: bool) -> Verdict:
@@ -300,7 +330,8 @@ def run_agent(ctx: Context, environ: Mapping[str, str], *, once: bool) -> Verdic
     agent = Agent(ctx, environ)
     plan = agent.prepare()
     if once:
-        verdict = run_once(agent, deadline_s=ctx.config.fabric_timeout if plan.fabric else 0)
+        verdict = run_once(agent, deadline_s=ctx.config.fabric_timeout if plan.fabric
+                           else ONCE_START_S)
         if not verdict.ready:
             raise AgentNotReadyError(f"node not ready: {verdict.message}",
                                      remedy="see the agent's log and `status`; the node "

@@ -51,10 +51,8 @@ class Reporter:
         condition = {"type": CONDITION, "status": "True" if ready else "False",
                      "reason": reason, "message": message[:1024],
                      "lastHeartbeatTime": now, "lastTransitionTime": now}
-        self._call("set the node condition", lambda api: api.call(
-            "PATCH", f"/api/v1/nodes/{self.node}/status",
-            {"status": {"conditions": [condition]}},
-            "application/strategic-merge-patch+json"))
+        self._call("set the node condition", lambda api: kube.patch_node_status(
+            api, str(self.node), [condition]))
         label = "ready" if ready else "not-ready"
         self._call("label the node", lambda api: kube.patch_node_labels(
             api, str(self.node), {STATUS_LABEL: label}))

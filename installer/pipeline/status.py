@@ -1,7 +1,8 @@
 """`status`: one report of everything an operator asks first about a GPU node.
 
 Read only. Detect's summary, the package cache, the loaded module, the staged versions,
-readiness and the last verified run's stage timings (from `.state.json`).
+readiness, the last verified run's stage timings (from `.state.json`) and the node agent's
+view (its verdict, each GPU's fabric state, its daemons).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from installer.agent.readiness import probe, read_view
 from installer.compat import toolkit as compat
 from installer.context import Context
 from installer.installdir import layout
@@ -31,11 +33,12 @@ class StatusReport:
     staged: dict[str, Any]
     readiness: dict[str, Any]
     last_run: dict[str, Any] | None
+    agent: dict[str, Any] | None = None  # the node agent's view (.agent.json), if it runs
 
     def to_dict(self) -> dict[str, Any]:
         return {"node": self.node.to_dict(), "install_dir": self.install_dir,
                 "cache": self.cache, "loaded_modules": self.modules, "staged": self.staged,
-                "readiness": self.readiness, "last_run": self.last_run,
+                "readiness": self.readiness, "last_run": self.last_run, "agent": self.agent,
                 "cuda": compat.cuda_support(self._driver())}
 
     def _driver(self) -> str | None:
@@ -59,6 +62,7 @@ class StatusReport:
                  f"{', '.join(self.cache['packages']) or 'none'}",
                  f"Ready:           {'yes' if self.readiness['ready'] else 'no'}: "
                  f"{self.readiness['reason']}"]
+        lines += agent_lines(self.agent)
         if self.last_run:
             timings = self.last_run.get("timings_ms")
             shown = timings.items() if isinstance(timings, dict) else ()
@@ -82,7 +86,36 @@ def collect(ctx: Context) -> StatusReport:
         readiness={"ready": readiness.ready, "reason": readiness.reason,
                    "document": readiness.document, "env_file": env_file.is_file()},
         last_run=_last_run(root),
+        agent=_agent(ctx),
     )
+
+
+def _agent(ctx: Context) -> dict[str, Any] | None:
+    """The agent's view with the probe's verdict on it (a stale view is not ready)."""
+    view = read_view(ctx.config, ctx.host)
+    if view is None:
+        return None
+    found = probe(ctx.config, ctx.host)
+    return {**view, "ready": found.ready, "reason": found.reason}
+
+
+def agent_lines(agent: dict[str, Any] | None) -> list[str]:
+    """The agent's verdict, each GPU's fabric state and each daemon, one line each."""
+    if agent is None:
+        return ["Agent:           not running (no .agent.json)"]
+    lines = [f"Agent:           {'ready' if agent.get('ready') else 'not ready'}: "
+             f"{agent.get('reason', '')} (fabric: {agent.get('fabric_kind', 'unknown')})"]
+    fabric = agent.get("fabric")
+    for gpu in fabric if isinstance(fabric, list) else []:
+        if isinstance(gpu, dict):
+            status = f", status {gpu.get('status')}" if gpu.get("status") else ""
+            lines.append(f"  GPU {gpu.get('index')}: fabric {gpu.get('state')}{status}")
+    daemons = agent.get("daemons")
+    for name, daemon in sorted(daemons.items()) if isinstance(daemons, dict) else []:
+        if isinstance(daemon, dict):
+            lines.append(f"  {name}: {daemon.get('state')} (pid {daemon.get('pid')}, "
+                         f"restarts {daemon.get('restarts')})")
+    return lines
 
 
 def _cache(ctx: Context) -> dict[str, Any]:
