@@ -1,0 +1,169 @@
+"""installer.node.daemons and installer.agent.fmconfig: real processes started with pid files
+in a temp host tree, stopped through them, and never a process the pid file does not name.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from installer.agent import fmconfig
+from installer.errors import ConfigError
+from installer.node import daemons
+from installer.node.host import RealHost, Roots
+
+SLEEPER = "import signal, sys, time\n{handler}\nprint('up', flush=True)\ntime.sleep(300)\n"
+
+
+def host(tmp_path: Path) -> RealHost:
+    for name in ("proc", "sys", "dev"):
+        (tmp_path / name).mkdir(exist_ok=True)
+    return RealHost(Roots(tmp_path, tmp_path / "proc", tmp_path / "sys", tmp_path / "dev"))
+
+
+def fake_daemon(tmp_path: Path, name: str, *, ignore_term: bool = False) -> Path:
+    """A script named like the daemon (argv[1] under the interpreter names it)."""
+    script = tmp_path / "bin" / name
+    script.parent.mkdir(exist_ok=True)
+    handler = "signal.signal(signal.SIGTERM, signal.SIG_IGN)" if ignore_term else ""
+    script.write_text(SLEEPER.format(handler=handler))
+    return script
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+class TestStartAndStop:
+    def test_start_writes_the_pid_file_on_the_node_and_stop_removes_it(
+            self, tmp_path: Path) -> None:
+        node = host(tmp_path)
+        script = fake_daemon(tmp_path, "nv-fabricmanager")
+        started = daemons.start_daemon(node, "nv-fabricmanager", [sys.executable, str(script)],
+                                       log_file=tmp_path / "logs/fm.log")
+        pid_file = tmp_path / "var/run/nvidia-fabricmanager/nv-fabricmanager.pid"
+        assert started.pid_file == pid_file
+        assert pid_file.read_text() == f"{started.pid}\n"
+        deadline = time.monotonic() + 30
+        while "up" not in (tmp_path / "logs/fm.log").read_text():  # its output is kept
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert daemons.running_pid(pid_file, "nv-fabricmanager") == started.pid
+        assert daemons.stop_daemon(node, pid_file, timeout_s=10) is True
+        assert started.process.wait(timeout=10) == -signal.SIGTERM
+        assert not pid_file.exists()
+
+    def test_sigkill_after_the_timeout(self, tmp_path: Path) -> None:
+        node = host(tmp_path)
+        script = fake_daemon(tmp_path, "nvidia-persistenced", ignore_term=True)
+        started = daemons.start_daemon(node, "nvidia-persistenced",
+                                       [sys.executable, str(script)],
+                                       log_file=tmp_path / "p.log")
+        deadline = time.monotonic() + 30
+        while "up" not in (tmp_path / "p.log").read_text():  # SIGTERM ignored from here
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        begin = time.monotonic()
+        assert daemons.stop_daemon(node, started.pid_file, timeout_s=1.0) is True
+        assert time.monotonic() - begin >= 1.0  # waited for SIGTERM first
+        assert started.process.wait(timeout=10) == -signal.SIGKILL
+
+    def test_a_pid_file_naming_another_program_is_never_signalled(
+            self, tmp_path: Path) -> None:
+        """A recycled pid: the file says nv-fabricmanager, the process is something else."""
+        node = host(tmp_path)
+        other = subprocess.Popen(["sleep", "300"])
+        try:
+            deadline = time.monotonic() + 30  # Popen returns mid-exec: argv comes a bit later
+            while daemons.command_line(other.pid) != ["sleep", "300"]:
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            pid_file = daemons.pid_file(node, "nv-fabricmanager")
+            pid_file.parent.mkdir(parents=True)
+            pid_file.write_text(f"{other.pid}\n")
+            assert daemons.stop_daemon(node, pid_file, timeout_s=1) is False
+            assert alive(other.pid)
+            assert pid_file.exists()  # not ours to judge: left as found
+        finally:
+            other.kill()
+            other.wait()
+
+    @pytest.mark.parametrize("content", ["", "garbage\n", "-1\n", "99999999\n"])
+    def test_stale_or_malformed_pid_files_are_removed(self, tmp_path: Path,
+                                                       content: str) -> None:
+        node = host(tmp_path)
+        pid_file = daemons.pid_file(node, "nvlsm")
+        pid_file.parent.mkdir(parents=True)
+        pid_file.write_text(content)
+        assert daemons.stop_daemon(node, pid_file, timeout_s=1) is False
+        assert not pid_file.exists()
+
+    def test_a_dead_daemons_pid_file_is_stale(self, tmp_path: Path) -> None:
+        node = host(tmp_path)
+        gone = subprocess.Popen([sys.executable, "-c", "pass"])
+        gone.wait()
+        pid_file = daemons.pid_file(node, "nvidia-persistenced")
+        pid_file.parent.mkdir(parents=True)
+        pid_file.write_text(f"{gone.pid}\n")
+        assert daemons.stop_all(node, timeout_s=1) == []
+        assert not pid_file.exists()
+
+    def test_stop_all_stops_every_known_daemon(self, tmp_path: Path) -> None:
+        node = host(tmp_path)
+        started = [daemons.start_daemon(node, name, [sys.executable,
+                                                     str(fake_daemon(tmp_path, name))],
+                                        log_file=tmp_path / f"{name}.log")
+                   for name in ("nvidia-persistenced", "nv-fabricmanager")]
+        for one in started:  # wait until each runs its script (argv names the daemon)
+            deadline = time.monotonic() + 30
+            while not daemons.running_pid(one.pid_file, one.name):
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        assert daemons.stop_all(node, timeout_s=10) == ["nv-fabricmanager",
+                                                        "nvidia-persistenced"]
+        assert all(one.process.wait(timeout=10) < 0 for one in started)
+        assert not any(os.path.exists(one.pid_file) for one in started)
+
+
+class TestFabricManagerConfig:
+    CONFIG = "# comment\nLOG_LEVEL=4\nDAEMONIZE=1\n  FABRIC_MODE = 0\nBIND_INTERFACE_IP=127.0.0.1\n"
+
+    def test_overrides_replace_fields_and_the_agent_keeps_it_in_the_foreground(self) -> None:
+        overrides = fmconfig.overrides_from_env({"NVFM_CONFIG_LOG_LEVEL": "2",
+                                                 "NVFM_CONFIG_FABRIC_MODE": "1",
+                                                 "PATH": "/usr/bin"})
+        assert overrides == {"LOG_LEVEL": "2", "FABRIC_MODE": "1"}
+        assert fmconfig.render(self.CONFIG, overrides).splitlines() == [
+            "# comment", "LOG_LEVEL=2", "DAEMONIZE=0", "FABRIC_MODE=1",
+            "BIND_INTERFACE_IP=127.0.0.1"]
+
+    def test_a_config_without_daemonize_gets_it(self) -> None:
+        assert fmconfig.render("LOG_LEVEL=4", {}).splitlines() == ["LOG_LEVEL=4",
+                                                                    "DAEMONIZE=0"]
+
+    @pytest.mark.parametrize(("env", "words"), [
+        ({"NVFM_CONFIG_log_level": "2"}, "does not name a Fabric Manager field"),
+        ({"NVFM_CONFIG_": "2"}, "does not name a Fabric Manager field"),
+        ({"NVFM_CONFIG_LOG_LEVEL": "2\nDAEMONIZE=1"}, "is invalid"),
+        ({"NVFM_CONFIG_LOG_LEVEL": "a b"}, "is invalid"),
+        ({"NVFM_CONFIG_LOG_LEVEL": "x" * 257}, "is invalid"),
+        ({"NVFM_CONFIG_DAEMONIZE": "1"}, "set by the agent itself"),
+    ])
+    def test_bad_names_and_values_are_refused(self, env: dict[str, str], words: str) -> None:
+        with pytest.raises(ConfigError) as raised:
+            fmconfig.overrides_from_env(env)
+        assert words in raised.value.message and raised.value.code == 2
+
+    def test_a_field_the_staged_config_lacks_is_refused(self) -> None:
+        with pytest.raises(ConfigError, match="has no field NO_SUCH"):
+            fmconfig.render(self.CONFIG, {"NO_SUCH": "1"})
