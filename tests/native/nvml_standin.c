@@ -162,6 +162,12 @@ nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *dev
     return 0;
 }
 
+nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index) {
+    if (!initialized) return 1;
+    *index = (unsigned int)device->index;
+    return 0;
+}
+
 /* The index-th item of a comma-separated env list (the last one past its end), or 0. */
 static int list_item(const char *env, int index, char *out, size_t size) {
     const char *p = getenv(env);
