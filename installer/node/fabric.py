@@ -47,6 +47,7 @@ class FabricFacts:
     nvswitch_devices: int = 0
     nvswitch_functions: int = 0
     unreadable_vpd: tuple[str, ...] = ()
+    missing_modules: tuple[str, ...] = ()  # NVLink5 only: what the Subnet Manager waits for
 
     @property
     def daemons(self) -> tuple[str, ...]:
@@ -55,14 +56,17 @@ class FabricFacts:
 
     @property
     def text(self) -> str:
-        return describe(self.kind)
+        waiting = (f"; InfiniBand modules not loaded: {', '.join(self.missing_modules)}"
+                   if self.missing_modules else "")
+        return describe(self.kind) + waiting
 
     def to_dict(self) -> dict[str, object]:
         return {"kind": self.kind, "needs": list(self.daemons),
                 "switch_management_ports": list(self.switch_ports),
                 "nvswitch_devices": self.nvswitch_devices,
                 "nvswitch_functions": self.nvswitch_functions,
-                "unreadable_vpd": list(self.unreadable_vpd)}
+                "unreadable_vpd": list(self.unreadable_vpd),
+                "missing_ib_modules": list(self.missing_modules)}
 
 
 def describe(kind: FabricKind) -> str:
@@ -83,7 +87,9 @@ def read_fabric_facts(host: Host, *, nvswitch_functions: int | None = None) -> F
         nvswitch_functions = len([f for f in pci.scan(host) if f.kind == pci.KIND_NVSWITCH])
     kind: FabricKind = ("nvlink5" if ports else
                         "nvswitch" if devices or nvswitch_functions else "none")
-    return FabricFacts(kind, tuple(ports), devices, nvswitch_functions, tuple(unreadable))
+    missing = tuple(missing_ib_modules(host)) if kind == "nvlink5" else ()
+    return FabricFacts(kind, tuple(ports), devices, nvswitch_functions, tuple(unreadable),
+                       missing)
 
 
 def _switch_management_ports(host: Host) -> tuple[list[str], list[str]]:

@@ -27,7 +27,8 @@ from installer.testing import (
 NodeMaker = Callable[[str], Path]
 REPO = Path(__file__).resolve().parents[2]
 NVSWITCH_TEXT = "Fabric:          NVSwitch (needs Fabric Manager)"
-NVLINK5_TEXT = "Fabric:          NVLink5 (needs Fabric Manager and NVLink Subnet Manager)"
+NVLINK5_TEXT = ("Fabric:          NVLink5 (needs Fabric Manager and NVLink Subnet Manager); "
+                "InfiniBand modules not loaded: mlx5_core, ib_umad")
 
 
 def _host(root: Path) -> RealHost:
@@ -154,6 +155,21 @@ class TestShown:
         assert result.returncode == 0, result.stderr
         assert line in result.stdout.splitlines()
 
+    def test_status_shows_what_the_subnet_manager_waits_for(
+            self, make_node: NodeMaker, tmp_path: Path) -> None:
+        root = make_node("ubuntu-b200x8")
+        (root / "proc/modules").write_text(
+            "mlx5_core 2355200 1 - Live 0xffffffffc0a00000\n")
+        result = _cli(root, "status", tmp_path=tmp_path)
+        assert result.returncode == 0, result.stderr
+        assert ("Fabric:          NVLink5 (needs Fabric Manager and NVLink Subnet Manager); "
+                "InfiniBand modules not loaded: ib_umad") in result.stdout.splitlines()
+        (root / "proc/modules").write_text(
+            "mlx5_core 2355200 1 - Live 0xffffffffc0a00000\n"
+            "ib_umad 45056 0 - Live 0xffffffffc0b00000\n")
+        result = _cli(root, "status", "--output", "json", tmp_path=tmp_path)
+        assert json.loads(result.stdout)["node"]["fabric"]["missing_ib_modules"] == []
+
     def test_detect_json(self, make_node: NodeMaker, tmp_path: Path) -> None:
         result = _cli(make_node("ubuntu-b200x8"), "detect", "--output", "json",
                       tmp_path=tmp_path)
@@ -161,7 +177,8 @@ class TestShown:
         assert json.loads(result.stdout)["fabric"] == {
             "kind": "nvlink5", "needs": ["nvlsm", "nv-fabricmanager"],
             "switch_management_ports": ["mlx5_1"], "nvswitch_devices": 0,
-            "nvswitch_functions": 0, "unreadable_vpd": []}
+            "nvswitch_functions": 0, "unreadable_vpd": [],
+            "missing_ib_modules": ["mlx5_core", "ib_umad"]}
 
     def test_status_text_and_json(self, make_node: NodeMaker, tmp_path: Path) -> None:
         root = make_node("gke-cos-a100x8")
