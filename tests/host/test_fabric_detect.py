@@ -22,6 +22,7 @@ from installer.testing import (
     build_node,
     nic_vpd,
     switch_vpd,
+    vpd_bytes,
 )
 
 NodeMaker = Callable[[str], Path]
@@ -108,6 +109,31 @@ class TestKind:
         vpd.mkdir()  # reading it fails with an OSError, as an unanswering device's EIO does
         facts = read_fabric_facts(_host(root))
         assert (facts.kind, facts.unreadable_vpd) == ("none", ("mlx5_0",))
+
+
+class TestVpdContent:
+    """Binary VPD images as sysfs returns them: the name may sit anywhere among them."""
+
+    @pytest.mark.parametrize(("vpd", "kind"), [
+        (switch_vpd(), "nvlink5"),  # in the identifier string and the part number
+        (vpd_bytes("ConnectX-8", PN="900-9X81Q", V3="\0\0SW_MNG\0\0"), "nvlink5"),
+        (bytes(32760) + b"SW_MNG", "nvlink5"),  # at the very end of the largest VPD
+        (vpd_bytes("ConnectX-7", PN="MCX75310AAS", V2="SW_MN"), "none"),
+        (switch_vpd()[:20], "none"),  # a short read that stops before the name
+        (b"\xff" * 64, "none"),  # a device that answers all ones
+    ])
+    def test_switch_management_name_in_binary_vpd(self, tmp_path: Path, vpd: bytes,
+                                                  kind: str) -> None:
+        root = _gpus_only(tmp_path, infiniband=(IbSpec("mlx5_0", "0000:1a:00.0", vpd),))
+        assert fabric_kind(_host(root)) == kind
+
+    def test_vpd_image_has_the_pci_layout(self) -> None:
+        """The fixture's image is what a device returns: identifier (0x82), read-only
+        keywords (0x90) whose RV checksum makes them sum to zero, end tag (0x78)."""
+        data = switch_vpd()
+        assert data[0] == 0x82 and data[-1] == 0x78
+        rv = data.index(b"RV")
+        assert sum(data[:rv + 4]) % 256 == 0
 
 
 class TestInfinibandModules:
