@@ -47,6 +47,7 @@ class FabricFacts:
     nvswitch_devices: int = 0
     nvswitch_functions: int = 0
     unreadable_vpd: tuple[str, ...] = ()
+    missing_modules: tuple[str, ...] = ()  # NVLink5 only: what the Subnet Manager waits for
 
     @property
     def daemons(self) -> tuple[str, ...]:
@@ -55,14 +56,17 @@ class FabricFacts:
 
     @property
     def text(self) -> str:
-        return describe(self.kind)
+        waiting = (f"; InfiniBand modules not loaded: {', '.join(self.missing_modules)}"
+                   if self.missing_modules else "")
+        return describe(self.kind) + waiting
 
     def to_dict(self) -> dict[str, object]:
         return {"kind": self.kind, "needs": list(self.daemons),
                 "switch_management_ports": list(self.switch_ports),
                 "nvswitch_devices": self.nvswitch_devices,
                 "nvswitch_functions": self.nvswitch_functions,
-                "unreadable_vpd": list(self.unreadable_vpd)}
+                "unreadable_vpd": list(self.unreadable_vpd),
+                "missing_ib_modules": list(self.missing_modules)}
 
 
 def describe(kind: FabricKind) -> str:
@@ -83,7 +87,9 @@ def read_fabric_facts(host: Host, *, nvswitch_functions: int | None = None) -> F
         nvswitch_functions = len([f for f in pci.scan(host) if f.kind == pci.KIND_NVSWITCH])
     kind: FabricKind = ("nvlink5" if ports else
                         "nvswitch" if devices or nvswitch_functions else "none")
-    return FabricFacts(kind, tuple(ports), devices, nvswitch_functions, tuple(unreadable))
+    missing = tuple(missing_ib_modules(host)) if kind == "nvlink5" else ()
+    return FabricFacts(kind, tuple(ports), devices, nvswitch_functions, tuple(unreadable),
+                       missing)
 
 
 def _switch_management_ports(host: Host) -> tuple[list[str], list[str]]:
@@ -111,41 +117,3 @@ def missing_ib_modules(host: Host) -> list[str]:
     loaded = {m.name for m in kmod.loaded_modules(host) or []}
     return [name for name in IB_MODULES
             if name not in loaded and not any(host.iterdir(host.roots.sys / "module" / name))]
-
-
-def parse_vpd(data: bytes) -> dict[str, str]:
-    """PCI VPD (PCI spec 6.27) as text fields: "ID" (the identifier string) and each
-    read-only/read-write keyword (PN, SN, V0..., not the RV/RW checksum and padding).
-
-    Stops quietly at the end tag or at a truncated resource: sysfs returns what the device
-    answered, and a short read must not make `detect` fail.
-    """
-    fields: dict[str, str] = {}
-    offset = 0
-    while offset < len(data):
-        tag = data[offset]
-        if tag == 0x78 or not tag & 0x80:  # end tag, or a small resource we do not use
-            break
-        if offset + 3 > len(data):
-            break
-        length = int.from_bytes(data[offset + 1:offset + 3], "little")
-        body = data[offset + 3:offset + 3 + length]
-        if tag == 0x82:
-            fields["ID"] = body.decode("ascii", errors="replace").strip(" \0")
-        elif tag in (0x90, 0x91):
-            fields.update(_keywords(body))
-        offset += 3 + length
-    return fields
-
-
-def _keywords(body: bytes) -> dict[str, str]:
-    fields = {}
-    position = 0
-    while position + 3 <= len(body):
-        key = body[position:position + 2].decode("ascii", errors="replace")
-        size = body[position + 2]
-        value = body[position + 3:position + 3 + size]
-        if key not in ("RV", "RW"):
-            fields[key] = value.decode("ascii", errors="replace").strip(" \0")
-        position += 3 + size
-    return fields

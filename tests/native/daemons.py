@@ -21,18 +21,21 @@ this interpreter in the shebang) that behave, as far as the agent can see, like:
   FAKE_NVML_PERSISTENCE_FILE, which the NVML stand-in reports; "0" again when it exits.
   Drivers before 550 do not know `--uvm-persistence-mode` (exit 1, as nvgetopt does).
 
-All three print `--version` (`version` given to write_daemon_standins) and stop on SIGTERM
-or SIGINT: exit 0, pid file removed, and for Fabric Manager the fabric back to not-started.
+A detached stand-in writes its log lines to `<root>/var/log/<name>.log`; in the foreground
+they go to stderr. All three print `--version` (`version` given to write_daemon_standins)
+and stop on SIGTERM or SIGINT: exit 0, pid file removed, and for Fabric Manager the fabric
+back to not-started.
 A crash (FAKE_<D>_FAIL=after:<s>, D in FM, NVLSM, PERSISTENCED) exits 1 after s seconds and
 leaves its pid file behind (stale, as a real crash does); Fabric Manager's fabric goes back
-to not-started. FAKE_<D>_FAIL=start exits 1 before writing anything; FAKE_FM_FAIL=
+to not-started. FAKE_<D>_FAIL=start exits 1 before its pid file is written; FAKE_FM_FAIL=
 never-complete keeps the fabric in-progress. SIGKILL leaves everything as it was.
 
 The root: every default path above lies under FAKE_DAEMON_ROOT (a temp host tree); a stand-in
 refuses to start without it (exit 2), so no test writes the machine's /var/run. A `--pid_file`
 given as an absolute path outside that root is taken relative to it. Each start appends
 {"name", "argv", "pid"} as one JSON line to `<root>/var/log/daemon-standins.jsonl`
-(`started()` reads them). GPU count: FAKE_NVML_GPUS (default 1), as the NVML stand-in.
+(`started()` reads them). GPU count: FAKE_NVML_GPUS (default 1), as the NVML stand-in; the
+fabric file: FAKE_NVML_FABRIC_FILE (default `<root>/fabric`), rewritten atomically.
 """
 
 from __future__ import annotations
@@ -238,7 +241,8 @@ def _config(path: Path) -> dict[str, str]:
 
 def _detached(run: _Run, body: Callable[[], int]) -> int:
     """Fork like a daemon: the parent exits with the child's start result (0 once the pid
-    file is written), the child carries on in its own session."""
+    file is written), the child carries on in its own session, its output in
+    <root>/var/log/<name>.log (a daemon keeps no terminal)."""
     read_end, write_end = os.pipe()
     child = os.fork()
     if child:
@@ -248,6 +252,13 @@ def _detached(run: _Run, body: Callable[[], int]) -> int:
         return 0 if status == b"0" else 1
     os.close(read_end)
     os.setsid()
+    log = run.root / "var" / "log" / f"{run.name}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(out, 1)
+    os.dup2(out, 2)
     code = _serve(run, body, ready=lambda: os.write(write_end, b"0"))
     os._exit(code)
 
