@@ -29,6 +29,7 @@ from daemoninputs import (
     nvlsm_archive,
 )
 from native.contexts import make_ctx
+from nvsources import make_deb
 
 from installer.errors import IncompatibleError
 from installer.installdir import layout
@@ -141,6 +142,32 @@ class TestBuild:
         fm = read_tree(tmp_path / "pkg").manifest.daemon("nv-fabricmanager")
         assert fm is not None and fm.version == VERSION
 
+    def test_a_debian_version_loses_its_epoch_and_revision(
+            self, tmp_path: Path, base: list[str]) -> None:
+        root = tmp_path / "deb"
+        elf(root / "usr" / "bin" / "nvidia-persistenced")  # names no version itself
+        deb = make_deb(root, "nvidia-persistenced", "1:535.54.03-2~bpo12+1", tmp_path)
+        done = build(*base, f"--persistenced={deb}", f"--out-dir={tmp_path / 'pkg'}")
+        assert done.returncode == 0, done.stderr
+        daemon = read_tree(tmp_path / "pkg").manifest.daemon("nvidia-persistenced")
+        assert daemon is not None and daemon.version == "535.54.03"
+
+    def test_the_daemon_replaces_a_tool_of_the_same_name(
+            self, tmp_path: Path, base: list[str]) -> None:
+        """A user-mode input's own nvidia-persistenced (as a .run has) gives way to the
+        daemon input: one bin/nvidia-persistenced, the daemon's."""
+        tree = tmp_path / "tree"
+        tool = elf(tree / "usr" / "bin" / "nvidia-persistenced", banner="version 535.261.03")
+        real = real_persistenced(tmp_path)
+        assert sha256(tool) != sha256(real)
+        done = build(*base, f"--tree={tree}", f"--persistenced={real}",
+                     f"--out-dir={tmp_path / 'pkg'}")
+        assert done.returncode == 0, done.stderr
+        manifest = read_tree(tmp_path / "pkg").manifest
+        assert manifest.file("bin/nvidia-persistenced").sha256 == sha256(real)
+        daemon = manifest.daemon("nvidia-persistenced")
+        assert daemon is not None and daemon.version == "535.171.04"
+
 
 def refusal(tmp_path: Path, base: list[str], *args: str) -> str:
     """Exit 2, one line, nothing written."""
@@ -180,6 +207,13 @@ class TestRefusals:
         text.write_text("not a daemon\n")
         line = refusal(tmp_path, base, f"--nvlsm={text}")
         assert "is neither NVIDIA's archive, a .deb nor an executable" in line
+
+    def test_a_source_package_carries_no_daemons(self, tmp_path: Path, base: list[str],
+                                                 inputs: dict[str, Path]) -> None:
+        """Refused before anything is unpacked (nodes would build it without them)."""
+        line = refusal(tmp_path, base[:2], f"--nvidia-source={inputs['fm']}",
+                       f"--persistenced={inputs['persistenced']}")
+        assert "a source package carries no daemons" in line
 
 
 class TestStaged:
