@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any, TypeGuard
+from typing import Any, Protocol, TypeGuard
 
 from installer.config import Config
 from installer.errors import IncompatibleError
@@ -64,6 +64,25 @@ def staged_record(files: Iterable[Placed], daemons: Iterable[DaemonEntry]
                      "config": staged(d.config),
                      "files": sorted(str(destination(by_path[p])) for p in d.files)}
             for d in daemons}
+
+
+class ManifestWithDaemons(Protocol):
+    """The parts of installer.packages.manifest.Manifest that say what daemons it brings."""
+
+    @property
+    def files(self) -> tuple[Placed, ...]: ...
+    @property
+    def daemons(self) -> tuple[DaemonEntry, ...]: ...
+
+
+def package_daemons(config: Config, roots: Roots, manifest: ManifestWithDaemons
+                    ) -> dict[str, StagedDaemon]:
+    """The daemons a package will have in service once staged (paths under `.current`):
+    what `install` checks with `require_daemons` before anything is unloaded."""
+    current = install_root(config, roots) / CURRENT
+    record = staged_record(manifest.files, manifest.daemons)
+    found = {name: _from_record(current, name, entry) for name, entry in record.items()}
+    return {name: daemon for name, daemon in sorted(found.items()) if daemon is not None}
 
 
 def staged_daemons(config: Config, roots: Roots) -> dict[str, StagedDaemon]:

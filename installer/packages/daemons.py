@@ -22,7 +22,7 @@ DAEMON_NAMES = (FABRIC_MANAGER, NVLSM, PERSISTENCED)
 # the config file each daemon is started with (`nv-fabricmanager -c`, `nvlsm -F`)
 CONFIG_NAMES = {FABRIC_MANAGER: "fabricmanager.cfg", NVLSM: "nvlsm.conf"}
 # upstream versions: 550.54.15 (driver-versioned), 2025.06.6 (NVLSM's own)
-VERSION_RE = re.compile(r"^[0-9][0-9A-Za-z.+~-]{0,63}$")
+VERSION_RE = re.compile(r"^[0-9][0-9A-Za-z.+~-]{0,63}\Z")
 _KEYS = {"version", "files"}
 _FILE_KEYS = {"path", "sha256"}
 
