@@ -11,7 +11,6 @@ restarted in the same boot. The tests assert on what the guest recorded.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
