@@ -421,19 +421,14 @@ class TestReport:
 
 
 class TestClearAfterReboot:
-    def test_the_same_boot_keeps_the_condition(self, tmp_path: Path) -> None:
+    def test_kept_in_the_same_boot_cleared_in_another_with_an_event(self, tmp_path: Path
+                                                                      ) -> None:
         cluster = fake_cluster()
         with kubefake.serve(cluster) as url:
             api = api_for(url, tmp_path)
             health.report_critical(api, NODE, [Xid("0000:3b:00", 79, "")], BOOT)
-            assert health.clear_after_reboot(api, NODE, BOOT) is False
-        assert kubefake.conditions(cluster)[health.CONDITION]["status"] == "True"
-
-    def test_another_boot_clears_it_and_says_so(self, tmp_path: Path) -> None:
-        cluster = fake_cluster()
-        with kubefake.serve(cluster) as url:
-            api = api_for(url, tmp_path)
-            health.report_critical(api, NODE, [Xid("0000:3b:00", 79, "")], BOOT)
+            assert health.clear_after_reboot(api, NODE, BOOT) is False  # an agent restart
+            assert kubefake.conditions(cluster)[health.CONDITION]["status"] == "True"
             assert health.clear_after_reboot(api, NODE, REBOOTED) is True
             assert health.clear_after_reboot(api, NODE, REBOOTED) is False  # gone already
         assert set(kubefake.conditions(cluster)) == {"Ready"}
