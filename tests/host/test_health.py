@@ -415,9 +415,14 @@ class TestReport:
             writes = [c.method for c in cluster.calls[calls:]]
         assert writes == ["GET"] and len(cluster.events) == 1
 
-    def test_no_api_writes_nothing(self) -> None:
-        health.report_critical(None, NODE, [Xid("0000:3b:00", 79, "")], BOOT)
-        assert health.clear_after_reboot(None, NODE, BOOT) is False
+    def test_no_api_or_no_node_name_writes_nothing(self, tmp_path: Path) -> None:
+        cluster = fake_cluster()
+        with kubefake.serve(cluster) as url:
+            api = api_for(url, tmp_path)
+            for target, node in ((None, NODE), (api, "")):
+                health.report_critical(target, node, [Xid("0000:3b:00", 79, "")], BOOT)
+                assert health.clear_after_reboot(target, node, REBOOTED) is False
+        assert cluster.calls == []
 
 
 class TestClearAfterReboot:
