@@ -16,6 +16,7 @@ from pathlib import Path
 import kubefake
 import pynvml
 import pytest
+from healthkit import BOOT, NODE, Log
 from kubefake import Cluster, node_doc
 from native import build_standins
 from native.nvmlsession import clear_fake_env, nvml_session
@@ -24,9 +25,6 @@ from installer.agent import health
 from installer.agent.xids import NvmlXidSource
 from installer.node import kube
 from installer.node.host import RealHost, Roots
-
-NODE = "gpu-node-1"
-BOOT = "6f1e0c56-0d0f-4b1e-9d53-0f0a4b1c2d3e"
 
 
 @pytest.fixture(scope="module")
@@ -48,14 +46,6 @@ def xid_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:
 def append(path: Path, text: str) -> None:
     with path.open("a") as handle:
         handle.write(text)
-
-
-class Log:
-    def __init__(self) -> None:
-        self.lines: list[tuple[str, str, dict[str, object]]] = []
-
-    def __getattr__(self, level: str) -> object:
-        return lambda event, **fields: self.lines.append((level, event, fields))
 
 
 class TestNvmlXidEvents:
