@@ -57,7 +57,7 @@ class Health:
         return new
 
     def summary(self) -> str:
-        """One line: `0000:3b:00 Xid 79 x2, Xid 13 x1; ...` ("no Xid" when none)."""
+        """One line: `0000:3b:00 Xid 13 x1, Xid 79 x2; ...` ("no Xid" when none)."""
         parts = [f"{gpu} " + ", ".join(f"Xid {code} x{count}"
                                        for code, count in sorted(counts.items()))
                  for gpu, counts in sorted(self.counts.items())]
