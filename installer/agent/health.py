@@ -57,7 +57,7 @@ class Health:
         return new
 
     def summary(self) -> str:
-        """One line: `0000:3b:00 Xid 79 x2, Xid 13 x1; ...` ("no Xid" when none)."""
+        """One line: `0000:3b:00 Xid 13 x1, Xid 79 x2; ...` ("no Xid" when none)."""
         parts = [f"{gpu} " + ", ".join(f"Xid {code} x{count}"
                                        for code, count in sorted(counts.items()))
                  for gpu, counts in sorted(self.counts.items())]
@@ -87,7 +87,7 @@ def report_critical(api: kube.ApiServer | None, node: str, xids: list[Xid],
                     boot_id: str) -> None:
     """Set the condition (this boot's critical Xids) and post a Warning Event for the Xids it
     did not list yet; nothing when it already lists them all. KubeError as is."""
-    if api is None or not xids:
+    if api is None or not node or not xids:
         return
     current = our_condition(api, node)
     same_boot = (current is not None and current.get("status") == "True"
@@ -116,7 +116,7 @@ def _describe(xid: Xid) -> str:
 def clear_after_reboot(api: kube.ApiServer | None, node: str, boot_id: str) -> bool:
     """Delete our condition when it was set in another boot (the node rebooted since, the
     GPUs were reset). True when it was cleared. KubeError as is."""
-    if api is None or not boot_id:
+    if api is None or not node or not boot_id:
         return False
     current = our_condition(api, node)
     if current is None or current.get("message") == boot_id:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import re
+import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -89,6 +90,7 @@ class NvmlXidSource:
     def __init__(self, nvml: Any) -> None:
         self.nvml = nvml
         self.gpus: dict[int, str] = {}  # handle address -> GPU name
+        self.failure: str | None = None  # the last failed wait, while it keeps failing
         self._set = nvml.nvmlEventSetCreate()
         try:
             self._register()
@@ -117,21 +119,31 @@ class NvmlXidSource:
         return pci_name(found["domain"], found["bus"], found["device"]) if found else str(index)
 
     def wait(self, timeout_s: float) -> list[Xid]:
-        """The first event may take up to the timeout; the ones queued behind it do not."""
+        """The first event may take up to the timeout; the ones queued behind it do not.
+
+        A failed wait (not a timeout: the GPU fell off the bus, the driver went away) is
+        kept in `failure`, logged once, and the rest of the timeout slept: never a spin.
+        """
         xids: list[Xid] = []
-        timeout_ms = max(int(timeout_s * 1000), 0)
+        started, timeout_ms = time.monotonic(), max(int(timeout_s * 1000), 0)
         while len(xids) < kmsg.MAX_RECORDS:
             try:
                 event = self.nvml.nvmlEventSetWait_v2(self._set, timeout_ms)
             except self.nvml.NVMLError as exc:
                 if exc.value != self.nvml.NVML_ERROR_TIMEOUT:
-                    raise
+                    self._failed(str(exc), timeout_s - (time.monotonic() - started))
                 break
-            timeout_ms = 0
+            timeout_ms, self.failure = 0, None
             if event.eventType & self.nvml.nvmlEventTypeXidCriticalError:
                 gpu = self.gpus.get(_address(event.device), "unknown")
                 xids.append(Xid(gpu, int(event.eventData), "NVML XidCriticalError event"))
         return xids
+
+    def _failed(self, why: str, remaining_s: float) -> None:
+        if why != self.failure:
+            structlog.get_logger().warning("NVML Xid event wait failed", detail=why)
+        self.failure = why
+        time.sleep(max(remaining_s, 0.0))
 
     def close(self) -> None:
         if self._set is not None:
@@ -148,8 +160,6 @@ class NoXidSource:
         self.why = why
 
     def wait(self, timeout_s: float) -> list[Xid]:
-        import time
-
         time.sleep(max(timeout_s, 0.0))
         return []
 

@@ -1,5 +1,5 @@
 """agent.health and node.kmsg: Xids read from a kernel log and from NVML events, counted per
-GPU, and the critical ones set as a node condition with an Event on the strict fake API.
+GPU; which Xids are critical (XID_CRITICAL). Reports to the API: test_health_report.py.
 
 The kernel log is a FIFO (or a plain file) at <dev root>/kmsg in a temp host tree, written
 in /dev/kmsg's record format; the real device is read in the kernel tier
@@ -19,57 +19,25 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import kubefake
 import pynvml
 import pytest
+from healthkit import BOOT, XID13, XID48_OLD, XID79, fifo_log, host_tree, record
 from hypothesis import given
 from hypothesis import strategies as st
-from kubefake import Cluster, node_doc
 
 from installer.agent import health
 from installer.agent.health import Health, Xid
 from installer.agent.xids import KmsgXidSource, NoXidSource, NvmlXidSource, parse_xid
 from installer.config import load_config
 from installer.errors import ConfigError
-from installer.node import kmsg, kube
-from installer.node.host import RealHost, Roots
-
-NODE = "gpu-node-1"
-BOOT = "6f1e0c56-0d0f-4b1e-9d53-0f0a4b1c2d3e"
-REBOOTED = "b3a1d0e2-7c44-4c2a-8f61-3e5d9a0b1c2f"
-XID79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid=2211, name=python3, GPU has fallen off the bus."
-XID48_OLD = ("NVRM: Xid (0000:00:1E): 48, An uncorrectable double bit error (DBE) has been "
-             "detected on GPU in the framebuffer at partition 0, subpartition 0.")
-XID13 = ("NVRM: Xid (PCI:0000:b1:00): 13, pid='<unknown>', name=<unknown>, Graphics "
-         "Exception: ESR 0x514730=0x201000e 0x514734=0x20")
-
-
-def record(seq: int, message: str, *, prio: int = 3, dictionary: tuple[str, ...] = ()) -> bytes:
-    """One /dev/kmsg record as read() returns it: header;message, then ' KEY=value' lines."""
-    lines = [f"{prio},{seq},{seq * 1000 + 17},-;{message}", *(f" {d}" for d in dictionary)]
-    return ("\n".join(lines) + "\n").encode()
-
-
-def host_tree(tmp_path: Path) -> RealHost:
-    for name in ("proc/sys/kernel/random", "sys", "dev"):
-        (tmp_path / name).mkdir(parents=True, exist_ok=True)
-    (tmp_path / "proc/sys/kernel/random/boot_id").write_text(BOOT + "\n")
-    return RealHost(Roots(tmp_path, tmp_path / "proc", tmp_path / "sys", tmp_path / "dev"))
+from installer.node import kmsg
+from installer.node.host import RealHost
 
 
 @pytest.fixture
 def fifo_host(tmp_path: Path) -> Iterator[tuple[RealHost, int]]:
-    """A host whose /dev/kmsg is a FIFO, and the writer's descriptor (open while the test
-    runs, so an empty log blocks the reader as the real device does)."""
-    host = host_tree(tmp_path)
-    os.mkfifo(tmp_path / "dev/kmsg")
-    reader = os.open(tmp_path / "dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)  # lets the writer open
-    writer = os.open(tmp_path / "dev/kmsg", os.O_WRONLY)
-    os.close(reader)
-    try:
-        yield host, writer
-    finally:
-        os.close(writer)
+    with fifo_log(tmp_path) as found:
+        yield found
 
 
 class TestParseRecord:
@@ -290,12 +258,17 @@ class TestNvmlSource:
             NvmlXidSource(nvml)
         assert nvml.freed == 1
 
-    def test_a_wait_error_other_than_timeout_is_raised(self) -> None:
+    def test_a_failed_wait_is_kept_and_sleeps_out_the_timeout(self) -> None:
         nvml = FakeNvml(gpus=1)
         source = NvmlXidSource(nvml)
         nvml.fail_with = pynvml.NVML_ERROR_GPU_IS_LOST
-        with pytest.raises(pynvml.NVMLError_GpuIsLost):
-            source.wait(1)
+        started = time.monotonic()
+        assert source.wait(0.3) == []
+        assert time.monotonic() - started >= 0.29  # slept, never a spin (a lower bound)
+        assert source.failure == str(pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST))
+        nvml.fail_with = None
+        nvml.queue.append((0, 79))
+        assert [x.code for x in source.wait(1)] == [79] and source.failure is None
 
 
 class TestHealth:
@@ -342,171 +315,3 @@ class TestHealth:
         assert "XID_CRITICAL='79 43' is invalid: Xid 43 is an application error" in done.stderr
         assert "xid-critical must be Xid numbers" in done.stderr
         assert list(tmp_path.iterdir()) == []
-
-
-class Log:
-    """A structlog-shaped logger that records (level, event, fields)."""
-
-    def __init__(self) -> None:
-        self.lines: list[tuple[str, str, dict[str, Any]]] = []
-
-    def __getattr__(self, level: str) -> Any:
-        return lambda event, **fields: self.lines.append((level, event, fields))
-
-
-def fake_cluster() -> Cluster:
-    node = node_doc(NODE)
-    node["status"] = {"conditions": [{
-        "type": "Ready", "status": "True", "reason": "KubeletReady",
-        "message": "kubelet is posting ready status", "lastHeartbeatTime": "2026-12-02T03:00:00Z",
-        "lastTransitionTime": "2026-12-01T00:00:00Z"}]}
-    return Cluster(node_name=NODE, nodes={NODE: node})
-
-
-def api_for(url: str, tmp_path: Path) -> kube.ApiServer:
-    token = tmp_path / "token"
-    token.write_text(kubefake.TOKEN + "\n")
-    return kube.ApiServer(url, token, None)
-
-
-class TestReport:
-    def test_the_condition_and_a_warning_event(self, tmp_path: Path) -> None:
-        cluster = fake_cluster()
-        with kubefake.serve(cluster) as url:
-            health.report_critical(api_for(url, tmp_path), NODE, [parse_xid(XID79)], BOOT)
-        ours = kubefake.conditions(cluster)[health.CONDITION]
-        assert health.CONDITION == "gpu-node-installer/XidCriticalError"
-        assert (ours["status"], ours["reason"], ours["message"]) == ("True", "Xid:79", BOOT)
-        assert kubefake.conditions(cluster)["Ready"]["reason"] == "KubeletReady"  # untouched
-        [event] = cluster.events
-        assert (event["reason"], event["type"]) == ("XIDError", "Warning")
-        assert event["involvedObject"]["name"] == NODE
-        assert event["message"] == ("critical Xid 79 on GPU 0000:3b:00: pid=2211, "
-                                    f"name=python3, GPU has fallen off the bus. (boot {BOOT})")
-        patch = [c for c in cluster.calls if c.method == "PATCH"]
-        assert [c.path for c in patch] == [f"/api/v1/nodes/{NODE}/status"]
-        assert cluster.errors == []
-
-    def test_more_xids_in_the_same_boot_join_the_reason(self, tmp_path: Path) -> None:
-        cluster = fake_cluster()
-        with kubefake.serve(cluster) as url:
-            api = api_for(url, tmp_path)
-            health.report_critical(api, NODE, [Xid("0000:3b:00", 79, "")], BOOT)
-            since = kubefake.conditions(cluster)[health.CONDITION]["lastTransitionTime"]
-            time.sleep(1.1)  # a later second, so a moved transition time would show
-            health.report_critical(api, NODE, [Xid("0000:86:00", 48, "DBE")], BOOT)
-        ours = kubefake.conditions(cluster)[health.CONDITION]
-        assert ours["reason"] == "Xid:48,79" and ours["lastTransitionTime"] == since
-        assert [e["message"].split(" (boot")[0] for e in cluster.events] == [
-            "critical Xid 79 on GPU 0000:3b:00", "critical Xid 48 on GPU 0000:86:00: DBE"]
-
-    def test_xids_the_condition_lists_already_write_nothing(self, tmp_path: Path) -> None:
-        cluster = fake_cluster()
-        with kubefake.serve(cluster) as url:
-            api = api_for(url, tmp_path)
-            health.report_critical(api, NODE, [Xid("0000:3b:00", 79, "")], BOOT)
-            calls = len(cluster.calls)
-            health.report_critical(api, NODE, [Xid("0000:3b:00", 79, "")], BOOT)
-            writes = [c.method for c in cluster.calls[calls:]]
-        assert writes == ["GET"] and len(cluster.events) == 1
-
-    def test_no_api_writes_nothing(self) -> None:
-        health.report_critical(None, NODE, [Xid("0000:3b:00", 79, "")], BOOT)
-        assert health.clear_after_reboot(None, NODE, BOOT) is False
-
-
-class TestClearAfterReboot:
-    def test_the_same_boot_keeps_the_condition(self, tmp_path: Path) -> None:
-        cluster = fake_cluster()
-        with kubefake.serve(cluster) as url:
-            api = api_for(url, tmp_path)
-            health.report_critical(api, NODE, [Xid("0000:3b:00", 79, "")], BOOT)
-            assert health.clear_after_reboot(api, NODE, BOOT) is False
-        assert kubefake.conditions(cluster)[health.CONDITION]["status"] == "True"
-
-    def test_another_boot_clears_it_and_says_so(self, tmp_path: Path) -> None:
-        cluster = fake_cluster()
-        with kubefake.serve(cluster) as url:
-            api = api_for(url, tmp_path)
-            health.report_critical(api, NODE, [Xid("0000:3b:00", 79, "")], BOOT)
-            assert health.clear_after_reboot(api, NODE, REBOOTED) is True
-            assert health.clear_after_reboot(api, NODE, REBOOTED) is False  # gone already
-        assert set(kubefake.conditions(cluster)) == {"Ready"}
-        cleared = cluster.events[-1]
-        assert (cleared["reason"], cleared["type"]) == ("XidCriticalErrorCleared", "Normal")
-        assert BOOT in cleared["message"] and REBOOTED in cleared["message"]
-        assert cluster.errors == []
-
-    def test_the_fake_refuses_a_delete_holding_more_than_the_key(self, tmp_path: Path) -> None:
-        cluster = fake_cluster()
-        with kubefake.serve(cluster) as url, pytest.raises(kube.KubeError) as refused:
-            kube.patch_node_status(api_for(url, tmp_path), NODE, [
-                {"type": "Ready", "$patch": "delete", "status": "False"}])
-        assert refused.value.status == 400 and len(cluster.errors) == 1
-        assert set(kubefake.conditions(cluster)) == {"Ready"}
-
-
-class TestWatchOnce:
-    def test_kmsg_xids_reach_the_node(self, fifo_host: tuple[RealHost, int],
-                                      tmp_path: Path) -> None:
-        host, writer = fifo_host
-        cluster, log = fake_cluster(), Log()
-        source, watch = health.open_xid_source(host, use_nvml=False), Health({48, 79})
-        os.write(writer, record(1, XID13) + record(2, XID79) + record(3, XID79))
-        with kubefake.serve(cluster) as url:
-            new = health.watch_once(source, watch, api=api_for(url, tmp_path), node=NODE,
-                                    boot_id=kmsg.boot_id(host), timeout_s=5, log=log)
-        assert [(x.gpu, x.code) for x in new] == [("0000:3b:00", 79)]
-        assert kubefake.conditions(cluster)[health.CONDITION]["message"] == BOOT
-        assert [e["reason"] for e in cluster.events] == ["XIDError"]
-        assert [(f["xid"], f["critical"]) for _, _, f in log.lines] == [
-            (13, False), (79, True), (79, True)]
-
-    def test_an_api_failure_is_retried_next_round(self, tmp_path: Path) -> None:
-        cluster, log = fake_cluster(), Log()
-        source = StaticSource([Xid("0000:3b:00", 79, "")])
-        watch = Health({79})
-        dead = api_for("http://127.0.0.1:9", tmp_path)  # nothing listens there
-        health.watch_once(source, watch, api=dead, node=NODE, boot_id=BOOT, timeout_s=0,
-                          log=log)
-        assert watch.unreported and log.lines[-1][1].startswith("critical Xid not yet")
-        with kubefake.serve(cluster) as url:
-            assert health.watch_once(source, watch, api=api_for(url, tmp_path), node=NODE,
-                                     boot_id=BOOT, timeout_s=0, log=log) == []
-        assert watch.unreported == [] and len(cluster.events) == 1
-
-    def test_a_restarted_agent_rereading_the_log_reports_nothing_twice(
-            self, tmp_path: Path) -> None:
-        host = host_tree(tmp_path)
-        (tmp_path / "dev/kmsg").write_bytes(record(1, XID79) + record(2, XID48_OLD))
-        cluster = fake_cluster()
-        with kubefake.serve(cluster) as url:
-            for _ in range(2):  # the agent, then the agent restarted in the same boot
-                source = health.open_xid_source(host, use_nvml=False)
-                health.watch_once(source, Health({48, 79}), api=api_for(url, tmp_path),
-                                  node=NODE, boot_id=BOOT, timeout_s=1, log=Log())
-                source.close()
-        assert kubefake.conditions(cluster)[health.CONDITION]["reason"] == "Xid:48,79"
-        assert len(cluster.events) == 1 and cluster.errors == []
-
-    def test_without_an_api_the_critical_xid_is_logged(self) -> None:
-        log = Log()
-        health.watch_once(StaticSource([Xid("0000:3b:00", 79, "")]), Health({79}), api=None,
-                          node=None, boot_id=BOOT, timeout_s=0, log=log)
-        assert log.lines[-1][:2] == ("error", "critical GPU Xid: no Kubernetes API to "
-                                              "report it to")
-
-
-class StaticSource:
-    """Gives the same Xids on every wait."""
-
-    kind = "static"
-
-    def __init__(self, xids: list[Xid]) -> None:
-        self.xids = xids
-
-    def wait(self, timeout_s: float) -> list[Xid]:
-        return list(self.xids)
-
-    def close(self) -> None:
-        pass
