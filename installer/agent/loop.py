@@ -11,6 +11,7 @@ is: on a fabric node, without Fabric Manager, not ready.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import threading
@@ -34,7 +35,6 @@ from installer.node.fabric import missing_ib_modules
 from installer.node.kube import KubeError
 
 ONCE_START_S = 10.0  # `--once` off a fabric: the daemons' start (START_S), a retry or two
-WAIT_CAP_S = 5.0  # a daemon's exit is seen within this, so readiness goes within 10 s
 
 
 class AgentNotReadyError(VerificationError):
@@ -76,6 +76,7 @@ class AgentState:
     fabric_since: float = 0.0  # when the fabric daemons last (re)started
     nvml_ready: bool = False
     nvml_error: str | None = None
+    trimmed: bool = False
     notes: list[str] = field(default_factory=list)
 
 
@@ -236,11 +237,11 @@ class Agent:
     def wait_s(self) -> float:
         """How long the loop may wait before the next round."""
         assert self.supervisor is not None
-        wait = min(self.config.agent_interval, WAIT_CAP_S * 2)
+        wait = self.config.agent_interval
         due = self.supervisor.next_due()
         if due is not None:
             wait = min(wait, max(0.0, due - self.clock()))
-        return max(wait, 0.05) if due is not None else max(wait, WAIT_CAP_S)
+        return max(wait, 0.05)  # a due transition (a restart, a start confirmed) sooner
 
     def stop(self, *, only_started: bool = False) -> list[str]:
         """Stop the daemons; on a fabric node readiness goes with Fabric Manager."""
@@ -295,6 +296,9 @@ def run_forever(agent: Agent, stop: threading.Event) -> Verdict | None:
     try:
         while not stop.is_set():
             verdict = agent.round()
+            if agent.state.view_written and not agent.state.trimmed:
+                _trim_heap()  # once, after start-up's imports and planning
+                agent.state.trimmed = True
             if stop.is_set():
                 break
             health.watch_once(source, watched, api=api, node=config.node_name, boot_id=boot,
@@ -305,6 +309,15 @@ def run_forever(agent: Agent, stop: threading.Event) -> Verdict | None:
         remove_view(config, agent.host)  # a stopped agent has no view: not "fresh"
         agent.log.info("agent stopped", xids=watched.summary())
     return verdict
+
+
+def _trim_heap() -> None:
+    """Give the heap start-up freed back to the node (glibc keeps it otherwise): the agent
+    lives as long as the pod, and its RSS is what every GPU node pays."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def run_once(agent: Agent, *, deadline_s: float) -> Verdict:

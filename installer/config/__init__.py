@@ -216,8 +216,9 @@ SETTINGS: tuple[Setting, ...] = (
             "on NVLink5 nodes, seconds to wait for mlx5_core and ib_umad before reporting "
             "them missing", "a number of seconds above 0, at most 86400", agent.deadline),
     Setting("agent_interval", "--agent-interval", "AGENT_INTERVAL", "5",
-            "seconds between the agent's rounds (it also wakes on GPU events)",
-            "a number of seconds from 5 to 86400", agent.interval),
+            "seconds between the agent's rounds (it also wakes on GPU events); a daemon's exit "
+            "withdraws readiness within one round", "a number of seconds from 5 to 10",
+            agent.interval),
     Setting("daemon_stop_timeout", "--daemon-stop-timeout", "DAEMON_STOP_TIMEOUT", "10",
             "seconds a daemon has to exit after SIGTERM before SIGKILL",
             "a number of seconds above 0, at most 86400", agent.deadline),
