@@ -22,7 +22,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from installer.agent import health
-from installer.agent.daemons import RUNNING, STARTING, WAITING, Supervised, Supervisor
+from installer.agent.daemons import (
+    FABRIC_DAEMONS,
+    RUNNING,
+    STARTING,
+    WAITING,
+    Supervised,
+    Supervisor,
+)
 from installer.agent.fabric import GpuFabric, fabric_summary, read_fabric
 from installer.agent.plan import Plan, make_plan
 from installer.agent.readiness import HEARTBEAT_S, Keeper, remove_view, work_dir, write_view
@@ -73,7 +80,6 @@ class AgentState:
     started: float
     verdict: Verdict | None = None
     view_written: float = 0.0
-    fabric_since: float = 0.0  # when the fabric daemons last (re)started
     nvml_ready: bool = False
     nvml_error: str | None = None
     trimmed: bool = False
@@ -99,9 +105,7 @@ class Agent:
         """Refuse bad settings and packages (exit 2, 14) before anything starts."""
         loaded = kmod.loaded_driver(self.host)
         driver = loaded.version if loaded is not None else ""
-        self.no_install = self.keeper.capture()
-        if loaded is None:
-            self.no_install = "no NVIDIA kernel module is loaded"
+        self.no_install = self._capture()
         plan = make_plan(self.config, self.host, driver_version=driver, work=self.work,
                          environ=self.environ)
         self.plan = plan
@@ -113,20 +117,27 @@ class Agent:
                       daemons=[s.name for s in plan.specs], notes=list(plan.notes))
         return plan
 
+    def _capture(self) -> str | None:
+        """Keep the install's readiness; why there is none to keep, if so."""
+        if kmod.loaded_driver(self.host) is None:
+            return "no NVIDIA kernel module is loaded"
+        return self.keeper.capture()
+
     def round(self) -> Verdict:
         """One round: supervise, decide, apply."""
         assert self.supervisor is not None and self.plan is not None
         now = self.clock()
-        exited = self.supervisor.tick(now)
-        if any(d.spec.name in ("nv-fabricmanager", "nvlsm") for d in exited) or \
-                self.state.fabric_since == 0.0:
-            self.state.fabric_since = now
+        self.supervisor.tick(now)
         verdict = self._decide(now)
         self._apply(verdict, now)
         return verdict
 
     def _decide(self, now: float) -> Verdict:
         assert self.supervisor is not None and self.plan is not None
+        if self.no_install is not None:
+            self.no_install = self._capture()  # the install may signal later (a rerun)
+        elif (mismatch := self.keeper.driver_changed()) is not None:
+            self.no_install = mismatch  # a driver swapped under the agent: not its readiness
         if self.no_install is not None:
             return Verdict(False, "NotInstalled",
                            f"the install has not made this node ready: {self.no_install}")
@@ -172,7 +183,7 @@ class Agent:
         summary = fabric_summary(gpus)
         if gpus and all(g.ok for g in gpus):
             return Verdict(True, "Ready", f"fabric complete: {summary}", tuple(gpus))
-        waited = now - self.state.fabric_since
+        waited = now - self._fabric_since()
         detail = "; ".join(f"GPU {g.index}: {g.state}"
                            + (f" (status {g.status})" if g.status else "")
                            for g in gpus if not g.ok)
@@ -183,6 +194,14 @@ class Agent:
             return Verdict(False, "FabricTimeout", message, tuple(gpus))
         return Verdict(False, "FabricInProgress", f"waiting for the fabric: {summary}",
                        tuple(gpus))
+
+    def _fabric_since(self) -> float:
+        """When the fabric daemons were last (re)started: FABRIC_TIMEOUT counts from there
+        (from the agent's start for daemons it found running)."""
+        assert self.supervisor is not None
+        starts = [d.started_at for d in self.supervisor.daemons
+                  if d.spec.name in FABRIC_DAEMONS and d.process is not None]
+        return max(starts, default=self.state.started)
 
     def _read_fabric(self) -> list[GpuFabric]:
         if not self.nvml_ready():

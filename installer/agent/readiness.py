@@ -23,12 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from installer.config import Config
+from installer.installdir.layout import AGENT_DIR, AGENT_VIEW
 from installer.installdir.readiness import check_ready, clear_readiness, ready_paths
 from installer.node import kmod
 from installer.node.host import Host, write_atomic
 
-VIEW_FILE = ".agent.json"
-WORK_DIR = ".agent"
+VIEW_FILE = AGENT_VIEW
+WORK_DIR = AGENT_DIR
 SAVED_READY = "ready.json"
 SAVED_ENV = "driver-ready.env"
 HEARTBEAT_S = 30.0  # the view is rewritten at least this often while nothing changes
@@ -76,8 +77,17 @@ class Keeper:
         """Delete `.ready.json` and the env file (the node cannot serve now)."""
         clear_readiness(self.config, self.host.roots)
 
+    def driver_changed(self) -> str | None:
+        """Why the kept readiness no longer fits the kernel's driver, if it does not."""
+        loaded = kmod.loaded_driver(self.host)
+        if self.saved is None or (loaded is not None
+                                  and loaded.version == self.saved.driver_version):
+            return None
+        now = loaded.version if loaded is not None else "no driver"
+        return f"readiness was for driver {self.saved.driver_version}, the kernel has {now}"
+
     def restore(self) -> None:
-        """Write the install's bytes back, unless the kernel now has another driver."""
+        """Write the install's bytes back (the caller checked `driver_changed`)."""
         if self.saved is None:
             return
         ready, env = ready_paths(self.config, self.host.roots)

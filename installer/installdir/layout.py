@@ -6,6 +6,7 @@
     <install>/.previous -> .versions/<older>  kept for rollback
     <install>/lib64 -> .current/lib64         likewise bin, drivers, firmware
     <install>/.state.json  .ready.json  .lock  .cache/
+    <install>/.agent.json  .agent/            the node agent's view and work area
     /etc/ld.so.conf.d/gpu-node-installer.conf  /run/nvidia/validations/driver-ready
 
 Paths here are "as seen in this container": the node's path under the host root.
@@ -34,6 +35,8 @@ STATE_FILE = ".state.json"
 READY_FILE = ".ready.json"
 LOCK_FILE = ".lock"
 CACHE_DIR = ".cache"
+AGENT_VIEW = ".agent.json"  # the node agent's view, read by its readiness probe and `status`
+AGENT_DIR = ".agent"  # its work area: Fabric Manager's config copy, daemon logs, readiness
 DRIVER_ROOT_DIR = "usr"  # --driver-root-layout's usr/lib/<multiarch>, usr/lib64, usr/bin
 LDCONF_NODE_PATH = PurePosixPath("/etc/ld.so.conf.d/gpu-node-installer.conf")
 VALIDATION_NODE_PATH = PurePosixPath("/run/nvidia/validations/driver-ready")

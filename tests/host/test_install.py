@@ -179,8 +179,12 @@ class TestUninstall:
         add_version(scene, V1)
         with MirrorServer(scene.repo) as server:
             assert _install(scene, server.url).returncode == 0
+        (scene.install_dir / ".agent.json").write_text("{}")  # the node agent's view and
+        (scene.install_dir / ".agent" / "logs").mkdir(parents=True)  # work area go too
         done = run_cli(["uninstall", *scene.args()], standin_env(V1))
         assert done.returncode == 0, done.stderr
+        assert not (scene.install_dir / ".agent.json").exists()
+        assert not (scene.install_dir / ".agent").exists()
         assert not (scene.root / "dev" / "nvidiactl").exists()
         assert not (scene.install_dir / "lib64").exists()
         assert _ready(scene) is None
