@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -140,6 +141,29 @@ class TestNvswitchNode:
         assert not (node.install / ".agent.json").exists()
         assert '"agent stopped"' in node.log()
 
+    def test_a_restarted_agent_adopts_the_daemons_and_restores_the_installs_bytes(
+            self, tmp_path: Path, package: Package) -> None:
+        """Killed while readiness is withdrawn (a container restart): the next agent finds
+        the install's readiness in its work area and the daemons by their pid files."""
+        node = make_node(tmp_path, package, env={"FAKE_FM_SECONDS": "10"})
+        ready_bytes = [path.read_bytes() for path in node.ready_files()]
+        first = subprocess.Popen(node.command("agent"), env=node.env,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            wait_for(lambda: node.view().get("cause") == "FabricInProgress", 60)
+            assert not node.ready()
+        finally:
+            first.kill()
+            first.wait()
+        fm = node.pid("nv-fabricmanager")
+        assert fm is not None and _alive(fm)  # in its own session: it outlived the agent
+        with node.agent():
+            wait_for(lambda: node.view().get("ready") is True, 60)
+            assert [p.read_bytes() for p in node.ready_files()] == ready_bytes
+            assert node.pid("nv-fabricmanager") == fm
+        assert node.started() == ["nvidia-persistenced", "nv-fabricmanager"]  # none twice
+        assert '"daemon already running: adopted"' in node.log()
+
     def test_a_package_without_fabric_manager_is_refused(self, tmp_path: Path) -> None:
         package = daemon_package(tmp_path / "pkg", daemons=("nvidia-persistenced",))
         node = make_node(tmp_path, package)
@@ -245,6 +269,10 @@ class TestProbe:
                                     "updated_at": time.time() - 600}))
         done = node.run("agent", "--probe")
         assert done.returncode == 12 and "stale" in done.stderr
+
+
+def _alive(pid: int) -> bool:
+    return Path(f"/proc/{pid}").exists() and not _zombie(pid)
 
 
 def _zombie(pid: int) -> bool:
