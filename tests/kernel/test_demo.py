@@ -20,6 +20,9 @@ def test_demo_installs_end_to_end(kernel: Kernel) -> None:
     assert "/dev/nvidiactl" in out and "/dev/nvidia-uvm" in out
     assert f"Kernel:          {kernel.release}" in out
     assert "Ready:           yes: driver 535.261.03" in out
+    # the node agent's first round: no NVSwitch, no persistenced in this package
+    assert "gpu-node-installer agent --once" in out
+    assert "ready (Ready): driver ready; no daemons needed" in out
     assert "changed=False" in out  # the second run reloads nothing
     # the package came from the product compiling sources against the headers .debs
     assert "$ gpu-node-installer package build --nvidia-source standin-source" in out
