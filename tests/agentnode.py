@@ -34,7 +34,8 @@ VERSION = "535.261.03"
 NODE = "gpu-node-1"
 INSTALL = "home/kubernetes/bin/nvidia"
 NVRM = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  {}  Thu Jun 26 2025\n"
-FM_CONFIG = "# Fabric Manager (stand-in)\nLOG_LEVEL=4\nDAEMONIZE=1\nFABRIC_MODE=0\n"
+FM_CONFIG = ("# Fabric Manager (stand-in)\nLOG_LEVEL=4\nDAEMONIZE=1\nFABRIC_MODE=0\n"
+             "TOPOLOGY_FILE_PATH=/usr/share/nvidia/nvswitch\n")
 A100_BUSES = ("07", "0b", "48", "4c", "88", "8b", "c8", "cb")
 ALL = ("nv-fabricmanager", "nvlsm", "nvidia-persistenced")
 REPO = Path(__file__).resolve().parents[1]

@@ -44,10 +44,12 @@ def overrides_from_env(environ: Mapping[str, str]) -> dict[str, str]:
     return found
 
 
-def render(text: str, overrides: Mapping[str, str]) -> str:
+def render(text: str, overrides: Mapping[str, str],
+           defaults: Mapping[str, str] | None = None) -> str:
     """The config with each overridden field's value replaced and DAEMONIZE=0; a field the
-    file does not have is a ConfigError naming it."""
-    wanted = {**overrides, **FORCED}
+    file does not have is a ConfigError naming it. `defaults` replace fields the file has
+    and no override names (where the package staged Fabric Manager's topology files)."""
+    wanted = {**(defaults or {}), **overrides, **FORCED}
     seen: set[str] = set()
     lines = []
     for line in text.splitlines():

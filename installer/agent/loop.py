@@ -111,7 +111,7 @@ class Agent:
         self.plan = plan
         self.supervisor = Supervisor(
             self.host, list(plan.specs), work=self.work, log=self.log,
-            missing_ib=lambda: missing_ib_modules(self.host))
+            missing_ib=lambda: missing_ib_modules(self.host), env=plan.env)
         self.supervisor.adopt()
         self.log.info("agent planned", fabric=plan.kind,
                       daemons=[s.name for s in plan.specs], notes=list(plan.notes))

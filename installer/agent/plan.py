@@ -15,19 +15,22 @@ from installer.agent import fmconfig
 from installer.agent.daemons import Spec, persistenced_spec
 from installer.config import Config
 from installer.installdir.daemons import StagedDaemon, require_daemons, staged_daemons
+from installer.installdir.layout import install_root
 from installer.node.fabric import FabricKind, fabric_kind
 from installer.node.host import Host, write_atomic
 
 FM_CONFIG_COPY = "fabricmanager.cfg"
+PATH_FIELDS = ("TOPOLOGY_FILE_PATH", "DATABASE_PATH")  # /usr/share/nvidia/nvswitch upstream
 
 
 @dataclass(frozen=True)
 class Plan:
-    """The node's fabric kind and the daemons to run, in start order."""
+    """The node's fabric kind, the daemons to run in start order, and their environment."""
 
     kind: FabricKind
     specs: tuple[Spec, ...]
     notes: tuple[str, ...]
+    env: dict[str, str]
 
     @property
     def fabric(self) -> bool:
@@ -62,7 +65,15 @@ def make_plan(config: Config, host: Host, *, driver_version: str, work: Path,
                           needs_ib=kind == "nvlink5"))
     elif overrides:
         notes.append("NVFM_CONFIG_* set but this node has no NVSwitch: ignored")
-    return Plan(kind, tuple(specs), tuple(notes))
+    return Plan(kind, tuple(specs), tuple(notes), daemon_env(config, host, environ))
+
+
+def daemon_env(config: Config, host: Host, environ: Mapping[str, str]) -> dict[str, str]:
+    """The agent's environment, with the staged driver libraries first on the daemons'
+    library path: they load libnvidia-ml and friends, which live in the install dir here."""
+    lib64 = str(install_root(config, host.roots) / "lib64")
+    path = environ.get("LD_LIBRARY_PATH", "")
+    return {**environ, "LD_LIBRARY_PATH": f"{lib64}:{path}" if path else lib64}
 
 
 def _fm_config(fm: StagedDaemon, overrides: Mapping[str, str], work: Path) -> Path:
@@ -74,6 +85,8 @@ def _fm_config(fm: StagedDaemon, overrides: Mapping[str, str], work: Path) -> Pa
             text = fm.config.read_text(encoding="utf-8", errors="replace")
         except OSError:
             text = ""
+    # the topology files and database sit beside the staged config, not in /usr/share
+    beside = {} if fm.config is None else {key: str(fm.config.parent) for key in PATH_FIELDS}
     copy = work / FM_CONFIG_COPY
-    write_atomic(copy, fmconfig.render(text, overrides).encode())
+    write_atomic(copy, fmconfig.render(text, overrides, beside).encode())
     return copy

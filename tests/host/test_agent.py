@@ -68,11 +68,14 @@ class TestNvswitchNode:
             assert view["ready"] is True and view["fabric_kind"] == "nvswitch"
             assert [g["state"] for g in view["fabric"]] == ["completed"] * 8  # type: ignore
             assert agent.poll() is None
+            environ = Path(f"/proc/{node.pid('nv-fabricmanager')}/environ").read_bytes()
+            assert f"LD_LIBRARY_PATH={node.install / 'lib64'}".encode() in environ.split(b"\0")
         assert node.started() == ["nvidia-persistenced", "nv-fabricmanager"]
         work = node.install / ".agent"
         assert node.argv("nv-fabricmanager") == ["-c", str(work / "fabricmanager.cfg")]
         assert (work / "fabricmanager.cfg").read_text().splitlines() == [
-            "# Fabric Manager (stand-in)", "LOG_LEVEL=2", "DAEMONIZE=0", "FABRIC_MODE=0"]
+            "# Fabric Manager (stand-in)", "LOG_LEVEL=2", "DAEMONIZE=0", "FABRIC_MODE=0",
+            f"TOPOLOGY_FILE_PATH={node.install / '.current/etc'}"]  # where it was staged
         assert node.argv("nvidia-persistenced") == ["--persistence-mode", "--foreground"]
         reasons = [c.body["status"]["conditions"][0]["reason"]  # type: ignore[index]
                    for c in api.calls if c.path.endswith("/status")]

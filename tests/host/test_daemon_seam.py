@@ -147,6 +147,13 @@ class TestFabricManagerConfig:
             "# comment", "LOG_LEVEL=2", "DAEMONIZE=0", "FABRIC_MODE=1",
             "BIND_INTERFACE_IP=127.0.0.1"]
 
+    def test_defaults_apply_to_fields_the_file_has_unless_overridden(self) -> None:
+        text = "TOPOLOGY_FILE_PATH=/usr/share/nvidia/nvswitch\nDATABASE_PATH=/x\n"
+        defaults = {"TOPOLOGY_FILE_PATH": "/staged/etc", "DATABASE_PATH": "/staged/etc",
+                    "NOT_IN_FILE": "1"}
+        assert fmconfig.render(text, {"DATABASE_PATH": "/mine"}, defaults).splitlines() == [
+            "TOPOLOGY_FILE_PATH=/staged/etc", "DATABASE_PATH=/mine", "DAEMONIZE=0"]
+
     def test_a_config_without_daemonize_gets_it(self) -> None:
         assert fmconfig.render("LOG_LEVEL=4", {}).splitlines() == ["LOG_LEVEL=4",
                                                                     "DAEMONIZE=0"]
