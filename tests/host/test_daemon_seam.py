@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 
 from installer.agent import fmconfig
+from installer.agent.daemons import persistenced_spec
+from installer.config import load_config
 from installer.errors import ConfigError
 from installer.node import daemons
 from installer.node.host import RealHost, Roots
@@ -174,3 +176,29 @@ class TestFabricManagerConfig:
     def test_a_field_the_staged_config_lacks_is_refused(self) -> None:
         with pytest.raises(ConfigError, match="has no field NO_SUCH"):
             fmconfig.render(self.CONFIG, {"NO_SUCH": "1"})
+
+
+class TestPersistencedCommandLine:
+    """`--uvm-persistence-mode` only where the branch has it (R550+), or as the setting says."""
+
+    def test_auto_follows_the_driver_branch(self, tmp_path: Path) -> None:
+        config = load_config({"host_root": str(tmp_path), "proc_root": str(tmp_path),
+                              "sys_root": str(tmp_path)}, {})
+        binary = Path("/x/bin/nvidia-persistenced")
+        assert persistenced_spec(config, binary, "535.261.03").argv == (
+            str(binary), "--persistence-mode", "--foreground")
+        assert persistenced_spec(config, binary, "550.163.01").argv == (
+            str(binary), "--persistence-mode", "--uvm-persistence-mode", "--foreground")
+
+    def test_the_setting_forces_it(self, tmp_path: Path) -> None:
+        roots = {"host_root": str(tmp_path), "proc_root": str(tmp_path),
+                 "sys_root": str(tmp_path)}
+        on = load_config({**roots, "uvm_persistence_mode": "on"}, {})
+        off = load_config(roots, {"UVM_PERSISTENCE_MODE": "off"})
+        binary = Path("/x/nvidia-persistenced")
+        assert "--uvm-persistence-mode" in persistenced_spec(on, binary, "535.261.03").argv
+        assert "--uvm-persistence-mode" not in persistenced_spec(off, binary, "570.1").argv
+        with pytest.raises(ConfigError, match="UVM_PERSISTENCE_MODE='sometimes' is invalid"):
+            load_config(roots, {"UVM_PERSISTENCE_MODE": "sometimes"})
+        with pytest.raises(ConfigError, match="AGENT_INTERVAL='1' is invalid"):
+            load_config(roots, {"AGENT_INTERVAL": "1"})  # no busy polling
