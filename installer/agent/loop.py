@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from installer.agent import health
@@ -83,7 +83,6 @@ class AgentState:
     nvml_ready: bool = False
     nvml_error: str | None = None
     trimmed: bool = False
-    notes: list[str] = field(default_factory=list)
 
 
 class Agent:
@@ -301,7 +300,7 @@ def stop_on_signal() -> Iterator[threading.Event]:
 
 
 def run_forever(agent: Agent, stop: threading.Event) -> Verdict | None:
-    """Rounds until `stop` is set; between rounds, wait on Xid events (a-health's source:
+    """Rounds until `stop` is set; between rounds, wait on Xid events (`health`'s source:
     NVML events, else /dev/kmsg, else a plain sleep) for at most `Agent.wait_s`."""
     config, api = agent.config, agent.reporter.api
     boot = kmsg.boot_id(agent.host)
@@ -352,8 +351,6 @@ def run_once(agent: Agent, *, deadline_s: float) -> Verdict:
             time.sleep(min(0.5, max(0.05, end - agent.clock())))
     finally:
         agent.stop(only_started=True)
-
-
 
 
 def run_agent(ctx: Context, environ: Mapping[str, str], *, once: bool) -> Verdict:
