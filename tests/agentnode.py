@@ -149,6 +149,13 @@ class AgentNode:
     def log(self) -> str:
         return (self.root / "agent.log").read_text(errors="replace")
 
+    def start_order(self) -> list[str]:
+        """The daemons in the order the agent started them (its log; the stand-ins' own
+        records race each other when two start in one round)."""
+        events = [json.loads(line) for line in self.log().splitlines()
+                  if line.startswith("{")]
+        return [str(e["daemon"]) for e in events if e.get("event") == "daemon started"]
+
 
 def make_node(tmp_path: Path, package: Package, *, sample: str = "gke-cos-a100x8",
               gpus: int = 8, env: dict[str, str] | None = None) -> AgentNode:

@@ -70,7 +70,8 @@ class TestNvswitchNode:
             assert agent.poll() is None
             environ = Path(f"/proc/{node.pid('nv-fabricmanager')}/environ").read_bytes()
             assert f"LD_LIBRARY_PATH={node.install / 'lib64'}".encode() in environ.split(b"\0")
-        assert node.started() == ["nvidia-persistenced", "nv-fabricmanager"]
+        assert node.start_order() == ["nvidia-persistenced", "nv-fabricmanager"]
+        assert sorted(node.started()) == sorted(node.start_order())
         work = node.install / ".agent"
         assert node.argv("nv-fabricmanager") == ["-c", str(work / "fabricmanager.cfg")]
         assert (work / "fabricmanager.cfg").read_text().splitlines() == [
@@ -164,7 +165,7 @@ class TestNvswitchNode:
             wait_for(lambda: node.view().get("ready") is True, 60)
             assert [p.read_bytes() for p in node.ready_files()] == ready_bytes
             assert node.pid("nv-fabricmanager") == fm
-        assert node.started() == ["nvidia-persistenced", "nv-fabricmanager"]  # none twice
+        assert sorted(node.started()) == ["nv-fabricmanager", "nvidia-persistenced"]  # once
         assert '"daemon already running: adopted"' in node.log()
 
     def test_a_package_without_fabric_manager_is_refused(self, tmp_path: Path) -> None:
@@ -201,30 +202,34 @@ class TestNvswitchNode:
         assert done.returncode == 0, done.stderr
         assert "fabric complete: 8 GPUs: 8 completed" in done.stdout
         assert node.pid("nv-fabricmanager") is None  # stopped again
-        assert node.started() == ["nvidia-persistenced", "nv-fabricmanager"]
+        assert sorted(node.started()) == ["nv-fabricmanager", "nvidia-persistenced"]
 
 
 class TestOtherNodes:
     def test_nvlink5_waits_for_the_infiniband_modules_then_starts_both(
-            self, tmp_path: Path, package: Package) -> None:
-        node = make_node(tmp_path, package, env={"FAKE_FM_NEEDS_NVLSM": "1"})
+            self, tmp_path: Path, package: Package, cluster: tuple[str, Cluster]) -> None:
+        url, api = cluster
+        node = make_node(tmp_path, package, env={"FAKE_FM_NEEDS_NVLSM": "1",
+                                                 "IB_MODULES_TIMEOUT": "4"})
         vpd = node.root / "sys/class/infiniband/mlx5_0/device/vpd"
         vpd.parent.mkdir(parents=True)
         vpd.write_bytes(b"\x82\x10NVIDIA ConnectX-7\x90\x08SW_MNG\x00\x78")
-        with node.agent():
+        with node.agent(api=url):
             wait_for(lambda: node.view().get("cause") == "WaitingForInfiniBand", 60)
             assert "mlx5_core, ib_umad" in str(node.view()["reason"])
-            wait_for(lambda: node.started() == ["nvidia-persistenced"], 30)
-            time.sleep(6)  # a round later: still waiting, neither fabric daemon started
-            assert node.view()["cause"] == "WaitingForInfiniBand"
-            assert node.started() == ["nvidia-persistenced"]
+            wait_for(lambda: node.view().get("cause") == "InfiniBandModulesMissing", 60)
+            (event,) = [e for e in api.events if e["reason"] == "InfiniBandModulesMissing"]
+            assert "mlx5_core, ib_umad not loaded" in event["message"]
+            assert node.started() == ["nvidia-persistenced"]  # neither fabric daemon yet
             (node.root / "proc/modules").write_text(
                 "mlx5_core 2375680 1 mlx5_ib, Live 0x0000000000000000\n"
                 "ib_umad 45056 0 - Live 0x0000000000000000\n")
             wait_for(lambda: node.view().get("ready") is True, 60)
             assert node.view()["fabric_kind"] == "nvlink5" and node.ready()
-        assert node.started() == ["nvidia-persistenced", "nvlsm", "nv-fabricmanager"]
-        assert node.argv("nvlsm")[:1] == ["-F"]
+        assert node.start_order() == ["nvidia-persistenced", "nvlsm", "nv-fabricmanager"]
+        assert sorted(node.started()) == sorted(node.start_order())  # what really ran
+        assert node.argv("nvlsm") == ["-F", str(node.install / ".current/etc/nvlsm.conf")]
+        assert '"cause": "WaitingForInfiniBand"' in node.log()  # the wait is logged
 
     def test_a_node_without_nvswitch_runs_only_persistenced(
             self, tmp_path: Path, package: Package) -> None:
