@@ -31,9 +31,11 @@ def agent(ctx: Context, output: str, once: bool, probe: bool) -> None:
 
         found = probe_view(ctx.config, ctx.host)
         emit(found, output)
-        if not found.ready:
-            raise NotReadyError(f"agent view: {found.reason}",
-                                remedy="read the agent container's log on this node")
+        if not found.ready:  # every 10 s while not ready: stderr only, never the container's
+            error = NotReadyError(f"agent view: {found.reason}",  # termination message
+                                  remedy="read the agent container's log on this node")
+            click.echo(error.one_line(), err=True)
+            raise click.exceptions.Exit(error.code)
         return
     from installer.agent.loop import run_agent
 

@@ -268,6 +268,7 @@ class TestProbe:
         node = make_node(tmp_path, package, sample="debian12-l4", gpus=1)
         done = node.run("agent", "--probe")
         assert done.returncode == 12 and "no agent view" in done.stderr
+        assert not (node.root / "termlog").exists()  # a probe is no container's last word
         with node.agent():
             wait_for(lambda: node.view().get("ready") is True, 60)
             done = node.run("agent", "--probe")
