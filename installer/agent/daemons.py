@@ -120,6 +120,9 @@ class Supervisor:
                 exited.append(daemon)
             elif daemon.state == STARTING and now - daemon.started_at >= START_S:
                 daemon.state = RUNNING  # STARTING -> RUNNING: it survived its start
+            elif daemon.state == RUNNING and daemon.failures and \
+                    now - daemon.started_at >= STABLE_S:
+                daemon.failures = 0  # a minute up: it no longer "keeps failing"
             if daemon.state in (STOPPED, BACKOFF, WAITING) and now >= daemon.next_start:
                 if daemon.spec.needs_ib:
                     ib_missing = self.missing_ib() if ib_missing is None else ib_missing
