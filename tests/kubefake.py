@@ -62,10 +62,19 @@ def merge_patch(target: Any, patch: Any) -> Any:
     return result
 
 
-def node_doc(name: str, labels: dict[str, str] | None = None) -> Doc:
-    return {"apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": name, "uid": f"uid-{name}", "labels": dict(labels or {})},
-            "spec": {}}
+def node_doc(name: str, labels: dict[str, str] | None = None, *, ready: bool = True,
+             cordoned: bool = False) -> Doc:
+    """A Node as the API serves it: Ready unless `ready=False` (the kubelet stopped
+    reporting), cordoned by someone else with `cordoned=True`."""
+    doc: Doc = {"apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": name, "uid": f"uid-{name}",
+                             "labels": dict(labels or {})},
+                "spec": {"unschedulable": True} if cordoned else {},
+                "status": {"conditions": [{
+                    "type": "Ready", "status": "True" if ready else "Unknown",
+                    "reason": "KubeletReady" if ready else "NodeStatusUnknown"}]}}
+    validate(doc)
+    return doc
 
 
 def pod_doc(name: str, uid: str, node: str, *, namespace: str = "default",
