@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from installer.compat.nodelabels import OWN_PREFIX, UPGRADE_STATE
+from installer.compat.nodelabels import OWN_PREFIX, UPGRADE_SKIP, UPGRADE_STATE
 from installer.context import Context
 from installer.errors import InstallerError, UpgradeBlockedError, UpgradeTimeoutError
 from installer.node import kmod, kube
@@ -93,6 +93,11 @@ def free_gpus(ctx: Context, package: Package) -> Upgrade | None:
         return None  # refuse: the load stage says who holds the driver (exit 10)
     upgrade.replaces = True  # upgrade.skip was read before anything (installer.upgrade.skip)
     node = _api(lambda: kube.get_node(upgrade.api, upgrade.node))
+    if _labels(node).get(UPGRADE_SKIP) == "true":  # the first read failed; this one did not
+        raise UpgradeBlockedError(f"the node is labelled {UPGRADE_SKIP}=true but the label "
+                                  "could not be read before; nothing was cordoned",
+                                  remedy="rerun: the next run reads the label first and "
+                                         "keeps the driver")
     upgrade.cordoned = _is_ours(node)
     try:
         _free(upgrade, package, other)

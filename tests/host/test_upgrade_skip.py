@@ -173,6 +173,30 @@ class TestSkipLabel:
         assert loaded(node) == V2
 
 
+    def test_a_label_read_late_blocks_before_anything_is_touched(
+            self, scene: tuple[Scene, str]) -> None:
+        """The first read fails (warning), the live upgrade's own read sees the label: it
+        stops there (exit 15, nothing cordoned or evicted); the next run skips."""
+        node, mirror = scene
+        pid = kernel(node).open_device("nvidia", "/dev/nvidia0", "python3", pod_cgroup(UID))
+        cluster = cluster_with(node, pod_doc("train", UID, NODE), holders={"train": pid})
+        skip_label(cluster)
+        cluster.faults[f"GET /api/v1/nodes/{NODE}"] = [503]
+        ready = readiness(node)
+        with kubefake.serve(cluster) as api:
+            blocked = upgrade(node, mirror, api)
+            assert blocked.returncode == UpgradeBlockedError.code, blocked.stderr
+            assert f"{SKIP} not read" in blocked.stderr
+            assert f"labelled {SKIP}=true" in blocked.stderr
+            assert cluster.node()["spec"].get("unschedulable") is None
+            assert readiness(node) == ready and loaded(node) == V1
+            again = upgrade(node, mirror, api)
+        assert again.returncode == 0, again.stderr
+        assert json.loads(again.stdout)["skipped"]["serving"] == V1
+        assert not any(s.startswith(("evict:", "delete:")) for s in cluster.steps())
+        assert "default/train" in cluster.pods and loaded(node) == V1
+
+
 class TestReadinessWithdrawnLate:
     def test_a_refused_plan_never_withdraws_readiness(self, scene: tuple[Scene, str]) -> None:
         """Exit 15 at the plan: readiness stayed in place all along (not withdrawn and put
