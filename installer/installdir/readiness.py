@@ -39,11 +39,17 @@ def clear_readiness(config: Config, roots: Roots) -> None:
     """Withdraw readiness: before the driver or the staged version changes, and when
     verification fails."""
     for path in ready_paths(config, roots):
-        try:
-            path.unlink(missing_ok=True)
-        except OSError as exc:  # a directory in its place: not ours to delete
-            raise StagingError(f"cannot withdraw readiness at {path}: {exc.strerror}",
-                               remedy=f"remove {path.name} by hand and rerun") from None
+        remove_document(path, "withdraw readiness at")
+
+
+def remove_document(path: Path, what: str) -> None:
+    """Remove one of our documents if present; a directory in its place is not ours to
+    delete: StagingError (exit 11) naming it."""
+    try:
+        path.unlink(missing_ok=True)
+    except OSError as exc:
+        raise StagingError(f"cannot {what} {path}: {exc.strerror}",
+                           remedy=f"remove {path.name} by hand and rerun") from None
 
 
 def read_ready(config: Config, host: Host) -> dict[str, Any] | None:

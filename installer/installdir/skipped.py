@@ -13,6 +13,7 @@ from typing import Any
 from installer.config import Config
 from installer.errors import StagingError
 from installer.installdir.layout import SKIPPED_FILE
+from installer.installdir.readiness import remove_document
 from installer.node import kmod
 from installer.node.host import Host, Roots, write_atomic
 from installer.packages.documents import DocumentError, read_document, read_file
@@ -32,12 +33,7 @@ def record(config: Config, roots: Roots, *, wanted: str, serving: str, label: st
 
 def forget(config: Config, roots: Roots) -> None:
     """A run that does not skip: the record, if any, no longer holds."""
-    path = roots.node(config.install_dir) / SKIPPED_FILE
-    try:
-        path.unlink(missing_ok=True)
-    except OSError as exc:  # a directory in its place: not ours to delete
-        raise StagingError(f"cannot remove {path}: {exc.strerror}",
-                           remedy=f"remove {path.name} by hand and rerun") from None
+    remove_document(roots.node(config.install_dir) / SKIPPED_FILE, "remove")
 
 
 def current(config: Config, host: Host) -> dict[str, Any] | None:

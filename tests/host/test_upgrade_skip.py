@@ -14,7 +14,8 @@ from pathlib import Path
 
 import kubefake
 import pytest
-from e2e import Scene, add_version, make_scene, run_cli, standin_env
+from e2e import Scene, make_scene, run_cli, standin_env
+from host import test_upgrade as shared
 from host.test_upgrade import (
     NODE,
     UID,
@@ -34,19 +35,12 @@ from kubefake import Cluster, node_doc, pod_doc
 
 from installer.errors import UpgradeBlockedError, UpgradeTimeoutError
 
+repo = shared.repo  # the fixture: V1 and V2 packages, built once for this module
+
 SKIP = "gpu-node-installer/upgrade.skip"
 STATE = kubefake.STATE
 MANAGED = "gpu-node-installer/driver-version"
 ENV_FILE = "run/nvidia/validations/driver-ready"
-
-
-@pytest.fixture(scope="module")
-def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    base = tmp_path_factory.mktemp("skip-repo")
-    scene = make_scene(base)
-    add_version(scene, V1)
-    add_version(scene, V2)
-    return scene.repo
 
 
 @pytest.fixture
@@ -94,6 +88,14 @@ def skip_label(cluster: Cluster) -> None:
     cluster.node()["metadata"]["labels"][SKIP] = "true"
 
 
+def busy_and_labelled(scene: Scene) -> tuple[Cluster, int]:
+    """A training pod holding the GPU (evicting it ends the process); the node labelled."""
+    pid = kernel(scene).open_device("nvidia", "/dev/nvidia0", "python3", pod_cgroup(UID))
+    cluster = cluster_with(scene, pod_doc("train", UID, NODE), holders={"train": pid})
+    skip_label(cluster)
+    return cluster, pid
+
+
 def assert_kept(scene: Scene, cluster: Cluster, done_stdout: str,
                 before: dict[str, tuple[int, int, int]], ready: tuple[bytes, bytes]) -> None:
     """Exit 0 checked by the caller; V1 serves, nothing of it rewritten, all told."""
@@ -111,18 +113,23 @@ def assert_kept(scene: Scene, cluster: Cluster, done_stdout: str,
     assert report["readiness"]["ready"] is True  # type: ignore[index]
 
 
+def skipped_upgrade(scene: Scene, mirror: str, cluster: Cluster, api: str) -> None:
+    """An evict-policy run on a labelled node: exit 0, V1 kept, only upgrade-skipped set."""
+    before, ready = served(scene), readiness(scene)
+    done = upgrade(scene, mirror, api)
+    assert done.returncode == 0, done.stderr
+    assert_kept(scene, cluster, done.stdout, before, ready)
+    assert cluster.steps() == ["patch:upgrade-skipped:-"]
+
+
 class TestSkipLabel:
     def test_an_idle_node_keeps_its_driver_then_upgrades_once_the_label_goes(
             self, scene: tuple[Scene, str]) -> None:
         node, mirror = scene
         cluster = cluster_with(node)
         skip_label(cluster)
-        before, ready = served(node), readiness(node)
         with kubefake.serve(cluster) as api:
-            done = upgrade(node, mirror, api)
-            assert done.returncode == 0, done.stderr
-            assert_kept(node, cluster, done.stdout, before, ready)
-            assert cluster.steps() == ["patch:upgrade-skipped:-"]
+            skipped_upgrade(node, mirror, cluster, api)
             assert cluster.node()["metadata"]["labels"][STATE] == "upgrade-skipped"
             # the runbook: remove the label, delete the pod (here: run again)
             del cluster.node()["metadata"]["labels"][SKIP]
@@ -136,15 +143,9 @@ class TestSkipLabel:
 
     def test_a_busy_node_keeps_its_driver_and_its_pods(self, scene: tuple[Scene, str]) -> None:
         node, mirror = scene
-        pid = kernel(node).open_device("nvidia", "/dev/nvidia0", "python3", pod_cgroup(UID))
-        cluster = cluster_with(node, pod_doc("train", UID, NODE), holders={"train": pid})
-        skip_label(cluster)
-        before, ready = served(node), readiness(node)
+        cluster, pid = busy_and_labelled(node)
         with kubefake.serve(cluster) as api:
-            done = upgrade(node, mirror, api)
-        assert done.returncode == 0, done.stderr
-        assert_kept(node, cluster, done.stdout, before, ready)
-        assert cluster.steps() == ["patch:upgrade-skipped:-"]
+            skipped_upgrade(node, mirror, cluster, api)
         assert "default/train" in cluster.pods and (node.root / "proc" / str(pid)).exists()
 
     def test_refuse_honours_the_label_without_a_state_label(
@@ -153,9 +154,7 @@ class TestSkipLabel:
         it keeps serving. Nothing else writes upgrade-state under refuse, so neither does
         the skip: only the Event and `status` tell."""
         node, mirror = scene
-        kernel(node).open_device("nvidia", "/dev/nvidia0", "python3", pod_cgroup(UID))
-        cluster = cluster_with(node, pod_doc("train", UID, NODE))
-        skip_label(cluster)
+        cluster, _ = busy_and_labelled(node)
         before, ready = served(node), readiness(node)
         with kubefake.serve(cluster) as api:
             done = install(node, mirror, V2, "--node-name", NODE, "--kube-api", api,
@@ -178,9 +177,7 @@ class TestSkipLabel:
         """The first read fails (warning), the live upgrade's own read sees the label: it
         stops there (exit 15, nothing cordoned or evicted); the next run skips."""
         node, mirror = scene
-        pid = kernel(node).open_device("nvidia", "/dev/nvidia0", "python3", pod_cgroup(UID))
-        cluster = cluster_with(node, pod_doc("train", UID, NODE), holders={"train": pid})
-        skip_label(cluster)
+        cluster, _ = busy_and_labelled(node)
         cluster.faults[f"GET /api/v1/nodes/{NODE}"] = [503]
         ready = readiness(node)
         with kubefake.serve(cluster) as api:
