@@ -159,13 +159,13 @@ class IncompatibleError(InstallerError):
 
 class UpgradeBlockedError(InstallerError):
     """A driver upgrade cannot free the GPUs without harm: a holder is not an evictable pod
-    (a host process, a static or DaemonSet pod), the node is marked to skip, or the API
-    refused (issue 16). Nothing was unloaded."""
+    (a host process, a static or DaemonSet pod), or the API refused (issue 16). Nothing was
+    unloaded. (A node labelled upgrade.skip=true is not an error: it keeps its driver.)"""
 
     code = 15
     slug = "upgrade-blocked"
-    summary = ("driver upgrade blocked: a GPU holder cannot be evicted, the node has the "
-               "upgrade.skip label, or the Kubernetes API refused")
+    summary = ("driver upgrade blocked: a GPU holder cannot be evicted, or the Kubernetes "
+               "API refused")
     default_remedy = ("stop the named holder (or set UPGRADE_RESTART_DAEMONSETS=true for "
                       "DaemonSet pods), or check the installer's RBAC, then rerun")
 

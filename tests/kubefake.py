@@ -62,10 +62,19 @@ def merge_patch(target: Any, patch: Any) -> Any:
     return result
 
 
-def node_doc(name: str, labels: dict[str, str] | None = None) -> Doc:
-    return {"apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": name, "uid": f"uid-{name}", "labels": dict(labels or {})},
-            "spec": {}}
+def node_doc(name: str, labels: dict[str, str] | None = None, *, ready: bool = True,
+             cordoned: bool = False) -> Doc:
+    """A Node as the API serves it: Ready unless `ready=False` (the kubelet stopped
+    reporting), cordoned by someone else with `cordoned=True`."""
+    doc: Doc = {"apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": name, "uid": f"uid-{name}",
+                             "labels": dict(labels or {})},
+                "spec": {"unschedulable": True} if cordoned else {},
+                "status": {"conditions": [{
+                    "type": "Ready", "status": "True" if ready else "Unknown",
+                    "reason": "KubeletReady" if ready else "NodeStatusUnknown"}]}}
+    validate(doc)
+    return doc
 
 
 def pod_doc(name: str, uid: str, node: str, *, namespace: str = "default",
@@ -101,11 +110,13 @@ class Call:
 @dataclass
 class Cluster:
     """The API's objects and script. `evictions[pod] = [429, 429, 201]` answers in turn
-    (then 201); `on_evict(pod)` runs when a pod goes (kubelet's part: kill its processes)."""
+    (then 201); `faults["GET /api/v1/nodes/n"] = [503]` fails that call in turn (then it
+    is served); `on_evict(pod)` runs when a pod goes (kubelet's part: kill its processes)."""
 
     nodes: dict[str, Doc] = field(default_factory=dict)
     pods: dict[str, Doc] = field(default_factory=dict)
     evictions: dict[str, list[int]] = field(default_factory=dict)
+    faults: dict[str, list[int]] = field(default_factory=dict)
     on_evict: Callable[[Doc], None] = lambda pod: None
     observe: Callable[[], str] = lambda: ""
     calls: list[Call] = field(default_factory=list)
@@ -194,6 +205,10 @@ def _route(cluster: Cluster, method: str, url: str, body: Doc | None, content_ty
     split = urlsplit(url)
     parts = split.path.strip("/").split("/")
     query = {k: v[0] for k, v in parse_qs(split.query).items()}
+    fault = cluster.faults.get(f"{method} {split.path}")
+    if fault:
+        code = fault.pop(0)
+        return code, _status(code, "scripted fault"), body
     if parts[:3] == ["api", "v1", "nodes"] and parts[4:] == ["status"]:
         return _node_status(cluster, method, parts[3], body, content_type)
     if parts[:3] == ["api", "v1", "nodes"] and len(parts) == 4:

@@ -197,8 +197,9 @@ SETTINGS: tuple[Setting, ...] = (
             "upgrade; otherwise they block it", "true or false", values.boolean, is_flag=True),
     Setting("upgrade_max_unavailable", "--upgrade-max-unavailable",
             "UPGRADE_MAX_UNAVAILABLE", "1",
-            "nodes that may be upgrading at once: the rollout overlay's maxUnavailable; "
-            "this node waits while that many others are cordoned for an upgrade",
+            "nodes that may be unavailable at once: the rollout overlay's maxUnavailable; "
+            "this node waits while that many other nodes of the installer's are cordoned, "
+            "NotReady or mid-upgrade, for any reason",
             "a whole number >= 1 or a percentage from 1% to 100%", upgrade.max_unavailable),
     # GPU health in the node agent (issue 24; parser in config/health.py)
     Setting("xid_critical", "--xid-critical", "XID_CRITICAL", health.DEFAULT,

@@ -6,6 +6,7 @@
     <install>/.previous -> .versions/<older>  kept for rollback
     <install>/lib64 -> .current/lib64         likewise bin, drivers, firmware
     <install>/.state.json  .ready.json  .lock  .cache/
+    <install>/.skipped.json                  an upgrade the Node's upgrade.skip label held back
     /etc/ld.so.conf.d/gpu-node-installer.conf  /run/nvidia/validations/driver-ready
 
 Paths here are "as seen in this container": the node's path under the host root.
@@ -32,6 +33,7 @@ TOP_LINKS = ("lib64", "bin", "drivers", "firmware")
 STAGED_META = ".staged.json"
 STATE_FILE = ".state.json"
 READY_FILE = ".ready.json"
+SKIPPED_FILE = ".skipped.json"
 LOCK_FILE = ".lock"
 CACHE_DIR = ".cache"
 DRIVER_ROOT_DIR = "usr"  # --driver-root-layout's usr/lib/<multiarch>, usr/lib64, usr/bin

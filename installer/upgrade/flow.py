@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 from installer.compat.nodelabels import OWN_PREFIX, UPGRADE_SKIP, UPGRADE_STATE
 from installer.context import Context
 from installer.errors import InstallerError, UpgradeBlockedError, UpgradeTimeoutError
-from installer.node import kube
+from installer.node import kmod, kube
 from installer.node.holders import find_holders
 from installer.packages.manifest import Package
 from installer.stages import load
@@ -37,12 +37,14 @@ T = TypeVar("T")
 
 @dataclass
 class Upgrade:
-    """The cluster side of one run: the API, this node, whether we hold its cordon."""
+    """The cluster side of one run: the API, this node, whether we hold its cordon, whether
+    the run puts a driver on the node (an idle upgrade or a fresh install: `upgrade-done`)."""
 
     ctx: Context
     api: kube.ApiServer
     node: str
     cordoned: bool = False
+    replaces: bool = False
 
     def log_fields(self) -> dict[str, Any]:
         return {"node": self.node, "cordoned": self.cordoned}
@@ -82,15 +84,20 @@ def free_gpus(ctx: Context, package: Package) -> Upgrade | None:
     """Before `load`: make the GPUs free when another driver holds them, or do nothing."""
     other = load.other_version(ctx.host, package)
     if other is None or not any(load.in_use(*other)):
-        return connect(ctx, required=False)  # `finish` lifts a cordon an earlier run left
+        idle = connect(ctx, required=False)  # `finish` lifts a cordon an earlier run left
+        if idle is not None:
+            idle.replaces = other is not None or kmod.loaded_driver(ctx.host) is None
+        return idle
     upgrade = connect(ctx, required=True)
     if upgrade is None:
         return None  # refuse: the load stage says who holds the driver (exit 10)
+    upgrade.replaces = True  # upgrade.skip was read before anything (installer.upgrade.skip)
     node = _api(lambda: kube.get_node(upgrade.api, upgrade.node))
-    if _labels(node).get(UPGRADE_SKIP) == "true":
-        upgrade.event("DriverUpgradeSkipped", f"{UPGRADE_SKIP}=true: the in-use driver is "
-                      f"kept, {package.manifest.driver_version} is not installed", "Warning")
-        return None  # the load stage refuses, naming the holders
+    if _labels(node).get(UPGRADE_SKIP) == "true":  # the first read failed; this one did not
+        raise UpgradeBlockedError(f"the node is labelled {UPGRADE_SKIP}=true but the label "
+                                  "could not be read before; nothing was cordoned",
+                                  remedy="rerun: the next run reads the label first and "
+                                         "keeps the driver")
     upgrade.cordoned = _is_ours(node)
     try:
         _free(upgrade, package, other)
@@ -199,15 +206,21 @@ def finish(ctx: Context, upgrade: Upgrade | None) -> None:
                         detail=exc.message)
         return
     ours = upgrade.cordoned or _is_ours(node)
-    if not ours and _labels(node).get(UPGRADE_STATE) in (None, DONE):
-        return  # the fast path: nothing of ours to undo
+    if not ours and not upgrade.replaces and _labels(node).get(UPGRADE_STATE) in (None, DONE):
+        return  # the same driver restarted: nothing of ours to undo
+    done = {"metadata": {"labels": {UPGRADE_STATE: DONE}, "annotations": {CORDONED_BY: None}}}
+    if not ours:  # idle, fresh or resumed without our cordon: the label is all there is
+        try:
+            upgrade.state(DONE, done)
+        except UpgradeBlockedError as exc:
+            ctx.log.warning("upgrade-done label not set", detail=exc.message)
+            return
+        upgrade.event("DriverUpgradeDone", "driver validated")
+        return
     with _step(ctx, UNCORDON, uncordon=ours):
         upgrade.state(UNCORDON)
-        spec = {"spec": {"unschedulable": None}} if ours else {}
-        upgrade.state(DONE, {**spec, "metadata": {"labels": {UPGRADE_STATE: DONE},
-                                                  "annotations": {CORDONED_BY: None}}})
-    upgrade.event("DriverUpgradeDone", "driver validated" + ("; node uncordoned" if ours
-                                                             else ""))
+        upgrade.state(DONE, {"spec": {"unschedulable": None}, **done})
+    upgrade.event("DriverUpgradeDone", "driver validated; node uncordoned")
 
 
 def failed(upgrade: Upgrade | None, exc: InstallerError) -> None:

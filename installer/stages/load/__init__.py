@@ -9,6 +9,7 @@ enforcement, GPUs claimed by other drivers, kernel match), only then unload anot
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +21,7 @@ from installer.errors import (
     ModuleInUseError,
     PackageNotFoundError,
 )
+from installer.installdir.readiness import clear_readiness
 from installer.node import interrupts, kmod, syscalls
 from installer.node.holders import processes_using_nvidia as processes_using_nvidia
 from installer.node.host import Host
@@ -105,13 +107,18 @@ def run(ctx: Context) -> LoadResult:
                                    remedy="run `install`, or `load` which fetches first")
     return load_package(ctx.host, package, params=modplan.operator_params(ctx.config),
                         force=ctx.config.force_load,
-                        firmware_dir=f"{ctx.config.install_dir}/firmware", log=ctx.log)
+                        firmware_dir=f"{ctx.config.install_dir}/firmware", log=ctx.log,
+                        withdraw=lambda: clear_readiness(ctx.config, ctx.host.roots))
 
 
 def load_package(host: Host, package: Package, *, params: modplan.Params = (),
                  force: bool = False, firmware_dir: str | None = None,
-                 log: Any = None) -> LoadResult:
-    """Plan, preflight, replace another version if free, load, make device nodes."""
+                 log: Any = None, withdraw: Callable[[], None] = lambda: None) -> LoadResult:
+    """Plan, preflight, replace another version if free, load, make device nodes.
+
+    `withdraw` (readiness) runs once the kernel's driver is about to change (another version
+    unloaded, or modules loaded), never before a refusal: a same-version run and a driver in
+    use keep what serves declared ready."""
     require_module_support(host)
     plan = modplan.plan(host, package, params)
     result = LoadResult(package.manifest.driver_version)
@@ -120,6 +127,12 @@ def load_package(host: Host, package: Package, *, params: modplan.Params = (),
         if log is not None:
             log.warning("preflight", detail=warning)
     with interrupts.deferred():  # SIGTERM never leaves the old driver out, the new half in
+        other = other_version(host, package)
+        if other is not None:
+            check_free(host, *other)  # a refusal withdraws nothing
+        version = package.manifest.driver_version
+        if other is not None or not all(_already_loaded(host, m, version) for m in plan):
+            withdraw()
         result.unloaded = replace_other_version(host, package)
         has_firmware = any(entry.kind == "firmware" for entry in package.manifest.files)
         if has_firmware and firmware_dir:
