@@ -2,11 +2,18 @@
 
 No real API server can run on the test machines, so this one is strict where it matters:
 every body is validated against the Kubernetes schemas bundled with kubernetes-validate
-(Node after applying a merge patch, Eviction, DeleteOptions, Event; the Pods it serves
-too), the bearer token and content types are checked, Evictions answer 201, 429 (a
-PodDisruptionBudget) or 404 as scripted, and every call is recorded in order with the
-Node's `upgrade-state` label and cordon at that moment. Anything it does not know is a 404
-and a recorded error, so a test that forgets to expect a call fails.
+(Node after applying a merge patch, Eviction, DeleteOptions, Event; the Pods and DaemonSets
+it serves too), the bearer token and content types are checked, Evictions answer 201, 429
+(a PodDisruptionBudget), 403 (NamespaceTerminating) or 404 as scripted, and every call is
+recorded in order with the Node's `upgrade-state` label and cordon at that moment. Anything
+it does not know is a 404 and a recorded error, so a test that forgets to expect a call fails.
+
+Pods terminate as on a real cluster: an accepted eviction or delete sets
+`metadata.deletionTimestamp` and `deletionGracePeriodSeconds` (the request's grace period,
+else the pod's `terminationGracePeriodSeconds`, else 30), and the pod leaves the API only
+when its processes exit: at once by default, after `exits_after[pod]` seconds, or, for a
+pod that ignores SIGTERM (`None`), when the whole grace period has passed. `on_evict` (the
+kubelet's part: kill its processes) runs at that moment.
 
 Runs in the test process (host tier) or in the guest (kernel tier: `python -m kubefake`
 is not needed; the guest script imports `serve`).
@@ -17,6 +24,7 @@ from __future__ import annotations
 import copy
 import json
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -70,7 +78,11 @@ def node_doc(name: str, labels: dict[str, str] | None = None) -> Doc:
 
 def pod_doc(name: str, uid: str, node: str, *, namespace: str = "default",
             owner: str | None = "ReplicaSet", annotations: dict[str, str] | None = None,
-            phase: str = "Running") -> Doc:
+            phase: str = "Running", limits: dict[str, str] | None = None,
+            init_limits: dict[str, str] | None = None, empty_dirs: tuple[str, ...] = (),
+            claim: str | None = None, grace: int | None = None) -> Doc:
+    """A valid Pod: `limits` for its container (`init_limits`: an init container's),
+    `empty_dirs` volumes, a DRA `claim` (a ResourceClaim's name), its `grace` period."""
     metadata: Doc = {"name": name, "namespace": namespace, "uid": uid}
     if owner:
         metadata["ownerReferences"] = [{"apiVersion": "apps/v1" if owner != "Node" else "v1",
@@ -78,9 +90,36 @@ def pod_doc(name: str, uid: str, node: str, *, namespace: str = "default",
                                         "uid": f"owner-{uid}", "controller": True}]
     if annotations:
         metadata["annotations"] = annotations
-    doc = {"apiVersion": "v1", "kind": "Pod", "metadata": metadata,
-           "spec": {"nodeName": node, "containers": [{"name": "main", "image": "cuda:12"}]},
+    main: Doc = {"name": "main", "image": "cuda:12"}
+    spec: Doc = {"nodeName": node, "containers": [main]}
+    if limits:
+        main["resources"] = {"limits": limits}
+    if init_limits:
+        spec["initContainers"] = [{"name": "warm-up", "image": "cuda:12",
+                                   "resources": {"limits": init_limits}}]
+    if empty_dirs:
+        spec["volumes"] = [{"name": v, "emptyDir": {}} for v in empty_dirs]
+        main["volumeMounts"] = [{"name": v, "mountPath": f"/{v}"} for v in empty_dirs]
+    if claim:
+        spec["resourceClaims"] = [{"name": "gpu", "resourceClaimName": claim}]
+        main.setdefault("resources", {})["claims"] = [{"name": "gpu"}]
+    if grace is not None:
+        spec["terminationGracePeriodSeconds"] = grace
+    doc = {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec,
            "status": {"phase": phase}}
+    validate(doc)
+    return doc
+
+
+def daemonset_doc(name: str, namespace: str = "default") -> Doc:
+    """A valid apps/v1 DaemonSet (what GET answers for a pod's controller)."""
+    labels = {"app": name}
+    doc = {"apiVersion": "apps/v1", "kind": "DaemonSet",
+           "metadata": {"name": name, "namespace": namespace, "uid": f"ds-{name}"},
+           "spec": {"selector": {"matchLabels": labels},
+                    "template": {"metadata": {"labels": labels},
+                                 "spec": {"containers": [{"name": "main",
+                                                          "image": "agent:1"}]}}}}
     validate(doc)
     return doc
 
@@ -100,12 +139,20 @@ class Call:
 
 @dataclass
 class Cluster:
-    """The API's objects and script. `evictions[pod] = [429, 429, 201]` answers in turn
-    (then 201); `on_evict(pod)` runs when a pod goes (kubelet's part: kill its processes)."""
+    """The API's objects and script. `evictions[pod] = [429, 403, 201]` answers in turn
+    (then 201; 403 is NamespaceTerminating); an eviction in a `terminating_namespaces`
+    namespace always answers that 403, and the first one starts the pod's deletion (the
+    namespace controller's part). `exits_after[pod]`: seconds its processes take to exit
+    once told (None: they ignore SIGTERM until the grace period ends). `on_evict(pod)` runs
+    when a pod goes (kubelet's part: kill its processes). Every DaemonSet that owns a pod
+    given at construction exists unless the test removes it from `daemonsets`."""
 
     nodes: dict[str, Doc] = field(default_factory=dict)
     pods: dict[str, Doc] = field(default_factory=dict)
     evictions: dict[str, list[int]] = field(default_factory=dict)
+    daemonsets: dict[str, Doc] = field(default_factory=dict)
+    exits_after: dict[str, float | None] = field(default_factory=dict)
+    terminating_namespaces: set[str] = field(default_factory=set)
     on_evict: Callable[[Doc], None] = lambda pod: None
     observe: Callable[[], str] = lambda: ""
     calls: list[Call] = field(default_factory=list)
@@ -113,6 +160,15 @@ class Cluster:
     errors: list[str] = field(default_factory=list)
     node_name: str = "gpu-node-1"
     lock: threading.Lock = field(default_factory=threading.Lock)
+    timers: list[threading.Timer] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        for pod in self.pods.values():
+            for owner in pod["metadata"].get("ownerReferences", []):
+                if owner["kind"] == "DaemonSet":
+                    namespace = pod["metadata"]["namespace"]
+                    self.daemonsets.setdefault(f"{namespace}/{owner['name']}",
+                                               daemonset_doc(owner["name"], namespace))
 
     def node(self) -> Doc:
         return self.nodes[self.node_name]
@@ -212,6 +268,12 @@ def _route(cluster: Cluster, method: str, url: str, body: Doc | None, content_ty
         return 201, body, body
     if len(parts) >= 6 and parts[:3] == ["api", "v1", "namespaces"] and parts[4] == "pods":
         return _pod(cluster, method, parts, body)
+    if (len(parts) == 7 and parts[:4] == ["apis", "apps", "v1", "namespaces"]
+            and parts[5] == "daemonsets" and method == "GET"):
+        found = cluster.daemonsets.get(f"{parts[4]}/{parts[6]}")
+        if found is None:
+            return 404, _status(404, f'daemonsets.apps "{parts[6]}" not found'), None
+        return 200, found, None
     cluster.errors.append(f"unexpected {method} {url}")
     return 404, _status(404, "not found"), body
 
@@ -236,6 +298,10 @@ def _pod(cluster: Cluster, method: str, parts: list[str], body: Doc | None
     namespace, name = parts[3], parts[5]
     key = f"{namespace}/{name}"
     pod = cluster.pods.get(key)
+    if parts[6:] == [] and method == "GET":
+        if pod is None:
+            return 404, _status(404, f'pods "{name}" not found'), None
+        return 200, pod, None
     if parts[6:] == ["eviction"] and method == "POST":
         assert body is not None
         validate(body)
@@ -245,8 +311,13 @@ def _pod(cluster: Cluster, method: str, parts: list[str], body: Doc | None
             return 404, _status(404, f"pods {name} not found"), body
         script = cluster.evictions.get(key, [])
         code = script.pop(0) if script else 201
+        if namespace in cluster.terminating_namespaces:
+            code = 403
+            _terminate(cluster, key, None)  # the namespace controller deletes every pod
+        if code == 403:
+            return code, _namespace_terminating(namespace, name), body
         if code == 201:
-            _remove(cluster, key)
+            _terminate(cluster, key, body.get("deleteOptions", {}).get("gracePeriodSeconds"))
         return code, _status(code, "scripted") if code != 201 else body, body
     if parts[6:] == [] and method == "DELETE":
         assert body is not None
@@ -255,15 +326,57 @@ def _pod(cluster: Cluster, method: str, parts: list[str], body: Doc | None
             return 404, _status(404, f"pods {name} not found"), body
         if body.get("preconditions", {}).get("uid") not in (None, pod["metadata"]["uid"]):
             return 409, _status(409, "precondition failed: UID"), body
-        _remove(cluster, key)
-        return 200, pod, body
+        _terminate(cluster, key, body.get("gracePeriodSeconds"))
+        return 200, cluster.pods.get(key, pod), body
     cluster.errors.append(f"unexpected {method} {'/'.join(parts)}")
     return 404, _status(404, "not found"), body
 
 
-def _remove(cluster: Cluster, key: str) -> None:
-    pod = cluster.pods.pop(key)
-    cluster.on_evict(pod)
+def _namespace_terminating(namespace: str, name: str) -> Doc:
+    """What the NamespaceLifecycle admission plugin answers to a create in a namespace
+    being deleted (an eviction is a create of the pods/eviction subresource)."""
+    status = _status(403, f'pods "{name}" is forbidden: unable to create new content in '
+                          f"namespace {namespace} because it is being terminated")
+    status["reason"] = "Forbidden"
+    status["details"] = {"name": name, "kind": "pods", "causes": [
+        {"reason": "NamespaceTerminating", "field": "metadata.namespace",
+         "message": f"namespace {namespace} is being terminated"}]}
+    return status
+
+
+def _terminate(cluster: Cluster, key: str, grace: int | None) -> None:
+    """Start the pod's graceful deletion (once): Terminating until its processes exit."""
+    pod = cluster.pods[key]
+    meta = pod["metadata"]
+    if meta.get("deletionTimestamp"):
+        return  # already terminating: its deletion goes on as it started
+    if grace is None:
+        grace = pod["spec"].get("terminationGracePeriodSeconds", 30)
+    meta["deletionTimestamp"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    meta["deletionGracePeriodSeconds"] = grace
+    validate(pod)
+    exits = cluster.exits_after.get(key, 0.0)
+    delay = grace if exits is None else min(exits, grace)
+    if delay <= 0:
+        _remove(cluster, key, meta["uid"])
+        return
+    timer = threading.Timer(delay, _remove_locked, (cluster, key, meta["uid"]))
+    timer.daemon = True
+    cluster.timers.append(timer)
+    timer.start()
+
+
+def _remove_locked(cluster: Cluster, key: str, uid: str) -> None:
+    with cluster.lock:
+        _remove(cluster, key, uid)
+
+
+def _remove(cluster: Cluster, key: str, uid: str) -> None:
+    """The pod's processes have ended: kubelet's part runs and the API forgets the pod."""
+    pod = cluster.pods.get(key)
+    if pod is not None and pod["metadata"]["uid"] == uid:
+        del cluster.pods[key]
+        cluster.on_evict(pod)
 
 
 def _list(kind: str, items: list[Doc]) -> Doc:
@@ -375,6 +488,8 @@ def serve(cluster: Cluster) -> Iterator[str]:
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}"
     finally:
+        for timer in cluster.timers:
+            timer.cancel()
         server.shutdown()
         server.server_close()
         thread.join(timeout=10)
