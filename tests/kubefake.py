@@ -9,11 +9,8 @@ recorded in order with the Node's `upgrade-state` label and cordon at that momen
 it does not know is a 404 and a recorded error, so a test that forgets to expect a call fails.
 
 Pods terminate as on a real cluster: an accepted eviction or delete sets
-`metadata.deletionTimestamp` and `deletionGracePeriodSeconds` (the request's grace period,
-else the pod's `terminationGracePeriodSeconds`, else 30), and the pod leaves the API only
-when its processes exit: at once by default, after `exits_after[pod]` seconds, or, for a
-pod that ignores SIGTERM (`None`), when the whole grace period has passed. `on_evict` (the
-kubelet's part: kill its processes) runs at that moment.
+`deletionTimestamp` and `deletionGracePeriodSeconds` (the request's, else the pod's own,
+else 30), and the pod leaves the API only when its processes exit (see `Cluster`).
 
 Runs in the test process (host tier) or in the guest (kernel tier: `python -m kubefake`
 is not needed; the guest script imports `serve`).
@@ -360,15 +357,14 @@ def _terminate(cluster: Cluster, key: str, grace: int | None) -> None:
     if delay <= 0:
         _remove(cluster, key, meta["uid"])
         return
-    timer = threading.Timer(delay, _remove_locked, (cluster, key, meta["uid"]))
+    def kubelet() -> None:
+        with cluster.lock:
+            _remove(cluster, key, meta["uid"])
+
+    timer = threading.Timer(delay, kubelet)
     timer.daemon = True
     cluster.timers.append(timer)
     timer.start()
-
-
-def _remove_locked(cluster: Cluster, key: str, uid: str) -> None:
-    with cluster.lock:
-        _remove(cluster, key, uid)
 
 
 def _remove(cluster: Cluster, key: str, uid: str) -> None:

@@ -137,20 +137,8 @@ def plan(holders: Sequence[Holder], pods: Sequence[Pod], *, node: str, rules: Ru
          daemonset_exists: Callable[[Pod], bool]) -> Plan:
     """What to evict, delete or wait for, or UpgradeBlockedError naming every holder and
     pod we must not touch (all at once, so one rerun can fix them all)."""
-    by_uid = {p.uid: p for p in pods} | {p.static_uid: p for p in pods if p.static_uid}
-    result, blocked = Plan(), []
-    chosen: dict[str, tuple[Pod, str]] = {}  # ref -> (pod, why it was chosen)
-    for holder in holders:
-        pod = by_uid.get(holder.pod.pod_uid) if holder.pod else None
-        if holder.pod is None:
-            blocked.append(f"process {holder.pid} ({holder.command}) is not in a pod")
-        elif pod is None:
-            blocked.append(f"process {holder.pid} ({holder.command}) is in pod "
-                           f"{holder.pod.pod_uid}, which the API does not list on {node}")
-        else:
-            chosen.setdefault(pod.ref, (pod, f"process {holder.pid} ({holder.command}) "
-                                             "holds /dev/nvidia*"))
-            result.holders.setdefault(pod.ref, []).append(holder.pid)
+    result = Plan()
+    chosen, blocked = _holders_pods(holders, pods, node, result.holders)
     for pod in pods:
         if pod.ref in chosen or pod.done:
             continue
@@ -173,6 +161,28 @@ def plan(holders: Sequence[Holder], pods: Sequence[Pod], *, node: str, rules: Ru
             + "; nothing was cordoned, evicted or unloaded",
             remedy=_remedy(blocked))
     return result
+
+
+def _holders_pods(holders: Sequence[Holder], pods: Sequence[Pod], node: str,
+                  pids: dict[str, list[int]]
+                  ) -> tuple[dict[str, tuple[Pod, str]], list[str]]:
+    """The holders' pods (ref -> pod, why), filling `pids`; and the holders in no pod the
+    API lists, which nothing but their owner can stop."""
+    by_uid = {p.uid: p for p in pods} | {p.static_uid: p for p in pods if p.static_uid}
+    chosen: dict[str, tuple[Pod, str]] = {}
+    blocked = []
+    for holder in holders:
+        pod = by_uid.get(holder.pod.pod_uid) if holder.pod else None
+        if holder.pod is None:
+            blocked.append(f"process {holder.pid} ({holder.command}) is not in a pod")
+        elif pod is None:
+            blocked.append(f"process {holder.pid} ({holder.command}) is in pod "
+                           f"{holder.pod.pod_uid}, which the API does not list on {node}")
+        else:
+            chosen.setdefault(pod.ref, (pod, f"process {holder.pid} ({holder.command}) "
+                                             "holds /dev/nvidia*"))
+            pids.setdefault(pod.ref, []).append(holder.pid)
+    return chosen, blocked
 
 
 def _decide(pod: Pod, *, held: bool, rules: Rules, daemonset_exists: Callable[[Pod], bool]
