@@ -13,7 +13,8 @@ Pods terminate as on a real cluster: an accepted eviction or delete sets
 else 30), and the pod leaves the API only when its processes exit (see `Cluster`).
 
 Runs in the test process (host tier) or in the guest (kernel tier: `python -m kubefake`
-is not needed; the guest script imports `serve`).
+is not needed; the guest script imports `serve`). The documents it serves, and the schema
+check, are in tests/kubedocs.py.
 """
 
 from __future__ import annotations
@@ -31,94 +32,14 @@ from urllib.parse import parse_qs, urlsplit
 
 import jsonschema
 import kubernetes_validate
-from kubernetes_validate.utils import schema_contents
-from referencing import Registry, Resource
+from kubedocs import VERSION as VERSION
+from kubedocs import Doc, merge_patch, namespace_terminating, validate, validate_delete_options
+from kubedocs import daemonset_doc as daemonset_doc
+from kubedocs import node_doc as node_doc
+from kubedocs import pod_doc as pod_doc
 
-VERSION = "1.33.0"
 TOKEN = "upgrade-test-token"
 STATE = "gpu-node-installer/upgrade-state"
-Doc = dict[str, Any]
-
-
-def validate(doc: Doc) -> None:
-    """Strictly valid for Kubernetes VERSION (an unknown or misspelt field fails)."""
-    kubernetes_validate.validate(doc, VERSION, strict=True)
-
-
-def validate_delete_options(doc: Doc) -> None:
-    """meta/v1 DeleteOptions (kubernetes-validate has no kind lookup for it)."""
-    directory = f"kubernetes-json-schema/v{VERSION}-local-strict"
-    schema = schema_contents(f"{directory}/deleteoptions-meta-v1.json", VERSION)
-    defs = schema_contents(f"{directory}/_definitions.json", VERSION)
-    registry = Resource.from_contents(defs) @ (Resource.from_contents(schema) @ Registry())
-    jsonschema.validators.Draft202012Validator(schema, registry=registry).validate(doc)
-
-
-def merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386: what the API server does with application/merge-patch+json."""
-    if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    result = copy.deepcopy(target) if isinstance(target, dict) else {}
-    for key, value in patch.items():
-        if value is None:
-            result.pop(key, None)
-        else:
-            result[key] = merge_patch(result.get(key), value)
-    return result
-
-
-def node_doc(name: str, labels: dict[str, str] | None = None) -> Doc:
-    return {"apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": name, "uid": f"uid-{name}", "labels": dict(labels or {})},
-            "spec": {}}
-
-
-def pod_doc(name: str, uid: str, node: str, *, namespace: str = "default",
-            owner: str | None = "ReplicaSet", annotations: dict[str, str] | None = None,
-            phase: str = "Running", limits: dict[str, str] | None = None,
-            init_limits: dict[str, str] | None = None, empty_dirs: tuple[str, ...] = (),
-            claim: str | None = None, grace: int | None = None) -> Doc:
-    """A valid Pod: `limits` for its container (`init_limits`: an init container's),
-    `empty_dirs` volumes, a DRA `claim` (a ResourceClaim's name), its `grace` period."""
-    metadata: Doc = {"name": name, "namespace": namespace, "uid": uid}
-    if owner:
-        metadata["ownerReferences"] = [{"apiVersion": "apps/v1" if owner != "Node" else "v1",
-                                        "kind": owner, "name": f"{name}-owner",
-                                        "uid": f"owner-{uid}", "controller": True}]
-    if annotations:
-        metadata["annotations"] = annotations
-    main: Doc = {"name": "main", "image": "cuda:12"}
-    spec: Doc = {"nodeName": node, "containers": [main]}
-    if limits:
-        main["resources"] = {"limits": limits}
-    if init_limits:
-        spec["initContainers"] = [{"name": "warm-up", "image": "cuda:12",
-                                   "resources": {"limits": init_limits}}]
-    if empty_dirs:
-        spec["volumes"] = [{"name": v, "emptyDir": {}} for v in empty_dirs]
-        main["volumeMounts"] = [{"name": v, "mountPath": f"/{v}"} for v in empty_dirs]
-    if claim:
-        spec["resourceClaims"] = [{"name": "gpu", "resourceClaimName": claim}]
-        main.setdefault("resources", {})["claims"] = [{"name": "gpu"}]
-    if grace is not None:
-        spec["terminationGracePeriodSeconds"] = grace
-    doc = {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec,
-           "status": {"phase": phase}}
-    validate(doc)
-    return doc
-
-
-def daemonset_doc(name: str, namespace: str = "default") -> Doc:
-    """A valid apps/v1 DaemonSet (what GET answers for a pod's controller)."""
-    labels = {"app": name}
-    doc = {"apiVersion": "apps/v1", "kind": "DaemonSet",
-           "metadata": {"name": name, "namespace": namespace, "uid": f"ds-{name}"},
-           "spec": {"selector": {"matchLabels": labels},
-                    "template": {"metadata": {"labels": labels},
-                                 "spec": {"containers": [{"name": "main",
-                                                          "image": "agent:1"}]}}}}
-    validate(doc)
-    return doc
 
 
 @dataclass
@@ -312,7 +233,7 @@ def _pod(cluster: Cluster, method: str, parts: list[str], body: Doc | None
             code = 403
             _terminate(cluster, key, None)  # the namespace controller deletes every pod
         if code == 403:
-            return code, _namespace_terminating(namespace, name), body
+            return code, namespace_terminating(namespace, name), body
         if code == 201:
             _terminate(cluster, key, body.get("deleteOptions", {}).get("gracePeriodSeconds"))
         return code, _status(code, "scripted") if code != 201 else body, body
@@ -327,18 +248,6 @@ def _pod(cluster: Cluster, method: str, parts: list[str], body: Doc | None
         return 200, cluster.pods.get(key, pod), body
     cluster.errors.append(f"unexpected {method} {'/'.join(parts)}")
     return 404, _status(404, "not found"), body
-
-
-def _namespace_terminating(namespace: str, name: str) -> Doc:
-    """What the NamespaceLifecycle admission plugin answers to a create in a namespace
-    being deleted (an eviction is a create of the pods/eviction subresource)."""
-    status = _status(403, f'pods "{name}" is forbidden: unable to create new content in '
-                          f"namespace {namespace} because it is being terminated")
-    status["reason"] = "Forbidden"
-    status["details"] = {"name": name, "kind": "pods", "causes": [
-        {"reason": "NamespaceTerminating", "field": "metadata.namespace",
-         "message": f"namespace {namespace} is being terminated"}]}
-    return status
 
 
 def _terminate(cluster: Cluster, key: str, grace: int | None) -> None:
