@@ -195,6 +195,15 @@ SETTINGS: tuple[Setting, ...] = (
             "UPGRADE_RESTART_DAEMONSETS", "false",
             "delete DaemonSet pods that hold the GPUs (device plugin, exporters) during an "
             "upgrade; otherwise they block it", "true or false", values.boolean, is_flag=True),
+    Setting("upgrade_force", "--upgrade-force", "UPGRADE_FORCE", "false",
+            "evict pods that no controller recreates (bare pods, pods whose DaemonSet is "
+            "gone) when the upgrade must move them, as kubectl drain --force; otherwise they "
+            "block it", "true or false", values.boolean, is_flag=True),
+    Setting("upgrade_delete_emptydir_data", "--upgrade-delete-emptydir-data",
+            "UPGRADE_DELETE_EMPTYDIR_DATA", "false",
+            "evict pods with emptyDir volumes (their data is lost) when the upgrade must "
+            "move them, as kubectl drain --delete-emptydir-data; otherwise they block it",
+            "true or false", values.boolean, is_flag=True),
     Setting("upgrade_max_unavailable", "--upgrade-max-unavailable",
             "UPGRADE_MAX_UNAVAILABLE", "1",
             "nodes that may be unavailable at once: the rollout overlay's maxUnavailable; "
@@ -258,6 +267,8 @@ class Config:
     upgrade_timeout: float = 900.0
     upgrade_grace_period: int | None = None
     upgrade_restart_daemonsets: bool = False
+    upgrade_force: bool = False
+    upgrade_delete_emptydir_data: bool = False
     upgrade_max_unavailable: str = "1"
     xid_critical: tuple[int, ...] = health.GKE_CRITICAL
 

@@ -26,7 +26,7 @@ from installer.node import kmod, kube
 from installer.node.holders import find_holders
 from installer.packages.manifest import Package
 from installer.stages import load
-from installer.upgrade import evictions, rollout
+from installer.upgrade import evictions, rollout, selection
 
 CORDONED_BY = f"{OWN_PREFIX}/cordoned-by"  # annotation: this installer cordoned the node
 REQUIRED, CORDON, POD_DELETION = "upgrade-required", "cordon-required", "pod-deletion-required"
@@ -124,7 +124,7 @@ def _free(upgrade: Upgrade, package: Package, other: load.OtherVersion) -> None:
         upgrade.state(CORDON)
         cordon(upgrade)
     plan = _plan(upgrade, other)  # again: a pod may have started before the cordon held
-    with _step(ctx, POD_DELETION, pods=len(plan.evict) + len(plan.delete)):
+    with _step(ctx, POD_DELETION, pods=len(plan.going)):
         upgrade.state(POD_DELETION)
         grace = config.upgrade_grace_period
         _api(lambda: evictions.evict_all(upgrade.api, plan.evict, grace_s=grace,
@@ -132,13 +132,14 @@ def _free(upgrade: Upgrade, package: Package, other: load.OtherVersion) -> None:
                                          on_event=upgrade.event))
         _api(lambda: evictions.delete_all(upgrade.api, plan.delete, grace_s=grace,
                                           on_event=upgrade.event))
+        _api(lambda: evictions.wait_gone(upgrade.api, plan.going, deadline=deadline))
         wait_free(ctx, package, deadline=deadline, interval=interval)
     upgrade.event("DriverUpgradeGpusFreed", "no process holds /dev/nvidia* any more; "
                   f"unloading {_loaded(other)} and installing {wanted}")
     upgrade.state(VALIDATION)
 
 
-def _plan(upgrade: Upgrade, other: load.OtherVersion) -> evictions.Plan:
+def _plan(upgrade: Upgrade, other: load.OtherVersion) -> selection.Plan:
     """The pods to evict, or UpgradeBlockedError when evicting pods cannot free the GPUs."""
     ctx, config = upgrade.ctx, upgrade.ctx.config
     foreign, _ = load.in_use(*other)
@@ -146,10 +147,13 @@ def _plan(upgrade: Upgrade, other: load.OtherVersion) -> evictions.Plan:
         raise UpgradeBlockedError(f"modules of another driver are held by "
                                   f"{', '.join(foreign)}; evicting pods cannot free them")
     holders = find_holders(ctx.host)
-    pods = [evictions.pod_from_api(p)
+    pods = [selection.pod_from_api(p)
             for p in _api(lambda: kube.pods_on_node(upgrade.api, upgrade.node))]
-    plan = evictions.plan(holders, pods, node=upgrade.node, policy=config.upgrade_policy,
-                          restart_daemonsets=config.upgrade_restart_daemonsets)
+    rules = selection.Rules(config.upgrade_policy, config.upgrade_restart_daemonsets,
+                            config.upgrade_force, config.upgrade_delete_emptydir_data)
+    plan = selection.plan(holders, pods, node=upgrade.node, rules=rules, daemonset_exists=(
+        lambda pod: _api(lambda: kube.daemonset_exists(upgrade.api, pod.namespace,
+                                                        pod.owner_name))))
     if not holders:
         raise UpgradeBlockedError(
             "the loaded driver is in use, but no process in this PID namespace has "

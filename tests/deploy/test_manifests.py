@@ -320,7 +320,7 @@ class TestOverlays:
                    if r["metadata"]["name"] == "gpu-node-installer-upgrade"]
         assert _granted(role) == {("", "pods", "get"), ("", "pods", "list"),
                                   ("", "pods", "delete"), ("", "pods/eviction", "create"),
-                                  ("", "nodes", "list")}
+                                  ("", "nodes", "list"), ("apps", "daemonsets", "get")}
         (binding,) = [b for b in of_kind(docs, "ClusterRoleBinding")
                       if b["roleRef"]["name"] == "gpu-node-installer-upgrade"]
         account = one(docs, "ServiceAccount", "gpu-node-installer")
