@@ -195,6 +195,11 @@ SETTINGS: tuple[Setting, ...] = (
             "UPGRADE_RESTART_DAEMONSETS", "false",
             "delete DaemonSet pods that hold the GPUs (device plugin, exporters) during an "
             "upgrade; otherwise they block it", "true or false", values.boolean, is_flag=True),
+    Setting("upgrade_pause_operator", "--upgrade-pause-operator", "UPGRADE_PAUSE_OPERATOR",
+            "false", "beside gpu-operator: pause its GPU DaemonSets on this node during an "
+            "upgrade (each nvidia.com/gpu.deploy.<component>=true label becomes "
+            "paused-for-driver-upgrade until the new driver is verified)", "true or false",
+            values.boolean, is_flag=True),
     Setting("upgrade_max_unavailable", "--upgrade-max-unavailable",
             "UPGRADE_MAX_UNAVAILABLE", "1",
             "nodes that may be upgrading at once: the rollout overlay's maxUnavailable; "
@@ -251,6 +256,7 @@ class Config:
     upgrade_timeout: float = 900.0
     upgrade_grace_period: int | None = None
     upgrade_restart_daemonsets: bool = False
+    upgrade_pause_operator: bool = False
     upgrade_max_unavailable: str = "1"
 
 

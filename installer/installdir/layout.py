@@ -5,7 +5,7 @@
     <install>/.current  -> .versions/<name>   switched by one rename(2)
     <install>/.previous -> .versions/<older>  kept for rollback
     <install>/lib64 -> .current/lib64         likewise bin, drivers, firmware
-    <install>/.state.json  .ready.json  .lock  .cache/
+    <install>/.state.json  .ready.json  .devnodes.json  .lock  .cache/
     /etc/ld.so.conf.d/gpu-node-installer.conf  /run/nvidia/validations/driver-ready
 
 Paths here are "as seen in this container": the node's path under the host root.
@@ -32,6 +32,7 @@ TOP_LINKS = ("lib64", "bin", "drivers", "firmware")
 STAGED_META = ".staged.json"
 STATE_FILE = ".state.json"
 READY_FILE = ".ready.json"
+DEVNODES_FILE = ".devnodes.json"  # the /dev nodes the load stage made (stages/load/devnodes)
 LOCK_FILE = ".lock"
 CACHE_DIR = ".cache"
 DRIVER_ROOT_DIR = "usr"  # --driver-root-layout's usr/lib/<multiarch>, usr/lib64, usr/bin
