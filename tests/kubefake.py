@@ -362,18 +362,30 @@ def _daemonsets_reconcile(cluster: Cluster) -> None:
 
 
 def _later(cluster: Cluster, daemonset: DaemonSet, delay: float) -> None:
-    """The controller's next sync: one pod if the node matches and none is there."""
-    def sync() -> None:
-        with cluster.lock:
-            node = cluster.nodes.get(cluster.node_name, {})
-            if not daemonset.selects(node) or any(daemonset.owns(p)
-                                                  for p in cluster.pods.values()):
-                return
-            pod = daemonset.new_pod(cluster.node_name)
-            cluster.pods[f"{daemonset.namespace}/{pod['metadata']['name']}"] = pod
-        daemonset.on_create(pod)
+    """The controller's next sync: one pod if the node matches and none is there. With no
+    delay it happens within the request that removed the pod (under the lock: the
+    controller always wins the race against the caller's next look)."""
+    def sync() -> Doc | None:
+        node = cluster.nodes.get(cluster.node_name, {})
+        if not daemonset.selects(node) or any(daemonset.owns(p)
+                                              for p in cluster.pods.values()):
+            return None
+        pod = daemonset.new_pod(cluster.node_name)
+        cluster.pods[f"{daemonset.namespace}/{pod['metadata']['name']}"] = pod
+        return pod
 
-    timer = threading.Timer(delay, sync)
+    def locked() -> None:
+        with cluster.lock:
+            pod = sync()
+        if pod is not None:
+            daemonset.on_create(pod)
+
+    if delay <= 0:
+        pod = sync()
+        if pod is not None:
+            daemonset.on_create(pod)
+        return
+    timer = threading.Timer(delay, locked)
     timer.daemon = True
     timer.start()
 

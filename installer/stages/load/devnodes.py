@@ -36,7 +36,8 @@ _CAP_MODE_RE = re.compile(r"^DeviceFileMode:\s*(\d+)", re.M)
 # CAP_MKNOD cannot start while they are withdrawn. In creation order (uvm last).
 GATE = ("nvidiactl", "nvidia-uvm-tools", "nvidia-uvm")
 _MAX_RECORD_BYTES = 64 * 1024
-Identity = tuple[int, int, int]  # major, minor, inode: "the node we made is still there"
+# major, minor, inode, ctime (ns): "the node we made is still there, untouched"
+Identity = tuple[int, int, int, int]
 
 
 @dataclass(frozen=True)
@@ -140,7 +141,7 @@ def ensure_nodes(host: Host, nodes: list[DeviceNode], *, hold: Collection[str] =
             existed = current is not None or path.exists() or path.is_symlink()
             host.mknod_char(path, node.major, node.minor, node.mode)
             (result.replaced if existed else result.created).append(node.name)
-            owned[node.name] = _identity(host, path) or (node.major, node.minor, -1)
+            owned[node.name] = _identity(host, path) or (node.major, node.minor, -1, -1)
         _ensure_char_link(host, dev, node)
     if record is not None:
         _write_record(host, record, owned)
@@ -168,7 +169,8 @@ def remove_uvm_nodes(host: Host) -> list[str]:
 
 def withdraw(host: Host, record: Path, names: Collection[str] = GATE) -> list[str]:
     """Remove those of `names` that are still the nodes this installer made (same boot,
-    numbers and inode) and their /dev/char links; a node someone else made stays."""
+    numbers, inode and change time) and their /dev/char links; a node someone else made
+    (or changed) stays."""
     owned = read_record(host, record)
     removed = []
     for name in names:
@@ -199,9 +201,9 @@ def read_record(host: Host, record: Path) -> dict[str, Identity]:
     nodes = data.get("nodes")
     if not isinstance(nodes, dict):
         return {}
-    return {str(name): (ident[0], ident[1], ident[2]) for name, ident in nodes.items()
-            if isinstance(ident, list) and len(ident) == 3
-            and all(isinstance(n, int) for n in ident)}
+    return {str(name): (ident[0], ident[1], ident[2], ident[3])
+            for name, ident in nodes.items() if isinstance(ident, list) and len(ident) == 4
+            and all(isinstance(n, int) and not isinstance(n, bool) for n in ident)}
 
 
 def _write_record(host: Host, record: Path, owned: dict[str, Identity]) -> None:
@@ -217,9 +219,10 @@ def _identity(host: Host, path: Path) -> Identity | None:
     if numbers is None:
         return None
     try:
-        return numbers[0], numbers[1], path.lstat().st_ino
+        info = path.lstat()
     except OSError:
         return None
+    return numbers[0], numbers[1], info.st_ino, info.st_ctime_ns
 
 
 def _boot_id(host: Host) -> str:
