@@ -197,7 +197,7 @@ SETTINGS: tuple[Setting, ...] = (
             "upgrade; otherwise they block it", "true or false", values.boolean, is_flag=True),
     Setting("upgrade_pause_operator", "--upgrade-pause-operator", "UPGRADE_PAUSE_OPERATOR",
             "false", "beside gpu-operator: pause its GPU DaemonSets on this node during an "
-            "upgrade (each nvidia.com/gpu.deploy.<component>=true label becomes "
+            "upgrade (each nvidia.com/gpu.deploy.* label that is true becomes "
             "paused-for-driver-upgrade until the new driver is verified)", "true or false",
             values.boolean, is_flag=True),
     Setting("upgrade_max_unavailable", "--upgrade-max-unavailable",
