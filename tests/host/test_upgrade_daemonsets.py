@@ -16,9 +16,10 @@ import threading
 import time
 from collections.abc import Callable
 
+import host.test_upgrade as base
 import kubefake
 from e2e import Scene
-from host.test_upgrade import (  # noqa: F401 (repo, scene: fixtures used by name)
+from host.test_upgrade import (
     DS_UID,
     NODE,
     UID,
@@ -28,8 +29,6 @@ from host.test_upgrade import (  # noqa: F401 (repo, scene: fixtures used by nam
     kernel,
     loaded,
     pod_cgroup,
-    repo,
-    scene,
     upgrade,
 )
 from kubefake import Cluster, DaemonSet, add_daemonset, node_doc, pod_doc
@@ -37,6 +36,7 @@ from kubefake import Cluster, DaemonSet, add_daemonset, node_doc, pod_doc
 from installer.errors import UpgradeTimeoutError
 from installer.stages.load.devnodes import GATE
 
+repo, scene = base.repo, base.scene  # the same fixtures: a node serving V1, a mirror
 PLUGIN = ("kube-system", "nvidia-gpu-device-plugin")
 DEPLOY = "nvidia.com/gpu.deploy."
 OPERATOR_LABELS = {f"{DEPLOY}device-plugin": "true", f"{DEPLOY}dcgm-exporter": "true",
