@@ -15,6 +15,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from subprocess import CompletedProcess
 
 import host.test_upgrade as base
 import kubefake
@@ -29,6 +30,7 @@ from host.test_upgrade import (
     kernel,
     loaded,
     pod_cgroup,
+    reasons,
     upgrade,
 )
 from kubefake import Cluster, DaemonSet, add_daemonset, node_doc, pod_doc
@@ -125,25 +127,30 @@ def plugin_cluster(node: Scene, kubelet: Kubelet, start: Callable[[dict[str, obj
     return cluster, daemonset
 
 
-def reasons(cluster: Cluster) -> list[str]:
-    return [e["reason"] for e in cluster.events]
+def upgrade_beside_plugin(node: Scene, mirror: str, timeout: str
+                          ) -> tuple[CompletedProcess[str], Cluster, DaemonSet,
+                                     GkeDevicePlugin]:
+    """Upgrade to V2 with GKE's device plugin holding V1 and deleted along the way; once
+    the installer has exited, wait (bounded) for a held replacement to pass its gate."""
+    kubelet = Kubelet(node)
+    plugin = GkeDevicePlugin(kubelet)
+    cluster, daemonset = plugin_cluster(node, kubelet, plugin.start)
+    with kubefake.serve(cluster) as api:
+        done = upgrade(node, mirror, api, "--upgrade-restart-daemonsets",
+                       "--upgrade-timeout", timeout)
+        plugin.installer_done.set()
+        deadline = time.monotonic() + 30
+        while done.returncode == 0 and not plugin.saw and time.monotonic() < deadline:
+            time.sleep(0.05)
+    plugin.join()
+    return done, cluster, daemonset, plugin
 
 
 class TestDevicePluginGate:
     def test_the_recreated_plugin_waits_at_its_gate_until_v2_is_verified(
             self, scene: tuple[Scene, str]) -> None:
         node, mirror = scene
-        kubelet = Kubelet(node)
-        plugin = GkeDevicePlugin(kubelet)
-        cluster, daemonset = plugin_cluster(node, kubelet, plugin.start)
-        with kubefake.serve(cluster) as api:
-            done = upgrade(node, mirror, api, "--upgrade-restart-daemonsets",
-                           "--upgrade-timeout", "20")
-            plugin.installer_done.set()
-            deadline = time.monotonic() + 30
-            while not plugin.saw and time.monotonic() < deadline:
-                time.sleep(0.05)
-        plugin.join()
+        done, cluster, daemonset, plugin = upgrade_beside_plugin(node, mirror, "20")
         assert done.returncode == 0, done.stderr
         assert cluster.errors == []
         assert cluster.states()[-1] == "upgrade-done"
@@ -174,13 +181,7 @@ class TestDevicePluginGate:
             other = path.with_name(f".{name}.other")
             other.write_text(path.read_text())
             os.replace(other, path)
-        kubelet = Kubelet(node)
-        plugin = GkeDevicePlugin(kubelet)
-        cluster, daemonset = plugin_cluster(node, kubelet, plugin.start)
-        with kubefake.serve(cluster) as api:
-            done = upgrade(node, mirror, api, "--upgrade-restart-daemonsets",
-                           "--upgrade-timeout", "3")
-        plugin.join()
+        done, cluster, daemonset, plugin = upgrade_beside_plugin(node, mirror, "3")
         assert done.returncode == UpgradeTimeoutError.code, done.stderr
         back = f"{PLUGIN[0]}/{daemonset.made[1]}"
         assert f"in pod {back}, which DaemonSet {PLUGIN[0]}/{PLUGIN[1]} recreated after " \
