@@ -7,7 +7,8 @@ evict, wait until the device files are free. `install` then unloads, loads, stag
 verifies and signals; `finish` uncordons. The Node's `<prefix>/upgrade-state` label names
 each step (NVIDIA's upgrade states) and an Event tells each one. On failure the node keeps
 its cordon, the label says `upgrade-failed` and an Event says why; the old driver still
-serves unless the holders were already gone and the unload happened.
+serves unless the holders were already gone and the unload happened. GPU DaemonSets, whose
+pods come straight back, are held away until the new driver is verified (`daemonsets`).
 """
 
 from __future__ import annotations
