@@ -8,6 +8,7 @@ downloaded and extracted with `dpkg-deb -x`, never installed.
     nvidia_debs()              -> {"libcuda1": Path(.deb), ...} for 535.261.03
     nvidia_tree()              -> the extracted tree (libraries in LIB_DIR)
     nvidia_debs("535.309.01")  -> the security update, a second real version for upgrade tests
+    persistenced_deb()         -> Debian's nvidia-persistenced .deb (its own version, 535.171.04)
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ USER_PACKAGES = ("libcuda1", "libnvidia-ml1", "nvidia-smi", "libnvidia-ptxjitcom
                  "libnvidia-nvvm4")
 SOURCE_PACKAGES = ("nvidia-kernel-source",)
 LIB_DIR = "usr/lib/x86_64-linux-gnu/nvidia/current"
+# Debian packages the persistence daemon apart from the driver, at its own version (contrib)
+PERSISTENCED_VERSION = "535.171.04"
+PERSISTENCED_DEBIAN_VERSION = "535.171.04-1~deb12u1"
 
 
 def cache_root() -> Path:
@@ -74,6 +78,19 @@ def nvidia_debs(version: str = DEFAULT_VERSION, *, with_source: bool = False
         raise RuntimeError(f"missing NVIDIA debs {sorted(missing)} in cache; delete "
                            f"{cache_root() / 'debs' / version} and retry")
     return found
+
+
+def persistenced_deb() -> Path:
+    """Debian bookworm's real nvidia-persistenced .deb, downloaded on first use."""
+    dest = cache_root() / "debs" / "nvidia-persistenced" / PERSISTENCED_DEBIAN_VERSION
+    with _locked("debs-nvidia-persistenced"):
+        if not dest.is_dir():
+            _download(("nvidia-persistenced",), PERSISTENCED_DEBIAN_VERSION, dest)
+    found = sorted(dest.glob("nvidia-persistenced_*.deb"))
+    if len(found) != 1:
+        raise RuntimeError(f"expected one nvidia-persistenced .deb in {dest}; delete it and "
+                           "retry")
+    return found[0]
 
 
 def nvidia_tree(version: str = DEFAULT_VERSION) -> Path:

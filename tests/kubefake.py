@@ -196,6 +196,8 @@ def _route(cluster: Cluster, method: str, url: str, body: Doc | None, content_ty
     split = urlsplit(url)
     parts = split.path.strip("/").split("/")
     query = {k: v[0] for k, v in parse_qs(split.query).items()}
+    if parts[:3] == ["api", "v1", "nodes"] and parts[4:] == ["status"]:
+        return _node_status(cluster, method, parts[3], body, content_type)
     if parts[:3] == ["api", "v1", "nodes"] and len(parts) == 4:
         return _node(cluster, method, parts[3], body, content_type)
     if parts == ["api", "v1", "nodes"] and method == "GET":
@@ -388,6 +390,91 @@ def _later(cluster: Cluster, daemonset: DaemonSet, delay: float) -> None:
     timer = threading.Timer(delay, locked)
     timer.daemon = True
     timer.start()
+
+
+# --- The Node's status subresource (issue 24: GPU health conditions) -----------------------
+# PATCH /api/v1/nodes/<n>/status with a strategic merge patch, as kubelet and
+# node-problem-detector send theirs: only `status` may be patched; `status.conditions` is
+# merged by its key `type` (an element `{"type": t, "$patch": "delete"}` removes that
+# condition); any other list is replaced, nested maps merge. Anything else (another content
+# type, another directive, a condition without `type`) is refused and recorded.
+
+SMP = "application/strategic-merge-patch+json"
+_MERGE_KEYS = {"conditions": "type", "addresses": "type"}
+
+
+class PatchRefused(Exception):
+    """The real API server would refuse this patch (400)."""
+
+
+def strategic_merge(target: Any, patch: Any, key: str = "") -> Any:
+    """The part of Kubernetes' strategic merge patch the Node status uses (see above)."""
+    if isinstance(patch, list) and key in _MERGE_KEYS:
+        return _merge_list(target if isinstance(target, list) else [], patch, _MERGE_KEYS[key])
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = copy.deepcopy(target) if isinstance(target, dict) else {}
+    for name, value in patch.items():
+        if name.startswith("$"):
+            raise PatchRefused(f"unsupported directive {name!r}")
+        if value is None:
+            result.pop(name, None)
+        else:
+            result[name] = strategic_merge(result.get(name), value, name)
+    return result
+
+
+def _merge_list(target: list[Any], patch: list[Any], merge_key: str) -> list[Any]:
+    result = copy.deepcopy(target)
+    for element in patch:
+        if not isinstance(element, dict) or merge_key not in element:
+            raise PatchRefused(f"map: {element!r} does not contain declared merge key: "
+                               f"{merge_key}")
+        at = next((i for i, e in enumerate(result) if e.get(merge_key) == element[merge_key]),
+                  None)
+        directive = element.get("$patch")
+        if directive == "delete":
+            if set(element) != {merge_key, "$patch"}:
+                raise PatchRefused(f"a $patch: delete element holds more than its key: {element}")
+            if at is not None:
+                result.pop(at)
+            continue
+        if directive is not None:
+            raise PatchRefused(f"unsupported $patch {directive!r}")
+        merged = strategic_merge(result[at] if at is not None else {}, element)
+        if at is None:
+            result.append(merged)
+        else:
+            result[at] = merged
+    return result
+
+
+def _node_status(cluster: Cluster, method: str, name: str, body: Doc | None,
+                 content_type: str) -> tuple[int, Doc, Doc | None]:
+    if name not in cluster.nodes:
+        return 404, _status(404, f"nodes {name} not found"), body
+    if method == "GET":
+        return 200, cluster.nodes[name], None
+    if method != "PATCH" or content_type != SMP:
+        cluster.errors.append(f"{method} node status with {content_type}")
+        return 415, _status(415, "unsupported"), body
+    if not isinstance(body, dict) or set(body) != {"status"}:
+        cluster.errors.append(f"node status patch touches more than status: {body}")
+        return 400, _status(400, "only status may be patched here"), body
+    try:
+        patched = strategic_merge(cluster.nodes[name], body)
+    except PatchRefused as exc:
+        cluster.errors.append(f"PATCH node status: {exc}")
+        return 400, _status(400, str(exc)), body
+    validate(patched)
+    cluster.nodes[name] = patched
+    return 200, patched, body
+
+
+def conditions(cluster: Cluster, node: str | None = None) -> dict[str, Doc]:
+    """The Node's status conditions by type."""
+    found = cluster.nodes[node or cluster.node_name].get("status", {}).get("conditions", [])
+    return {c["type"]: c for c in found}
 
 
 @contextmanager

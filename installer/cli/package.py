@@ -61,6 +61,16 @@ _OUT = click.Path(path_type=Path)
 @click.option("--debian-mirror", envvar="GNI_DEBIAN_MIRROR",
               help="the Debian mirror --build-root auto installs from "
                    "[default: http://deb.debian.org/debian]")
+@click.option("--fabricmanager", type=_IN_FILE,
+              help="NVIDIA Fabric Manager for NVSwitch/NVLink5 nodes: NVIDIA's fabricmanager-"
+                   "linux-<arch>-<version>-archive.tar.xz, its .deb or nv-fabricmanager; "
+                   "must be the driver's version")
+@click.option("--nvlsm", type=_IN_FILE,
+              help="NVIDIA's NVLink Subnet Manager for NVLink5 nodes: nvlsm-linux-<arch>-"
+                   "<version>-archive.tar.xz, its .deb or the nvlsm executable")
+@click.option("--persistenced", type=_IN_FILE,
+              help="the persistence daemon: Debian's nvidia-persistenced .deb or the "
+                   "nvidia-persistenced executable")
 @click.option("--driver-version", help="driver version (default: read from the inputs)")
 @click.option("--kernel-release", help="kernel release (default: the modules' vermagic)")
 @click.option("--flavour", type=click.Choice(["open", "proprietary", "both"]),
@@ -125,6 +135,9 @@ def package_build(output: str, os_id: str | None, os_version_id: str | None,
     options["kernel_headers"], options["patches"] = (tuple(options["kernel_headers"]),
                                                      tuple(options["patches"]))
     signing = SigningOptions(sign_key, sign_cert, sign_hash, signatures, resign)
+    options["daemons"] = tuple((name, path) for name, path in (
+        ("nv-fabricmanager", options.pop("fabricmanager")), ("nvlsm", options.pop("nvlsm")),
+        ("nvidia-persistenced", options.pop("persistenced"))) if path is not None)
     sources = tuple(options.pop("nvidia_sources"))
     result = build_packages(BuildRequest(os=os_match or None, output=output_dir,
                                          signing=signing, **options), sources)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from installer.config import upgrade, values
+from installer.config import health, upgrade, values
 from installer.config.modparams import ModuleParam as ModuleParam
 from installer.config.modparams import parse_module_param as parse_module_param
 from installer.config.modparams import read_params_file
@@ -205,6 +205,12 @@ SETTINGS: tuple[Setting, ...] = (
             "nodes that may be upgrading at once: the rollout overlay's maxUnavailable; "
             "this node waits while that many others are cordoned for an upgrade",
             "a whole number >= 1 or a percentage from 1% to 100%", upgrade.max_unavailable),
+    # GPU health in the node agent (issue 24; parser in config/health.py)
+    Setting("xid_critical", "--xid-critical", "XID_CRITICAL", health.DEFAULT,
+            "Xids that set the node condition gpu-node-installer/XidCriticalError and post "
+            "an XIDError Event (48 always; default: GKE's set)",
+            "Xid numbers separated by commas or spaces, none of NVIDIA's application errors "
+            "13, 31, 43, 45, 68, 109", health.xid_list),
 )
 
 SETTINGS_BY_NAME = {setting.name: setting for setting in SETTINGS}
@@ -258,6 +264,7 @@ class Config:
     upgrade_restart_daemonsets: bool = False
     upgrade_pause_operator: bool = False
     upgrade_max_unavailable: str = "1"
+    xid_critical: tuple[int, ...] = health.GKE_CRITICAL
 
 
 def _raw_value(setting: Setting, flags: Mapping[str, Any], environ: Mapping[str, str]

@@ -11,6 +11,7 @@ import platform
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from installer.node import fabric as _fabric
 from installer.node import kmod, pci
 from installer.node.host import Host
 from installer.node.osinfo import OsInfo, read_os_info
@@ -43,6 +44,7 @@ class NodeInfo:
     loaded_driver: kmod.LoadedDriver | None
     security: Security
     notes: tuple[str, ...] = field(default=())
+    fabric: _fabric.FabricFacts = field(default=_fabric.FabricFacts("none"))
 
     @property
     def gpus(self) -> list[pci.PciFunction]:
@@ -68,6 +70,7 @@ class NodeInfo:
             "security": {**asdict(self.security),
                          "requires_signed_modules": self.security.requires_signed_modules},
             "notes": list(self.notes),
+            "fabric": self.fabric.to_dict(),
         }
 
     def to_json(self) -> str:
@@ -80,13 +83,15 @@ class NodeInfo:
 
     def log_fields(self) -> dict[str, Any]:
         return {"os": self.os.id, "kernel": self.kernel_release, "gpus": len(self.gpus),
-                "nvswitches": len(self.nvswitches),
+                "nvswitches": len(self.nvswitches), "fabric": self.fabric.kind,
                 "loaded_driver": self.loaded_driver.version if self.loaded_driver else None}
 
 
 def detect_node(host: Host) -> NodeInfo:
     """Read everything detect reports from the host seam."""
     functions = tuple(pci.scan(host))
+    fabric = _fabric.read_fabric_facts(host, nvswitch_functions=len(
+        [f for f in functions if f.kind == pci.KIND_NVSWITCH]))
     return NodeInfo(
         os=read_os_info(host),
         kernel_release=_kernel_release(host),
@@ -94,7 +99,8 @@ def detect_node(host: Host) -> NodeInfo:
         functions=functions,
         loaded_driver=kmod.loaded_driver(host),
         security=read_security(host),
-        notes=tuple(_binding_notes(functions)),
+        notes=tuple(_binding_notes(functions)) + tuple(_fabric_notes(fabric)),
+        fabric=fabric,
     )
 
 
@@ -146,3 +152,11 @@ def _binding_notes(functions: tuple[pci.PciFunction, ...]) -> list[str]:
             notes.append(f"GPU {function.pci_address} is bound to vfio-pci (passed through to "
                          "a VM): it will not be usable by containers on this node")
     return notes
+
+
+def _fabric_notes(fabric: _fabric.FabricFacts) -> list[str]:
+    """An InfiniBand VPD we could not read may hide an NVLink5 node: say so."""
+    if not fabric.unreadable_vpd or fabric.kind == "nvlink5":
+        return []
+    return [f"cannot read the VPD of InfiniBand device(s) {', '.join(fabric.unreadable_vpd)}: "
+            "an NVLink5 node (needs Fabric Manager) may go unrecognised; run privileged"]

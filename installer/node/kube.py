@@ -1,8 +1,9 @@
-"""A minimal Kubernetes API client: this node (labels, cordon), its pods, evictions, Events.
+"""A minimal Kubernetes API client: this node (labels, cordon, conditions), pods, Events.
 
 A handful of calls, so no client library: `requests` with the pod's service-account token
 (re-read on every call, since kubelet rotates it) and the cluster CA. Used by the signal
-stage and by the upgrade flow (`installer.upgrade.flow`), hence a shared room. Imported
+stage, the upgrade flow (`installer.upgrade.flow`) and the agent's GPU health
+(`installer.agent.health`: a node condition), hence a shared room. Imported
 only when a node name is configured, so `import installer.cli` never loads `requests`.
 """
 
@@ -94,6 +95,24 @@ def patch_node_labels(api: ApiServer, node: str, labels: Mapping[str, str]) -> N
 def patch_node(api: ApiServer, node: str, body: Mapping[str, Any]) -> None:
     """One JSON merge patch of the Node (null values remove keys)."""
     api.call("PATCH", f"/api/v1/nodes/{node}", body, "application/merge-patch+json")
+
+
+def patch_node_status(api: ApiServer, node: str, conditions: list[dict[str, Any]]) -> None:
+    """Set or delete (`{"type": t, "$patch": "delete"}`) some of the Node's conditions.
+
+    Conditions live in the status subresource. A strategic merge patch merges
+    `status.conditions` by `type`, as kubelet and node-problem-detector write theirs, so
+    only the conditions named here change and no one else's are read back and overwritten.
+    """
+    api.call("PATCH", f"/api/v1/nodes/{node}/status", {"status": {"conditions": conditions}},
+             "application/strategic-merge-patch+json")
+
+
+def node_conditions(api: ApiServer, node: str) -> list[dict[str, Any]]:
+    """The Node's status.conditions as the API returns them (no type checked)."""
+    status = get_node(api, node).get("status")
+    found = status.get("conditions") if isinstance(status, dict) else None
+    return [c for c in found if isinstance(c, dict)] if isinstance(found, list) else []
 
 
 def get_node(api: ApiServer, node: str) -> dict[str, Any]:

@@ -32,7 +32,8 @@ def node_text(node: NodeInfo) -> str:
         lines.append(f"  {gpu.pci_address}  {gpu.device_id}  {gpu.name:<22} {gpu.architecture:<13}"
                      f" driver={gpu.driver:<9} numa={numa} flavours={'/'.join(gpu.flavours)}")
     if node.nvswitches:
-        lines.append(f"NVSwitches:      {len(node.nvswitches)} (need Fabric Manager)")
+        lines.append(f"NVSwitches:      {len(node.nvswitches)}")
+    lines.append(f"Fabric:          {node.fabric.text}")
     if not node.gpus:
         lines.append("  no NVIDIA GPU on this node")
     lines.extend(f"Note: {note}" for note in node.notes)

@@ -16,6 +16,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from installer.errors import IntegrityError
+from installer.packages.daemons import DaemonEntry, daemons_to_dict, parse_daemons
 from installer.packages.documents import read_document
 from installer.packages.ima import ImaEntry, ima_to_list, parse_ima
 from installer.packages.modules import ModuleEntry as ModuleEntry
@@ -43,7 +44,7 @@ _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 _OS_KEYS = ("id", "version_id", "build_id")
 _TOP_KEYS = {"schema_version", "driver_version", "kernel_release", "arch", "flavour", "os",
              "files", "modules"}
-_OPTIONAL_TOP_KEYS = frozenset({"links", "signatures", "provenance", "ima"})
+_OPTIONAL_TOP_KEYS = frozenset({"links", "signatures", "provenance", "ima", "daemons"})
 _FILE_KEYS = {"path", "size", "sha256", "mode", "kind"}
 _LINK_KEYS = {"path", "target"}
 
@@ -93,6 +94,11 @@ class Manifest:
     signatures: tuple[SignatureEntry, ...] = ()  # who signed which module (optional)
     provenance: dict[str, Any] | None = None  # what compiled modules were made from
     ima: tuple[ImaEntry, ...] = ()  # firmware staged with a security.ima signature
+    daemons: tuple[DaemonEntry, ...] = ()  # Fabric Manager, NVLSM, persistenced (optional)
+
+    def daemon(self, name: str) -> DaemonEntry | None:
+        """The daemon of that name the package carries, or None."""
+        return next((d for d in self.daemons if d.name == name), None)
 
     def file(self, relpath: str) -> FileEntry:
         """The entry for a path, or KeyError."""
@@ -306,6 +312,7 @@ def manifest_from_dict(obj: Any) -> Manifest:
         provenance=provenance_of(obj, _fail),
         ima=parse_ima(obj.get("ima", []), {f.path for f in files if f.kind == "firmware"},
                       _fail),
+        daemons=parse_daemons(obj.get("daemons", {}), files, _fail),
     )
 
 
@@ -345,6 +352,8 @@ def manifest_to_dict(manifest: Manifest) -> dict[str, Any]:
         data["provenance"] = manifest.provenance
     if manifest.ima:
         data["ima"] = ima_to_list(manifest.ima)
+    if manifest.daemons:
+        data["daemons"] = daemons_to_dict(manifest.daemons, manifest.files)
     return data
 
 

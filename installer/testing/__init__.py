@@ -59,6 +59,42 @@ class PciSpec:
 
 
 @dataclass(frozen=True)
+class IbSpec:
+    """One InfiniBand function (a ConnectX port): its ib device name, PCI address and the
+    VPD bytes sysfs shows (`switch_vpd` names the NVLink5 switch management port)."""
+
+    name: str
+    address: str
+    vpd: bytes
+    device: int = 0x1021  # ConnectX-7
+
+
+def vpd_bytes(ident: str, **keywords: str) -> bytes:
+    """A PCI VPD image: identifier string, VPD-R keywords with the RV checksum, end tag."""
+    ident_data = ident.encode("ascii")
+    body = b"".join(key.encode("ascii") + bytes([len(value)]) + value.encode("ascii")
+                    for key, value in keywords.items())
+    head = bytes([0x82]) + len(ident_data).to_bytes(2, "little") + ident_data
+    read_only_len = len(body) + 4
+    partial = head + bytes([0x90]) + read_only_len.to_bytes(2, "little") + body + b"RV\x01"
+    checksum = (-sum(partial)) & 0xFF  # all bytes up to and including RV sum to zero
+    return partial + bytes([checksum, 0x78])
+
+
+def switch_vpd(serial: str = "MT2412X00001") -> bytes:
+    """The VPD of an NVLink5 system's switch management port, as NVIDIA's detection reads
+    it (`SW_MNG` in the part's name)."""
+    return vpd_bytes("NVIDIA ConnectX-7 SW_MNG", PN="SW_MNG-CX7", EC="A1", SN=serial,
+                     V0="PCIeGen5 x4", V2="SW_MNG")
+
+
+def nic_vpd(serial: str = "MT2410X00042") -> bytes:
+    """An ordinary ConnectX-7 NIC's VPD (no switch management)."""
+    return vpd_bytes("NVIDIA ConnectX-7 HHHL adapter card, 400GbE / NDR IB", PN="MCX75310AAS",
+                     EC="A7", SN=serial, V0="PCIeGen5 x16")
+
+
+@dataclass(frozen=True)
 class NodeSpec:
     """A node fixture: OS, kernel and PCI functions, plus optional security state."""
 
@@ -71,6 +107,7 @@ class NodeSpec:
     secure_boot: bool | None = None
     lockdown: str | None = "[none] integrity confidentiality"
     extra_files: dict[str, str] = field(default_factory=dict)
+    infiniband: tuple[IbSpec, ...] = ()
 
 
 def _gpu(address: str, device: int, numa: int = 0, driver: str | None = "nvidia") -> PciSpec:
@@ -116,6 +153,12 @@ SAMPLE_NODES: dict[str, NodeSpec] = {
     "debian12-future-gpu": NodeSpec(
         os="debian-12", kernel="6.1.0-26-cloud-amd64",
         pci=(_gpu("0000:00:06.0", 0x2F00, driver=None),)),
+    "ubuntu-b200x8": NodeSpec(
+        os="ubuntu-22.04", kernel="6.8.0-1015-nvidia",
+        pci=(_HOST_BRIDGE, *(_gpu(f"0000:{bus}:00.0", 0x2901, numa=i // 4)
+                             for i, bus in enumerate(_H100_BUSES))),
+        infiniband=(IbSpec("mlx5_0", "0000:1a:00.0", nic_vpd()),
+                    IbSpec("mlx5_1", "0000:3c:00.0", switch_vpd()))),
     "debian12-no-gpu": NodeSpec(
         os="debian-12", kernel="6.1.0-26-cloud-amd64", pci=(_HOST_BRIDGE, _VIRTIO_NET)),
 }
@@ -150,6 +193,8 @@ def build_node(root: Path, spec: NodeSpec) -> Path:
     (root / "dev").mkdir(exist_ok=True)
     for function in spec.pci:
         _write_pci_function(sys_root, function)
+    for port in spec.infiniband:
+        _write_infiniband(sys_root, port)
     return root
 
 
@@ -168,6 +213,21 @@ def _write_pci_function(sys_root: Path, spec: PciSpec) -> None:
         driver_dir = sys_root / "bus" / "pci" / "drivers" / spec.driver
         driver_dir.mkdir(parents=True, exist_ok=True)
         (device_dir / "driver").symlink_to(os.path.relpath(driver_dir, device_dir))
+
+
+def _write_infiniband(sys_root: Path, spec: IbSpec) -> None:
+    """A Mellanox PCI function with its VPD, and class/infiniband/<name> linking to the ib
+    device under it, whose `device` links back to the PCI function (sysfs's layout)."""
+    _write_pci_function(sys_root, PciSpec(spec.address, spec.device, 0x020700, driver=None,
+                                          vendor=0x15B3))
+    device_dir = sys_root / "devices" / f"pci{spec.address[:4]}:00" / spec.address
+    (device_dir / "vpd").write_bytes(spec.vpd)
+    ib_dir = device_dir / "infiniband" / spec.name
+    ib_dir.mkdir(parents=True)
+    (ib_dir / "device").symlink_to(os.path.relpath(device_dir, ib_dir))
+    link = sys_root / "class" / "infiniband" / spec.name
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(os.path.relpath(ib_dir, link.parent))
 
 
 def main(argv: list[str]) -> int:

@@ -287,7 +287,7 @@ class TestDaemonSet:
         roles = of_kind(render(f"overlays/{overlay}"), "ClusterRole")
         (role,) = [r for r in roles if r["metadata"]["name"] == "gpu-node-installer"]
         assert _granted(role) == {("", "nodes", "get"), ("", "nodes", "patch"),
-                                  ("", "events", "create"),
+                                  ("", "nodes/status", "patch"), ("", "events", "create"),
                                   ("events.k8s.io", "events", "create")}
         assert len(roles) == (2 if overlay == "live-upgrade" else 1)
         assert not of_kind(render(f"overlays/{overlay}"), "Role")

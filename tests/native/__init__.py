@@ -9,22 +9,31 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 NVML_SONAME = "libnvidia-ml.so.1"
 CUDA_SONAME = "libcuda.so.1"
+NVML_SOURCES = ("nvml_standin.c", "nvml_standin_fabric.c")
 
 
-def compile_library(source: str, dest: Path, soname: str, *defines: str) -> Path:
-    """gcc a stand-in into `dest` with the real library's SONAME (well under a second)."""
+def compile_library(source: str | tuple[str, ...], dest: Path, soname: str,
+                    *defines: str) -> Path:
+    """gcc a stand-in (one C file or several) into `dest` with the real library's SONAME
+    (well under a second)."""
+    sources = (source,) if isinstance(source, str) else source
     gcc = shutil.which("gcc")
     if gcc is None:
         raise RuntimeError("gcc is missing: run `make deps` (scripts/install-deps.sh)")
     dest.parent.mkdir(parents=True, exist_ok=True)
     subprocess.run([gcc, "-shared", "-fPIC", "-O1", "-Wall", "-Werror", *defines,
-                    f"-Wl,-soname,{soname}", "-o", str(dest), str(HERE / source)], check=True)
+                    f"-Wl,-soname,{soname}", "-o", str(dest), *(str(HERE / s) for s in sources)],
+                   check=True)
     return dest
 
 
-def build_standins(lib_dir: Path, *, omit_driver_version: bool = False) -> Path:
-    """Both stand-ins in one directory, named by their SONAMEs (as a staged lib64 is)."""
-    defines = ("-DOMIT_DRIVER_VERSION",) if omit_driver_version else ()
-    compile_library("nvml_standin.c", lib_dir / NVML_SONAME, NVML_SONAME, *defines)
+def build_standins(lib_dir: Path, *, omit_driver_version: bool = False,
+                   omit_fabric_v: bool = False) -> Path:
+    """Both stand-ins in one directory, named by their SONAMEs (as a staged lib64 is).
+
+    `omit_fabric_v`: an NVML without nvmlDeviceGetGpuFabricInfoV (drivers before R550)."""
+    defines = (("-DOMIT_DRIVER_VERSION",) if omit_driver_version else ()) + (
+        ("-DOMIT_FABRIC_V",) if omit_fabric_v else ())
+    compile_library(NVML_SOURCES, lib_dir / NVML_SONAME, NVML_SONAME, *defines)
     compile_library("cuda_standin.c", lib_dir / CUDA_SONAME, CUDA_SONAME)
     return lib_dir

@@ -17,16 +17,32 @@
  *   FAKE_NVML_DEVICE_ERROR  "<index>:<code>": nvmlDeviceGetHandleByIndex fails there
  *   FAKE_NVML_ECC           "unsupported" makes nvmlDeviceGetEccMode return NOT_SUPPORTED
  *   FAKE_NVML_PENDING_PAGES "1": retired pages pending on every GPU
- *   FAKE_NVML_FABRIC_STATE  NVSwitch fabric state of every GPU (default 3, completed)
- * Built with -DOMIT_DRIVER_VERSION it lacks nvmlSystemGetDriverVersion (NVML error 13).
+ *   FAKE_NVML_FABRIC_STATE  NVSwitch fabric state of every GPU (default 3, completed), for
+ *                           GPUs the fabric file does not name
+ *   FAKE_NVML_FABRIC_FILE   per-GPU fabric, re-read on every call: line i is GPU i's
+ *                           "<state> <status> [healthMask]" (state as NVML's 0..3:
+ *                           not-supported, not-started, in-progress, completed; status an
+ *                           NVML return code), or "unsupported" (the call itself returns
+ *                           NOT_SUPPORTED, as on pre-Hopper GPUs). The daemon stand-ins
+ *                           (tests/native/daemons.py) rewrite it atomically.
+ *   FAKE_NVML_PERSISTENCE_FILE  persistence mode is enabled while this file holds "1"
+ *                           (nvidia-persistenced's stand-in writes it); unset: enabled
+ *   FAKE_NVML_EVENTS        "unsupported": no event types supported (Xid falls back to kmsg)
+ *   FAKE_NVML_XID_FILE      Xid events: lines "<gpu index> <xid>" appended to it; each line
+ *                           is delivered once across all processes (the consumed byte offset
+ *                           is kept in "<file>.delivered") by nvmlEventSetWait(_v2) to an
+ *                           event set registered for nvmlEventTypeXidCriticalError on that
+ *                           GPU; Wait sleeps in 20 ms steps up to its timeout, then returns
+ *                           NVML_ERROR_TIMEOUT (10)
+ * The fabric and Xid event parts live in nvml_standin_fabric.c (compiled into the same library).
+ * Built with -DOMIT_DRIVER_VERSION it lacks nvmlSystemGetDriverVersion (NVML error 13);
+ * with -DOMIT_FABRIC_V it lacks nvmlDeviceGetGpuFabricInfoV (callers fall back).
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-typedef int nvmlReturn_t;
-typedef struct { int index; } gpu_t;
-typedef gpu_t *nvmlDevice_t;
+#include "nvml_standin.h"
 
 typedef struct {
     char busIdLegacy[16];
@@ -36,20 +52,20 @@ typedef struct {
 
 typedef struct { unsigned long long total, free, used; } nvmlMemory_t;
 
-static gpu_t gpus[64];
-static int initialized;
+gpu_t gpus[64];
+int initialized;
 
-static int env_int(const char *name, int fallback) {
+int env_int(const char *name, int fallback) {
     const char *value = getenv(name);
     return value && *value ? atoi(value) : fallback;
 }
 
-static const char *env_str(const char *name, const char *fallback) {
+const char *env_str(const char *name, const char *fallback) {
     const char *value = getenv(name);
     return value && *value ? value : fallback;
 }
 
-static int gpu_count(void) {
+int gpu_count(void) {
     int count = env_int("FAKE_NVML_GPUS", 1);
     return count < 0 ? 0 : (count > 64 ? 64 : count);
 }
@@ -96,7 +112,9 @@ nvmlReturn_t nvmlShutdown(void) {
 const char *nvmlErrorString(nvmlReturn_t result) {
     switch (result) {
     case 0: return "Success";
+    case 3: return "Not Supported";
     case 9: return "Driver Not Loaded";
+    case 10: return "Timeout";
     case 12: return "NVML Shared Library Not Found";
     case 13: return "Function Not Found";
     case 15: return "GPU is lost";
@@ -138,6 +156,12 @@ nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *dev
     }
     gpus[index].index = (int)index;
     *device = &gpus[index];
+    return 0;
+}
+
+nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index) {
+    if (!initialized) return 1;
+    *index = (unsigned int)device->index;
     return 0;
 }
 
@@ -212,7 +236,15 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) 
 
 nvmlReturn_t nvmlDeviceGetPersistenceMode(nvmlDevice_t device, int *mode) {
     (void)device;
+    const char *path = getenv("FAKE_NVML_PERSISTENCE_FILE");
     *mode = 1;
+    if (path && *path) {
+        FILE *file = fopen(path, "r");
+        int value = 0;
+        if (!file || fscanf(file, "%d", &value) != 1) value = 0;
+        if (file) fclose(file);
+        *mode = value == 1;
+    }
     return 0;
 }
 
@@ -234,19 +266,5 @@ nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t device, unsigned int *corr,
                                        unsigned int *failure) {
     (void)device;
     *corr = 0; *unc = 0; *pending = 0; *failure = 0;
-    return 0;
-}
-
-typedef struct {
-    unsigned char clusterUuid[16];
-    nvmlReturn_t status;
-    unsigned int cliqueId;
-    unsigned int state;
-} nvmlGpuFabricInfo_t;
-
-nvmlReturn_t nvmlDeviceGetGpuFabricInfo(nvmlDevice_t device, nvmlGpuFabricInfo_t *info) {
-    (void)device;
-    memset(info, 0, sizeof *info);
-    info->state = (unsigned int)env_int("FAKE_NVML_FABRIC_STATE", 3);
     return 0;
 }

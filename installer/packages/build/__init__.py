@@ -22,6 +22,7 @@ import structlog
 
 from installer.packages.build.buildroot import AUTO, check_privileges
 from installer.packages.build.compile import Compiled, CompileRequest, compile_modules
+from installer.packages.build.daemons import DaemonInput, check_versions, merge, read_daemon
 from installer.packages.build.inputs import (
     OPEN_LICENSES,
     ModuleInfo,
@@ -88,6 +89,7 @@ class BuildRequest:
     build_root_cache: Path | None = None
     debian_mirror: str | None = None
     ima: tuple[tuple[str, bytes], ...] = ()  # (firmware file name, IMA signature)
+    daemons: tuple[tuple[str, Path], ...] = ()  # (nv-fabricmanager|nvlsm|..., its input)
 
 
 @dataclass(frozen=True)
@@ -136,6 +138,7 @@ def build(request: BuildRequest) -> BuildResult:
     with tempfile.TemporaryDirectory(prefix="gni-build-") as work:
         roots = _user_trees(request, Path(work))
         picked, links = pick_user_files(roots, request.arch)
+        daemons = _daemons(request, Path(work))
         modules_dir, provenance = request.modules_dir, None
         if request.nvidia_source is not None:
             compiled = _compile(request, Path(work) / "compile", picked)
@@ -143,12 +146,15 @@ def build(request: BuildRequest) -> BuildResult:
         modules = scan_modules(modules_dir) if modules_dir else []
         _check_contents(request.arch, picked, modules)
         identity = _identity(request, picked, modules)
+        check_versions(daemons, identity.driver_version)
         load_order(modules)  # a cycle is refused before anything is written
         destination = _destination(request, identity)
         modules, signatures = apply(request.signing, modules, Path(work))
-        manifest, data = write_package(destination, identity, request.arch, request.os, picked,
-                                       links, modules, load_order(modules), signatures,
-                                       provenance, ima=dict(request.ima), repo=request.repo)
+        manifest, data = write_package(destination, identity, request.arch, request.os,
+                                       merge(picked, daemons), links, modules,
+                                       load_order(modules), signatures, provenance,
+                                       ima=dict(request.ima), repo=request.repo,
+                                       daemons=tuple(d.entry() for d in daemons))
     digest = sha256_hex(data)
     tarball = write_tarball(destination, request.tarball) if request.tarball else None
     index, aliases = (update_index(request.repo, manifest, digest, request.aliases)
@@ -187,9 +193,14 @@ def check_request(request: BuildRequest) -> None:
             raise _fail(f"--alias {alias!r} is not default, latest or a branch like 535")
     if request.aliases and request.repo is None:
         raise _fail("--alias needs --repo (aliases live in the repository's index.json)")
-    for path in (*request.debs, *request.trees, *request.run_files):
+    for path in (*request.debs, *request.trees, *request.run_files,
+                 *(source for _, source in request.daemons)):
         if not path.exists():
             raise _fail(f"input {path} does not exist")
+    if request.daemons and request.nvidia_source is not None and not request.kernel_headers:
+        raise _fail("a source package carries no daemons (--fabricmanager, --nvlsm, "
+                    "--persistenced)", remedy="build packages for kernels (--kernel-headers) "
+                    "with the daemons, or leave them out")
     check_options(request.signing)
     _check_source_package(request)
     check_keys(request.signing)
@@ -239,6 +250,12 @@ def _user_trees(request: BuildRequest, work: Path) -> list[Path]:
         extract_run(run_file, target)
         roots.append(target)
     return roots
+
+
+def _daemons(request: BuildRequest, work: Path) -> list[DaemonInput]:
+    """Each daemon input unpacked into its own folder of `work`, its files picked."""
+    return [read_daemon(name, source, work / f"daemon-{name}", request.arch)
+            for name, source in request.daemons]
 
 
 def _compile(request: BuildRequest, work: Path, picked: list[Picked]) -> Compiled:

@@ -34,6 +34,7 @@ from installer.packages.build.inputs import (
     PackageBuildError,
     Picked,
 )
+from installer.packages.daemons import DaemonEntry
 from installer.packages.ima import ImaEntry
 from installer.packages.manifest import (
     MANIFEST_NAME,
@@ -71,8 +72,8 @@ def write_package(destination: Path, identity: Identity, arch: str,
                   os_info: dict[str, str] | None, picked: list[Picked], links: list[LinkEntry],
                   modules: list[ModuleInfo], ordered: list[ModuleInfo],
                   signatures: tuple[SignatureEntry, ...], provenance: dict[str, Any] | None,
-                  *, ima: Mapping[str, bytes] | None = None, repo: Path | None = None
-                  ) -> tuple[Manifest, bytes]:
+                  *, ima: Mapping[str, bytes] | None = None, repo: Path | None = None,
+                  daemons: tuple[DaemonEntry, ...] = ()) -> tuple[Manifest, bytes]:
     """Copy and hash every file into a temp dir beside `destination`, then swap it in
     (with `repo`: after withdrawing an index entry that names other contents for it)."""
     destination.parent.mkdir(parents=True, exist_ok=True)
@@ -89,7 +90,8 @@ def write_package(destination: Path, identity: Identity, arch: str,
                 1, identity.driver_version, identity.kernel_release, arch,
                 identity.flavour, os_info, tuple(entries),
                 tuple(ModuleEntry(m.name, f"modules/{m.path.name}", m.depends, {})
-                      for m in ordered), tuple(links), signatures, provenance, ima_entries)))
+                      for m in ordered), tuple(links), signatures, provenance, ima_entries,
+                daemons)))
             data = dump_manifest(manifest)
             (tmp / MANIFEST_NAME).write_bytes(data)
             tmp.chmod(0o755)

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 from installer.context import Context
 from installer.errors import NO_SPACE, DiskFullError, IntegrityError, StagingError, free_bytes
 from installer.installdir import ownership
+from installer.installdir.daemons import staged_record
 from installer.installdir.layout import (
     CURRENT,
     STAGED_META,
@@ -274,6 +275,9 @@ def _write_meta(tmp: Path, package: PackageLike) -> None:
             "kernel_release": manifest.kernel_release, "flavour": manifest.flavour,
             "arch": manifest.arch, "files": len(manifest.files),
             "staged_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    daemons = getattr(manifest, "daemons", ())
+    if daemons:  # where the agent finds them (installer.installdir.daemons)
+        meta["daemons"] = staged_record(manifest.files, daemons)
     write_atomic(tmp / STAGED_META, json.dumps(meta, indent=2).encode())
 
 

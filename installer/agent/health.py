@@ -1,0 +1,155 @@
+"""GPU health: count Xids per GPU, and put the critical ones on the Node for everyone to see.
+
+A critical Xid (the `XID_CRITICAL` setting: GKE's set by default, 48 always, never one of
+NVIDIA's application errors) sets the node condition `gpu-node-installer/XidCriticalError`
+to True, Reason `Xid:<codes>` (every critical Xid of this boot), Message this boot's ID, and
+posts a Warning Event `XIDError` naming the GPU and the driver's words: GKE's device plugin
+does the same under the plain type `XidCriticalError`, which we leave to it. A broken GPU
+stays broken until the node reboots, so the condition clears only when its boot ID is not
+the current one (`clear_after_reboot`, at the agent's start); an agent restart never clears
+it. The kernel log is read from its start, so a restarted agent sees the same Xids again:
+the condition already lists them and nothing is written twice.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterable
+from typing import Any
+
+from installer.agent.xids import Xid as Xid
+from installer.agent.xids import XidSource as XidSource
+from installer.agent.xids import open_xid_source as open_xid_source
+from installer.config import Config
+from installer.config.health import ALWAYS_CRITICAL, APPLICATION_XIDS
+from installer.node import kube
+
+CONDITION = f"{kube.COMPONENT}/XidCriticalError"
+EVENT_REASON = "XIDError"
+CLEARED_REASON = "XidCriticalErrorCleared"
+_REASON_PREFIX = "Xid:"
+
+
+def critical_set(config: Config) -> frozenset[int]:
+    """The Xids that make a GPU broken: the setting, 48 always, application errors never."""
+    return (frozenset(config.xid_critical) | {ALWAYS_CRITICAL}) - APPLICATION_XIDS
+
+
+class Health:
+    """Xid counts per GPU since the agent started, and which critical ones are new."""
+
+    def __init__(self, critical: Iterable[int]) -> None:
+        self.critical = frozenset(critical) - APPLICATION_XIDS
+        self.counts: dict[str, Counter[int]] = {}
+        self.unreported: list[Xid] = []  # critical, not yet on the Node (API down)
+        self._seen: set[tuple[str, int]] = set()
+
+    def observe(self, xids: list[Xid]) -> list[Xid]:
+        """Count every Xid; return the critical ones not seen before on that GPU."""
+        new: list[Xid] = []
+        for xid in xids:
+            self.counts.setdefault(xid.gpu, Counter())[xid.code] += 1
+            key = (xid.gpu, xid.code)
+            if xid.code in self.critical and key not in self._seen:
+                self._seen.add(key)
+                new.append(xid)
+        return new
+
+    def summary(self) -> str:
+        """One line: `0000:3b:00 Xid 13 x1, Xid 79 x2; ...` ("no Xid" when none)."""
+        parts = [f"{gpu} " + ", ".join(f"Xid {code} x{count}"
+                                       for code, count in sorted(counts.items()))
+                 for gpu, counts in sorted(self.counts.items())]
+        return "; ".join(parts) or "no Xid"
+
+
+def condition_codes(condition: dict[str, Any] | None) -> set[int]:
+    """The Xids our condition's Reason lists (`Xid:48,79`)."""
+    reason = str((condition or {}).get("reason") or "")
+    if not reason.startswith(_REASON_PREFIX):
+        return set()
+    items = reason.removeprefix(_REASON_PREFIX).split(",")
+    return {int(item) for item in items if item.isascii() and item.isdigit()}
+
+
+def our_condition(api: kube.ApiServer, node: str) -> dict[str, Any] | None:
+    """Our XidCriticalError condition on the Node, if it has one."""
+    return next((c for c in kube.node_conditions(api, node) if c.get("type") == CONDITION),
+                None)
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def report_critical(api: kube.ApiServer | None, node: str, xids: list[Xid],
+                    boot_id: str) -> None:
+    """Set the condition (this boot's critical Xids) and post a Warning Event for the Xids it
+    did not list yet; nothing when it already lists them all. KubeError as is."""
+    if api is None or not node or not xids:
+        return
+    current = our_condition(api, node)
+    same_boot = (current is not None and current.get("status") == "True"
+                 and current.get("message") == boot_id)
+    known = condition_codes(current) if same_boot else set()
+    new = [xid for xid in xids if xid.code not in known]
+    if not new:
+        return  # this boot's condition already says so (a restarted agent re-read the log)
+    now = _now()
+    codes = sorted(known | {xid.code for xid in new})
+    since = str(current.get("lastTransitionTime") or now) if same_boot and current else now
+    kube.patch_node_status(api, node, [{
+        "type": CONDITION, "status": "True",
+        "reason": _REASON_PREFIX + ",".join(map(str, codes)), "message": boot_id,
+        "lastHeartbeatTime": now, "lastTransitionTime": since}])
+    kube.post_node_event(api, node, reason=EVENT_REASON, event_type="Warning",
+                         message="; ".join(_describe(xid) for xid in new)
+                         + f" (boot {boot_id or 'unknown'})")
+
+
+def _describe(xid: Xid) -> str:
+    detail = f": {xid.detail}" if xid.detail else ""
+    return f"critical Xid {xid.code} on GPU {xid.gpu}{detail}"
+
+
+def clear_after_reboot(api: kube.ApiServer | None, node: str, boot_id: str) -> bool:
+    """Delete our condition when it was set in another boot (the node rebooted since, the
+    GPUs were reset). True when it was cleared. KubeError as is."""
+    if api is None or not node or not boot_id:
+        return False
+    current = our_condition(api, node)
+    if current is None or current.get("message") == boot_id:
+        return False
+    kube.patch_node_status(api, node, [{"type": CONDITION, "$patch": "delete"}])
+    codes = ",".join(map(str, sorted(condition_codes(current)))) or "none"
+    kube.post_node_event(api, node, reason=CLEARED_REASON,
+                         message=f"the node rebooted (boot {current.get('message')} -> "
+                                 f"{boot_id}): condition {CONDITION} (Xids {codes}) cleared")
+    return True
+
+
+def watch_once(source: XidSource, health: Health, *, api: kube.ApiServer | None,
+               node: str | None, boot_id: str, timeout_s: float, log: Any) -> list[Xid]:
+    """One round: wait up to `timeout_s` for Xids, count them, log them, report the new
+    critical ones (kept for the next round when the API fails). Returns those new ones."""
+    xids = source.wait(timeout_s)
+    for xid in xids:
+        log.warning("GPU Xid", gpu=xid.gpu, xid=xid.code, detail=xid.detail,
+                    critical=xid.code in health.critical, source=source.kind)
+    new = health.observe(xids)
+    health.unreported += new
+    if not health.unreported:
+        return new
+    if api is None or node is None:
+        log.error("critical GPU Xid: no Kubernetes API to report it to",
+                  xids=[xid.code for xid in health.unreported])
+        health.unreported = []
+        return new
+    try:
+        report_critical(api, node, health.unreported, boot_id)
+    except kube.KubeError as exc:
+        log.warning("critical Xid not yet on the Node: retried next round", detail=str(exc))
+        return new
+    health.unreported = []
+    return new

@@ -1,0 +1,17 @@
+/* What the NVML stand-in's two files share (hidden: the library exports only NVML's API). */
+#ifndef NVML_STANDIN_H
+#define NVML_STANDIN_H
+
+#define SHARED __attribute__((visibility("hidden")))
+
+typedef int nvmlReturn_t;
+typedef struct { int index; } gpu_t;
+typedef gpu_t *nvmlDevice_t;
+
+SHARED extern gpu_t gpus[64];
+SHARED extern int initialized;
+SHARED int env_int(const char *name, int fallback);
+SHARED const char *env_str(const char *name, const char *fallback);
+SHARED int gpu_count(void);
+
+#endif

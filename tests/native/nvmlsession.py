@@ -1,0 +1,31 @@
+"""The real pynvml over a compiled NVML stand-in, for tests of code that expects NVML
+already initialised (the agent's fabric and Xid readers)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pynvml  # type: ignore[import-untyped]
+
+from installer.stages.verify.nvml import bind_library
+from native import NVML_SONAME
+
+
+@contextlib.contextmanager
+def nvml_session(lib_dir: Path) -> Iterator[None]:
+    """pynvml bound to `lib_dir`'s stand-in and initialised; shut down afterwards."""
+    bind_library(lib_dir / NVML_SONAME)
+    pynvml.nvmlInit()
+    try:
+        yield
+    finally:
+        with contextlib.suppress(pynvml.NVMLError):
+            pynvml.nvmlShutdown()
+
+
+def clear_fake_env() -> list[str]:
+    """Names of every FAKE_* variable in this environment (for a test to unset)."""
+    return [name for name in os.environ if name.startswith("FAKE_")]
