@@ -204,6 +204,11 @@ SETTINGS: tuple[Setting, ...] = (
             "evict pods with emptyDir volumes (their data is lost) when the upgrade must "
             "move them, as kubectl drain --delete-emptydir-data; otherwise they block it",
             "true or false", values.boolean, is_flag=True),
+    Setting("upgrade_pause_operator", "--upgrade-pause-operator", "UPGRADE_PAUSE_OPERATOR",
+            "false", "beside gpu-operator: pause its GPU DaemonSets on this node during an "
+            "upgrade (each nvidia.com/gpu.deploy.* label that is true becomes "
+            "paused-for-driver-upgrade until the new driver is verified)", "true or false",
+            values.boolean, is_flag=True),
     Setting("upgrade_max_unavailable", "--upgrade-max-unavailable",
             "UPGRADE_MAX_UNAVAILABLE", "1",
             "nodes that may be unavailable at once: the rollout overlay's maxUnavailable; "
@@ -269,6 +274,7 @@ class Config:
     upgrade_restart_daemonsets: bool = False
     upgrade_force: bool = False
     upgrade_delete_emptydir_data: bool = False
+    upgrade_pause_operator: bool = False
     upgrade_max_unavailable: str = "1"
     xid_critical: tuple[int, ...] = health.GKE_CRITICAL
 

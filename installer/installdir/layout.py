@@ -5,7 +5,7 @@
     <install>/.current  -> .versions/<name>   switched by one rename(2)
     <install>/.previous -> .versions/<older>  kept for rollback
     <install>/lib64 -> .current/lib64         likewise bin, drivers, firmware
-    <install>/.state.json  .ready.json  .lock  .cache/
+    <install>/.state.json  .ready.json  .devnodes.json  .lock  .cache/
     <install>/.skipped.json                  an upgrade the Node's upgrade.skip label held back
     /etc/ld.so.conf.d/gpu-node-installer.conf  /run/nvidia/validations/driver-ready
 
@@ -34,6 +34,7 @@ STAGED_META = ".staged.json"
 STATE_FILE = ".state.json"
 READY_FILE = ".ready.json"
 SKIPPED_FILE = ".skipped.json"
+DEVNODES_FILE = ".devnodes.json"  # the /dev nodes the load stage made (stages/load/devnodes)
 LOCK_FILE = ".lock"
 CACHE_DIR = ".cache"
 DRIVER_ROOT_DIR = "usr"  # --driver-root-layout's usr/lib/<multiarch>, usr/lib64, usr/bin
