@@ -384,7 +384,7 @@ def _daemonsets_reconcile(cluster: Cluster) -> None:
         mine = [k for k, p in cluster.pods.items() if daemonset.owns(p)]
         if not daemonset.selects(node):
             for key in mine:
-                _remove(cluster, key)  # the controller deletes; kubelet stops it
+                _remove(cluster, key, cluster.pods[key]["metadata"]["uid"])  # kubelet stops it
         elif not mine:
             _later(cluster, daemonset, daemonset.recreate_after)
 

@@ -186,7 +186,8 @@ class TestDevicePluginGate:
         back = f"{PLUGIN[0]}/{daemonset.made[1]}"
         assert f"in pod {back}, which DaemonSet {PLUGIN[0]}/{PLUGIN[1]} recreated after " \
                "its pod was deleted" in done.stderr
-        assert plugin.saw == [{"pod": daemonset.made[1], "driver": V1, "ready": None}]
+        # readiness stays while V1 serves (issue 23: withdrawn only at the unload)
+        assert plugin.saw == [{"pod": daemonset.made[1], "driver": V1, "ready": V1}]
         assert all((node.root / "dev" / name).exists() for name in GATE)
         assert "DriverUpgradeGateHeld" not in reasons(cluster)
         assert cluster.states()[-1] == "upgrade-failed" and loaded(node) == V1
