@@ -215,6 +215,13 @@ SETTINGS: tuple[Setting, ...] = (
             "this node waits while that many other nodes of the installer's are cordoned, "
             "NotReady or mid-upgrade, for any reason",
             "a whole number >= 1 or a percentage from 1% to 100%", upgrade.max_unavailable),
+    # the driver's daemons (issue 24): who runs Fabric Manager on an NVSwitch/NVLink5 node
+    Setting("fabric_manager", "--fabric-manager", "FABRIC_MANAGER", "package",
+            "who runs Fabric Manager (and NVLSM) on an NVSwitch or NVLink5 node: package "
+            "(the agent, from the driver package; a package without them is refused) or "
+            "host (the node's OS or hypervisor; the agent starts neither but still withholds "
+            "readiness until the fabric completes)", "one of package, host",
+            values.choice("package", "host")),
     # GPU health in the node agent (issue 24; parser in config/health.py)
     Setting("xid_critical", "--xid-critical", "XID_CRITICAL", health.DEFAULT,
             "Xids that set the node condition gpu-node-installer/XidCriticalError and post "
@@ -276,6 +283,7 @@ class Config:
     upgrade_delete_emptydir_data: bool = False
     upgrade_pause_operator: bool = False
     upgrade_max_unavailable: str = "1"
+    fabric_manager: str = "package"
     xid_critical: tuple[int, ...] = health.GKE_CRITICAL
 
 

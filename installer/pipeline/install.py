@@ -14,6 +14,7 @@ from installer.compat.nodelabels import UPGRADE_SKIP
 from installer.context import Context
 from installer.errors import DiskFullError, InstallerError
 from installer.installdir import ownership, skipped
+from installer.installdir.daemons import package_daemons, require_daemons
 from installer.installdir.layout import lock_path, version_name
 from installer.installdir.readiness import ready_paths
 from installer.installdir.state import InstallState, read_state, write_state
@@ -97,12 +98,16 @@ def _install_locked(ctx: Context, previous: InstallState | None, *,
     if kept is not None:
         return _kept_result(ctx, package, kept)
     skipped.forget(ctx.config, ctx.host.roots)
+    manifest = package.manifest  # a fabric node needs its daemons: refuse before any change
+    if ctx.config.fabric_manager == "package":
+        require_daemons(ctx.node_info().fabric.kind,
+                        package_daemons(ctx.config, ctx.host.roots, manifest),
+                        manifest.driver_version)
     runner.run_stage(ctx, "prepare", lambda c: stage.prepare_version(c, package))
     if ctx.config.upgrade_policy == "refuse":  # today's behaviour: no Kubernetes client
         _load_to_signal(ctx, package)
     else:
         _live_upgrade(ctx, package)
-    manifest = package.manifest
     return InstallResult(reused is not None, manifest.driver_version, manifest.kernel_release,
                          manifest.flavour, package.digest, dict(ctx.timings_ms))
 
