@@ -71,6 +71,9 @@ class Context:
     package: Package | None = None
     modules_loaded: bool = False
     verified: Verified | None = None
+    # /dev nodes a live upgrade withdrew: the load stage does not make them again until the
+    # upgrade releases them after verification (GKE's device plugin waits for them)
+    held_device_nodes: tuple[str, ...] = ()
     timings_ms: dict[str, float] = field(default_factory=dict)
 
     def node_info(self) -> NodeInfo:

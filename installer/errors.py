@@ -159,15 +159,19 @@ class IncompatibleError(InstallerError):
 
 class UpgradeBlockedError(InstallerError):
     """A driver upgrade cannot free the GPUs without harm: a holder is not an evictable pod
-    (a host process, a static or DaemonSet pod), the node is marked to skip, or the API
-    refused (issue 16). Nothing was unloaded."""
+    (a host process, a static or DaemonSet pod), a pod that must go would be lost for good
+    (no controller, emptyDir data) and the settings do not allow it, or the API refused
+    (issues 16, 23). Nothing was cordoned or unloaded. (A node labelled upgrade.skip=true is
+    not an error: it keeps its driver; only a label seen after the first read stops here.)"""
 
     code = 15
     slug = "upgrade-blocked"
-    summary = ("driver upgrade blocked: a GPU holder cannot be evicted, the node has the "
-               "upgrade.skip label, or the Kubernetes API refused")
-    default_remedy = ("stop the named holder (or set UPGRADE_RESTART_DAEMONSETS=true for "
-                      "DaemonSet pods), or check the installer's RBAC, then rerun")
+    summary = ("driver upgrade blocked: a GPU holder or GPU pod cannot be evicted as the "
+               "settings stand, or the Kubernetes API refused")
+    default_remedy = ("stop the named holder, set the setting named for each pod "
+                      "(UPGRADE_RESTART_DAEMONSETS, UPGRADE_FORCE, "
+                      "UPGRADE_DELETE_EMPTYDIR_DATA) or delete the pod yourself, or check "
+                      "the installer's RBAC, then rerun")
 
 
 class UpgradeTimeoutError(InstallerError):

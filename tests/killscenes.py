@@ -113,7 +113,8 @@ def cos_scene(base: Path, *, padding: int = 24 << 20) -> Iterator[Storm]:
         assert server.ca_bundle is not None
         argv = cli("install", *node_args(root), "--log-format", "json", "--cos-tools-url",
                    server.cos_tools_url, "--nvidia-runfile-url", server.runfile_url,
-                   "--ca-bundle", str(server.ca_bundle))
+                   "--ca-bundle", str(server.ca_bundle),
+                   "--fabric-manager", "host")  # COS packages carry no Fabric Manager
         yield _node_storm("cos assembly", argv, _env(base, gpus=8), root)
 
 

@@ -2,14 +2,19 @@
 
 No real API server can run on the test machines, so this one is strict where it matters:
 every body is validated against the Kubernetes schemas bundled with kubernetes-validate
-(Node after applying a merge patch, Eviction, DeleteOptions, Event; the Pods it serves
-too), the bearer token and content types are checked, Evictions answer 201, 429 (a
-PodDisruptionBudget) or 404 as scripted, and every call is recorded in order with the
-Node's `upgrade-state` label and cordon at that moment. Anything it does not know is a 404
-and a recorded error, so a test that forgets to expect a call fails.
+(Node after applying a merge patch, Eviction, DeleteOptions, Event; the Pods and DaemonSets
+it serves too), the bearer token and content types are checked, Evictions answer 201, 429
+(a PodDisruptionBudget), 403 (NamespaceTerminating) or 404 as scripted, and every call is
+recorded in order with the Node's `upgrade-state` label and cordon at that moment. Anything
+it does not know is a 404 and a recorded error, so a test that forgets to expect a call fails.
+
+Pods terminate as on a real cluster: an accepted eviction or delete sets
+`deletionTimestamp` and `deletionGracePeriodSeconds` (the request's, else the pod's own,
+else 30), and the pod leaves the API only when its processes exit (see `Cluster`).
 
 Runs in the test process (host tier) or in the guest (kernel tier: `python -m kubefake`
-is not needed; the guest script imports `serve`).
+is not needed; the guest script imports `serve`). The documents it serves, and the schema
+check, are in tests/kubedocs.py.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from __future__ import annotations
 import copy
 import json
 import threading
+import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -26,63 +33,14 @@ from urllib.parse import parse_qs, urlsplit
 
 import jsonschema
 import kubernetes_validate
-from kubernetes_validate.utils import schema_contents
-from referencing import Registry, Resource
+from kubedocs import VERSION as VERSION
+from kubedocs import Doc, merge_patch, namespace_terminating, validate, validate_delete_options
+from kubedocs import daemonset_doc as daemonset_doc
+from kubedocs import node_doc as node_doc
+from kubedocs import pod_doc as pod_doc
 
-VERSION = "1.33.0"
 TOKEN = "upgrade-test-token"
 STATE = "gpu-node-installer/upgrade-state"
-Doc = dict[str, Any]
-
-
-def validate(doc: Doc) -> None:
-    """Strictly valid for Kubernetes VERSION (an unknown or misspelt field fails)."""
-    kubernetes_validate.validate(doc, VERSION, strict=True)
-
-
-def validate_delete_options(doc: Doc) -> None:
-    """meta/v1 DeleteOptions (kubernetes-validate has no kind lookup for it)."""
-    directory = f"kubernetes-json-schema/v{VERSION}-local-strict"
-    schema = schema_contents(f"{directory}/deleteoptions-meta-v1.json", VERSION)
-    defs = schema_contents(f"{directory}/_definitions.json", VERSION)
-    registry = Resource.from_contents(defs) @ (Resource.from_contents(schema) @ Registry())
-    jsonschema.validators.Draft202012Validator(schema, registry=registry).validate(doc)
-
-
-def merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386: what the API server does with application/merge-patch+json."""
-    if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    result = copy.deepcopy(target) if isinstance(target, dict) else {}
-    for key, value in patch.items():
-        if value is None:
-            result.pop(key, None)
-        else:
-            result[key] = merge_patch(result.get(key), value)
-    return result
-
-
-def node_doc(name: str, labels: dict[str, str] | None = None) -> Doc:
-    return {"apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": name, "uid": f"uid-{name}", "labels": dict(labels or {})},
-            "spec": {}}
-
-
-def pod_doc(name: str, uid: str, node: str, *, namespace: str = "default",
-            owner: str | None = "ReplicaSet", annotations: dict[str, str] | None = None,
-            phase: str = "Running") -> Doc:
-    metadata: Doc = {"name": name, "namespace": namespace, "uid": uid}
-    if owner:
-        metadata["ownerReferences"] = [{"apiVersion": "apps/v1" if owner != "Node" else "v1",
-                                        "kind": owner, "name": f"{name}-owner",
-                                        "uid": f"owner-{uid}", "controller": True}]
-    if annotations:
-        metadata["annotations"] = annotations
-    doc = {"apiVersion": "v1", "kind": "Pod", "metadata": metadata,
-           "spec": {"nodeName": node, "containers": [{"name": "main", "image": "cuda:12"}]},
-           "status": {"phase": phase}}
-    validate(doc)
-    return doc
 
 
 @dataclass
@@ -100,19 +58,39 @@ class Call:
 
 @dataclass
 class Cluster:
-    """The API's objects and script. `evictions[pod] = [429, 429, 201]` answers in turn
-    (then 201); `on_evict(pod)` runs when a pod goes (kubelet's part: kill its processes)."""
+    """The API's objects and script. `evictions[pod] = [429, 403, 201]` answers in turn
+    (then 201; 403 is NamespaceTerminating); an eviction in a `terminating_namespaces`
+    namespace always answers that 403, and the first one starts the pod's deletion (the
+    namespace controller's part). `exits_after[pod]`: seconds its processes take to exit
+    once told (None: they ignore SIGTERM until the grace period ends). `on_evict(pod)` runs
+    when a pod goes (kubelet's part: kill its processes). Every DaemonSet that owns a pod
+    given at construction exists unless the test removes it from `daemonsets`.
+    `faults["GET /api/v1/nodes/n"] = [503]` fails that call in turn (then it is served)."""
 
     nodes: dict[str, Doc] = field(default_factory=dict)
     pods: dict[str, Doc] = field(default_factory=dict)
     evictions: dict[str, list[int]] = field(default_factory=dict)
+    faults: dict[str, list[int]] = field(default_factory=dict)
+    daemonsets: dict[str, Doc] = field(default_factory=dict)
+    exits_after: dict[str, float | None] = field(default_factory=dict)
+    terminating_namespaces: set[str] = field(default_factory=set)
     on_evict: Callable[[Doc], None] = lambda pod: None
     observe: Callable[[], str] = lambda: ""
     calls: list[Call] = field(default_factory=list)
     events: list[Doc] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     node_name: str = "gpu-node-1"
+    controllers: list[DaemonSet] = field(default_factory=list)  # see "DaemonSets" below
     lock: threading.Lock = field(default_factory=threading.Lock)
+    timers: list[threading.Timer] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        for pod in self.pods.values():
+            for owner in pod["metadata"].get("ownerReferences", []):
+                if owner["kind"] == "DaemonSet":
+                    namespace = pod["metadata"]["namespace"]
+                    self.daemonsets.setdefault(f"{namespace}/{owner['name']}",
+                                               daemonset_doc(owner["name"], namespace))
 
     def node(self) -> Doc:
         return self.nodes[self.node_name]
@@ -194,6 +172,10 @@ def _route(cluster: Cluster, method: str, url: str, body: Doc | None, content_ty
     split = urlsplit(url)
     parts = split.path.strip("/").split("/")
     query = {k: v[0] for k, v in parse_qs(split.query).items()}
+    fault = cluster.faults.get(f"{method} {split.path}")
+    if fault:
+        code = fault.pop(0)
+        return code, _status(code, "scripted fault"), body
     if parts[:3] == ["api", "v1", "nodes"] and parts[4:] == ["status"]:
         return _node_status(cluster, method, parts[3], body, content_type)
     if parts[:3] == ["api", "v1", "nodes"] and len(parts) == 4:
@@ -212,6 +194,12 @@ def _route(cluster: Cluster, method: str, url: str, body: Doc | None, content_ty
         return 201, body, body
     if len(parts) >= 6 and parts[:3] == ["api", "v1", "namespaces"] and parts[4] == "pods":
         return _pod(cluster, method, parts, body)
+    if (len(parts) == 7 and parts[:4] == ["apis", "apps", "v1", "namespaces"]
+            and parts[5] == "daemonsets" and method == "GET"):
+        found = cluster.daemonsets.get(f"{parts[4]}/{parts[6]}")
+        if found is None:
+            return 404, _status(404, f'daemonsets.apps "{parts[6]}" not found'), None
+        return 200, found, None
     cluster.errors.append(f"unexpected {method} {url}")
     return 404, _status(404, "not found"), body
 
@@ -228,6 +216,7 @@ def _node(cluster: Cluster, method: str, name: str, body: Doc | None, content_ty
     patched = merge_patch(cluster.nodes[name], body)
     validate(patched)
     cluster.nodes[name] = patched
+    _daemonsets_reconcile(cluster)
     return 200, patched, body
 
 
@@ -236,6 +225,10 @@ def _pod(cluster: Cluster, method: str, parts: list[str], body: Doc | None
     namespace, name = parts[3], parts[5]
     key = f"{namespace}/{name}"
     pod = cluster.pods.get(key)
+    if parts[6:] == [] and method == "GET":
+        if pod is None:
+            return 404, _status(404, f'pods "{name}" not found'), None
+        return 200, pod, None
     if parts[6:] == ["eviction"] and method == "POST":
         assert body is not None
         validate(body)
@@ -245,8 +238,13 @@ def _pod(cluster: Cluster, method: str, parts: list[str], body: Doc | None
             return 404, _status(404, f"pods {name} not found"), body
         script = cluster.evictions.get(key, [])
         code = script.pop(0) if script else 201
+        if namespace in cluster.terminating_namespaces:
+            code = 403
+            _terminate(cluster, key, None)  # the namespace controller deletes every pod
+        if code == 403:
+            return code, namespace_terminating(namespace, name), body
         if code == 201:
-            _remove(cluster, key)
+            _terminate(cluster, key, body.get("deleteOptions", {}).get("gracePeriodSeconds"))
         return code, _status(code, "scripted") if code != 201 else body, body
     if parts[6:] == [] and method == "DELETE":
         assert body is not None
@@ -255,15 +253,45 @@ def _pod(cluster: Cluster, method: str, parts: list[str], body: Doc | None
             return 404, _status(404, f"pods {name} not found"), body
         if body.get("preconditions", {}).get("uid") not in (None, pod["metadata"]["uid"]):
             return 409, _status(409, "precondition failed: UID"), body
-        _remove(cluster, key)
-        return 200, pod, body
+        _terminate(cluster, key, body.get("gracePeriodSeconds"))
+        return 200, cluster.pods.get(key, pod), body
     cluster.errors.append(f"unexpected {method} {'/'.join(parts)}")
     return 404, _status(404, "not found"), body
 
 
-def _remove(cluster: Cluster, key: str) -> None:
-    pod = cluster.pods.pop(key)
-    cluster.on_evict(pod)
+def _terminate(cluster: Cluster, key: str, grace: int | None) -> None:
+    """Start the pod's graceful deletion (once): Terminating until its processes exit."""
+    pod = cluster.pods[key]
+    meta = pod["metadata"]
+    if meta.get("deletionTimestamp"):
+        return  # already terminating: its deletion goes on as it started
+    if grace is None:
+        grace = pod["spec"].get("terminationGracePeriodSeconds", 30)
+    meta["deletionTimestamp"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    meta["deletionGracePeriodSeconds"] = grace
+    validate(pod)
+    exits = cluster.exits_after.get(key, 0.0)
+    delay = grace if exits is None else min(exits, grace)
+    if delay <= 0:
+        _remove(cluster, key, meta["uid"])
+        return
+    def kubelet() -> None:
+        with cluster.lock:
+            _remove(cluster, key, meta["uid"])
+
+    timer = threading.Timer(delay, kubelet)
+    timer.daemon = True
+    cluster.timers.append(timer)
+    timer.start()
+
+
+def _remove(cluster: Cluster, key: str, uid: str) -> None:
+    """The pod's processes have ended: kubelet's part runs and the API forgets the pod."""
+    pod = cluster.pods.get(key)
+    if pod is not None and pod["metadata"]["uid"] == uid:
+        del cluster.pods[key]
+        cluster.on_evict(pod)
+        _daemonset_pod_gone(cluster, pod)
 
 
 def _list(kind: str, items: list[Doc]) -> Doc:
@@ -279,6 +307,115 @@ def _selects(selector: str, obj: Doc) -> bool:
     if not values:
         return key in labels
     return labels.get(key) in values.strip("()").split(",")
+
+
+# --- DaemonSets (issue 23): a controller that puts a deleted pod straight back ----------
+# The DaemonSet controller keeps one pod per node whose labels match the DaemonSet's
+# nodeSelector: a deleted pod comes back after `recreate_after` seconds with a new UID and
+# the same owner (what makes "delete the device plugin's pod" not enough on a real
+# cluster), and a node label that stops matching (gpu-operator's paused-for-driver-upgrade)
+# removes the pod; matching again brings it back. `on_create(pod)` is kubelet starting the
+# new pod's containers (the tests start a device-plugin stand-in there). Pods are made
+# through `pod_doc`, so they are validated like every other pod the fake serves.
+
+
+@dataclass
+class DaemonSet:
+    """One DaemonSet: its pods are `<name>-<n>` in `namespace` on the cluster's node."""
+
+    namespace: str
+    name: str
+    node_selector: dict[str, str] = field(default_factory=dict)
+    recreate_after: float = 0.2
+    on_create: Callable[[Doc], None] = lambda pod: None
+    uid: str = ""
+    made: list[str] = field(default_factory=list)  # every pod name it created, in order
+
+    def __post_init__(self) -> None:
+        self.uid = self.uid or str(uuid.uuid5(uuid.NAMESPACE_URL, f"{self.namespace}/"
+                                              f"{self.name}"))
+
+    def owns(self, pod: Doc) -> bool:
+        return any(ref.get("uid") == self.uid
+                   for ref in pod["metadata"].get("ownerReferences", []))
+
+    def selects(self, node: Doc) -> bool:
+        labels = node.get("metadata", {}).get("labels", {})
+        return all(labels.get(k) == v for k, v in self.node_selector.items())
+
+    def new_pod(self, node: str, uid: str | None = None) -> Doc:
+        """A pod as the controller makes it: owned by this DaemonSet, with its selector."""
+        name = f"{self.name}-{len(self.made) + 1:05d}"
+        self.made.append(name)
+        doc = pod_doc(name, uid or str(uuid.uuid4()), node, namespace=self.namespace,
+                      owner="DaemonSet")
+        doc["metadata"]["ownerReferences"][0].update(name=self.name, uid=self.uid)
+        if self.node_selector:
+            doc["spec"]["nodeSelector"] = dict(self.node_selector)
+        validate(doc)
+        return doc
+
+
+def add_daemonset(cluster: Cluster, daemonset: DaemonSet, uid: str | None = None) -> Doc:
+    """Register `daemonset` with its pod on the cluster's node already running (`uid`)."""
+    cluster.controllers.append(daemonset)
+    cluster.daemonsets.setdefault(f"{daemonset.namespace}/{daemonset.name}",
+                                  daemonset_doc(daemonset.name, daemonset.namespace))
+    pod = daemonset.new_pod(cluster.node_name, uid)
+    cluster.pods[f"{daemonset.namespace}/{pod['metadata']['name']}"] = pod
+    return pod
+
+
+def _daemonset_of(cluster: Cluster, pod: Doc) -> DaemonSet | None:
+    return next((d for d in cluster.controllers if d.owns(pod)), None)
+
+
+def _daemonset_pod_gone(cluster: Cluster, pod: Doc) -> None:
+    """Called under the lock: schedule the replacement while the node still matches."""
+    daemonset = _daemonset_of(cluster, pod)
+    if daemonset is not None:
+        _later(cluster, daemonset, daemonset.recreate_after)
+
+
+def _daemonsets_reconcile(cluster: Cluster) -> None:
+    """Called under the lock after a node patch: unselected pods go, selected ones come."""
+    node = cluster.nodes.get(cluster.node_name, {})
+    for daemonset in cluster.controllers:
+        mine = [k for k, p in cluster.pods.items() if daemonset.owns(p)]
+        if not daemonset.selects(node):
+            for key in mine:
+                _remove(cluster, key, cluster.pods[key]["metadata"]["uid"])  # kubelet stops it
+        elif not mine:
+            _later(cluster, daemonset, daemonset.recreate_after)
+
+
+def _later(cluster: Cluster, daemonset: DaemonSet, delay: float) -> None:
+    """The controller's next sync: one pod if the node matches and none is there. With no
+    delay it happens within the request that removed the pod (under the lock: the
+    controller always wins the race against the caller's next look)."""
+    def sync() -> Doc | None:
+        node = cluster.nodes.get(cluster.node_name, {})
+        if not daemonset.selects(node) or any(daemonset.owns(p)
+                                              for p in cluster.pods.values()):
+            return None
+        pod = daemonset.new_pod(cluster.node_name)
+        cluster.pods[f"{daemonset.namespace}/{pod['metadata']['name']}"] = pod
+        return pod
+
+    def locked() -> None:
+        with cluster.lock:
+            pod = sync()
+        if pod is not None:
+            daemonset.on_create(pod)
+
+    if delay <= 0:
+        pod = sync()
+        if pod is not None:
+            daemonset.on_create(pod)
+        return
+    timer = threading.Timer(delay, locked)
+    timer.daemon = True
+    timer.start()
 
 
 # --- The Node's status subresource (issue 24: GPU health conditions) -----------------------
@@ -375,6 +512,8 @@ def serve(cluster: Cluster) -> Iterator[str]:
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}"
     finally:
+        for timer in cluster.timers:
+            timer.cancel()
         server.shutdown()
         server.server_close()
         thread.join(timeout=10)

@@ -195,11 +195,33 @@ SETTINGS: tuple[Setting, ...] = (
             "UPGRADE_RESTART_DAEMONSETS", "false",
             "delete DaemonSet pods that hold the GPUs (device plugin, exporters) during an "
             "upgrade; otherwise they block it", "true or false", values.boolean, is_flag=True),
+    Setting("upgrade_force", "--upgrade-force", "UPGRADE_FORCE", "false",
+            "evict pods that no controller recreates (bare pods, pods whose DaemonSet is "
+            "gone) when the upgrade must move them, as kubectl drain --force; otherwise they "
+            "block it", "true or false", values.boolean, is_flag=True),
+    Setting("upgrade_delete_emptydir_data", "--upgrade-delete-emptydir-data",
+            "UPGRADE_DELETE_EMPTYDIR_DATA", "false",
+            "evict pods with emptyDir volumes (their data is lost) when the upgrade must "
+            "move them, as kubectl drain --delete-emptydir-data; otherwise they block it",
+            "true or false", values.boolean, is_flag=True),
+    Setting("upgrade_pause_operator", "--upgrade-pause-operator", "UPGRADE_PAUSE_OPERATOR",
+            "false", "beside gpu-operator: pause its GPU DaemonSets on this node during an "
+            "upgrade (each nvidia.com/gpu.deploy.* label that is true becomes "
+            "paused-for-driver-upgrade until the new driver is verified)", "true or false",
+            values.boolean, is_flag=True),
     Setting("upgrade_max_unavailable", "--upgrade-max-unavailable",
             "UPGRADE_MAX_UNAVAILABLE", "1",
-            "nodes that may be upgrading at once: the rollout overlay's maxUnavailable; "
-            "this node waits while that many others are cordoned for an upgrade",
+            "nodes that may be unavailable at once: the rollout overlay's maxUnavailable; "
+            "this node waits while that many other nodes of the installer's are cordoned, "
+            "NotReady or mid-upgrade, for any reason",
             "a whole number >= 1 or a percentage from 1% to 100%", upgrade.max_unavailable),
+    # the driver's daemons (issue 24): who runs Fabric Manager on an NVSwitch/NVLink5 node
+    Setting("fabric_manager", "--fabric-manager", "FABRIC_MANAGER", "package",
+            "who runs Fabric Manager (and NVLSM) on an NVSwitch or NVLink5 node: package "
+            "(the agent, from the driver package; a package without them is refused) or "
+            "host (the node's OS or hypervisor; the agent starts neither but still withholds "
+            "readiness until the fabric completes)", "one of package, host",
+            values.choice("package", "host")),
     # the node agent (issue 24; parsers in config/agent.py)
     Setting("persistence_mode", "--persistence-mode", "PERSISTENCE_MODE", "on",
             "run nvidia-persistenced --persistence-mode from the package (the agent)",
@@ -279,7 +301,11 @@ class Config:
     upgrade_timeout: float = 900.0
     upgrade_grace_period: int | None = None
     upgrade_restart_daemonsets: bool = False
+    upgrade_force: bool = False
+    upgrade_delete_emptydir_data: bool = False
+    upgrade_pause_operator: bool = False
     upgrade_max_unavailable: str = "1"
+    fabric_manager: str = "package"
     persistence_mode: str = "on"
     uvm_persistence_mode: str = "auto"
     fabric_timeout: float = 600.0

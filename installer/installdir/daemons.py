@@ -145,7 +145,8 @@ def require_daemons(kind: str, staged: dict[str, StagedDaemon], driver_version: 
         raise IncompatibleError(
             f"this node has {_WHAT[kind]} and needs {' and '.join(missing)}, but the driver "
             f"package {driver_version} carries no {' or '.join(missing)}",
-            remedy=f"rebuild the package with `package build ... {flags}` and publish it")
+            remedy=f"rebuild the package with `package build ... {flags}` and publish it, "
+                   "or set FABRIC_MANAGER=host if the node itself runs Fabric Manager")
     fabric_manager = staged.get(FABRIC_MANAGER)
     if needed and fabric_manager is not None and fabric_manager.version != driver_version:
         raise IncompatibleError(

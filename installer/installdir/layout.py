@@ -5,7 +5,8 @@
     <install>/.current  -> .versions/<name>   switched by one rename(2)
     <install>/.previous -> .versions/<older>  kept for rollback
     <install>/lib64 -> .current/lib64         likewise bin, drivers, firmware
-    <install>/.state.json  .ready.json  .lock  .cache/
+    <install>/.state.json  .ready.json  .devnodes.json  .lock  .cache/
+    <install>/.skipped.json                  an upgrade the Node's upgrade.skip label held back
     <install>/.agent.json  .agent/            the node agent's view and work area
     /etc/ld.so.conf.d/gpu-node-installer.conf  /run/nvidia/validations/driver-ready
 
@@ -33,6 +34,8 @@ TOP_LINKS = ("lib64", "bin", "drivers", "firmware")
 STAGED_META = ".staged.json"
 STATE_FILE = ".state.json"
 READY_FILE = ".ready.json"
+SKIPPED_FILE = ".skipped.json"
+DEVNODES_FILE = ".devnodes.json"  # the /dev nodes the load stage made (stages/load/devnodes)
 LOCK_FILE = ".lock"
 CACHE_DIR = ".cache"
 AGENT_VIEW = ".agent.json"  # the node agent's view, read by its readiness probe and `status`

@@ -35,7 +35,8 @@ SYSTEM_DIRS = frozenset(PurePosixPath(p) for p in (
     "/mnt/stateful_partition"))
 OWN_DIRS = (layout.VERSIONS, layout.CACHE_DIR, layout.DRIVER_ROOT_DIR, BACKUP_DIR)
 OWN_NAMES = frozenset({*OWN_DIRS, *layout.TOP_LINKS, layout.CURRENT, layout.PREVIOUS,
-                       layout.STATE_FILE, layout.READY_FILE, layout.LOCK_FILE, MARKER})
+                       layout.STATE_FILE, layout.READY_FILE, layout.DEVNODES_FILE,
+                       layout.LOCK_FILE, MARKER})
 # What GKE's installers (container-engine-accelerators' COS/Ubuntu installer, COS's
 # cos_gpu_installer) leave in /home/kubernetes/bin/nvidia: the driver tree, the overlay
 # work dirs of its bind mounts, its download cache and log.

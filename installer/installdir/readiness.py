@@ -1,7 +1,9 @@
 """Readiness on the node: `.ready.json` in the install dir and gpu-operator's env file.
 
-Written only by the signal stage, from a passed verification; withdrawn (both files) at the
-start of every writing run and whenever verification fails. `wait-ready` and `status` read
+Written only by the signal stage, from a passed verification; withdrawn (both files) once
+a run is about to change the kernel's driver (the load stage) or what is staged (the stage
+stage), and whenever verification fails; never by a run that keeps the serving driver (the
+upgrade.skip label, a refused plan). `wait-ready` and `status` read
 it here: ready means `.ready.json` names the driver the kernel has loaded now.
 """
 
@@ -34,13 +36,20 @@ def ready_paths(config: Config, roots: Roots) -> tuple[Path, Path]:
 
 
 def clear_readiness(config: Config, roots: Roots) -> None:
-    """Withdraw readiness: at the start of a run and when verification fails."""
+    """Withdraw readiness: before the driver or the staged version changes, and when
+    verification fails."""
     for path in ready_paths(config, roots):
-        try:
-            path.unlink(missing_ok=True)
-        except OSError as exc:  # a directory in its place: not ours to delete
-            raise StagingError(f"cannot withdraw readiness at {path}: {exc.strerror}",
-                               remedy=f"remove {path.name} by hand and rerun") from None
+        remove_document(path, "withdraw readiness at")
+
+
+def remove_document(path: Path, what: str) -> None:
+    """Remove one of our documents if present; a directory in its place is not ours to
+    delete: StagingError (exit 11) naming it."""
+    try:
+        path.unlink(missing_ok=True)
+    except OSError as exc:
+        raise StagingError(f"cannot {what} {path}: {exc.strerror}",
+                           remedy=f"remove {path.name} by hand and rerun") from None
 
 
 def read_ready(config: Config, host: Host) -> dict[str, Any] | None:

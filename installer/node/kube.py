@@ -22,14 +22,19 @@ import requests
 COMPONENT = "gpu-node-installer"
 TIMEOUT_S = 5.0
 MAX_PAGES = 100  # 50,000 pods or nodes: far beyond one node, bounded all the same
+NAMESPACE_TERMINATING = "NamespaceTerminating"  # the cause of a 403 in a namespace going away
 
 
 class KubeError(Exception):
-    """An API call failed (`status`: the HTTP status, None when no answer came)."""
+    """An API call failed (`status`: the HTTP status, None when no answer came; `causes`:
+    the reasons the answer's Status gave, its own and its details' causes, such as
+    `Forbidden` and `NamespaceTerminating`)."""
 
-    def __init__(self, message: str, status: int | None = None) -> None:
+    def __init__(self, message: str, status: int | None = None,
+                 causes: tuple[str, ...] = ()) -> None:
         super().__init__(message)
         self.status = status
+        self.causes = causes
 
 
 @dataclass(frozen=True)
@@ -60,12 +65,28 @@ class ApiServer:
             raise KubeError(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
         if not 200 <= response.status_code < 300:
             raise KubeError(f"{method} {path}: HTTP {response.status_code}: "
-                            f"{response.text.strip()[:200]}", response.status_code)
+                            f"{response.text.strip()[:200]}", response.status_code,
+                            _status_causes(response.text))
         try:
             answer = response.json()
         except ValueError:
             return {}
         return answer if isinstance(answer, dict) else {}
+
+
+def _status_causes(text: str) -> tuple[str, ...]:
+    """The reasons a meta/v1 Status names (`reason`, `details.causes[].reason`), if any."""
+    try:
+        status = json.loads(text)
+    except ValueError:
+        return ()
+    if not isinstance(status, dict):
+        return ()
+    details = status.get("details")
+    causes = details.get("causes") if isinstance(details, dict) else None
+    found = [status.get("reason")] + [c.get("reason") for c in causes or []
+                                      if isinstance(c, dict)]
+    return tuple(str(reason) for reason in found if reason)
 
 
 def api_server(base_url: str | None, service_account_dir: Path,
@@ -171,9 +192,35 @@ def pods_on_node(api: ApiServer, node: str) -> list[dict[str, Any]]:
     return list_items(api, "/api/v1/pods", fieldSelector=f"spec.nodeName={node}")
 
 
+def get_pod(api: ApiServer, namespace: str, name: str) -> dict[str, Any] | None:
+    """One pod as the API has it now, or None once it is gone (404)."""
+    try:
+        return api.call("GET", f"/api/v1/namespaces/{namespace}/pods/{name}", None,
+                        "application/json")
+    except KubeError as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+def daemonset_exists(api: ApiServer, namespace: str, name: str) -> bool:
+    """Whether the DaemonSet (apps/v1) still exists: a pod whose DaemonSet is gone has no
+    controller to recreate it."""
+    try:
+        api.call("GET", f"/apis/apps/v1/namespaces/{namespace}/daemonsets/{name}", None,
+                 "application/json")
+    except KubeError as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return True
+
+
 def evict(api: ApiServer, namespace: str, name: str, grace_s: int | None) -> str:
     """Ask the Eviction API (policy/v1) to evict a pod: `evicted`, `refused` (429: a
-    PodDisruptionBudget does not allow it now) or `gone` (404: it no longer exists)."""
+    PodDisruptionBudget does not allow it now), `namespace-terminating` (403 with that
+    cause: the namespace is being deleted, and the API creates nothing in it, evictions
+    included) or `gone` (404: it no longer exists)."""
     body: dict[str, Any] = {"apiVersion": "policy/v1", "kind": "Eviction",
                             "metadata": {"name": name, "namespace": namespace}}
     if grace_s is not None:
@@ -184,6 +231,8 @@ def evict(api: ApiServer, namespace: str, name: str, grace_s: int | None) -> str
     except KubeError as exc:
         if exc.status == 429:
             return "refused"
+        if exc.status == 403 and NAMESPACE_TERMINATING in exc.causes:
+            return "namespace-terminating"
         if exc.status == 404:
             return "gone"
         raise

@@ -7,14 +7,16 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from installer import __version__
+from installer.compat.nodelabels import UPGRADE_SKIP
 from installer.context import Context
 from installer.errors import DiskFullError, InstallerError
-from installer.installdir import ownership
+from installer.installdir import ownership, skipped
+from installer.installdir.daemons import package_daemons, require_daemons
 from installer.installdir.layout import lock_path, version_name
-from installer.installdir.readiness import clear_readiness, ready_paths
+from installer.installdir.readiness import ready_paths
 from installer.installdir.state import InstallState, read_state, write_state
 from installer.installdir.versions import current_name, read_staged, switch_to
 from installer.node import kmod
@@ -23,6 +25,9 @@ from installer.node.lock import node_lock
 from installer.packages.manifest import Package
 from installer.pipeline import fastpath, runner
 from installer.stages.detect import require_gpus
+
+if TYPE_CHECKING:
+    from installer.upgrade.skip import Skipped
 
 
 @dataclass(frozen=True)
@@ -35,15 +40,20 @@ class InstallResult:
     flavour: str
     package_digest: str
     timings_ms: dict[str, float]
+    skipped: dict[str, str] | None = None  # upgrade.skip kept the loaded driver: both named
 
     def log_fields(self) -> dict[str, Any]:
         return {"fast_path": self.fast_path, "driver": self.driver_version,
+                "skipped": self.skipped is not None,
                 "total_ms": round(sum(self.timings_ms.values()), 1)}
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
 
     def to_text(self) -> str:
+        if self.skipped:
+            return (f"Kept NVIDIA {self.skipped['serving']}: wanted {self.skipped['wanted']}, "
+                    f"skipped by label {self.skipped['label']}")
         path = "fast path (nothing downloaded or copied)" if self.fast_path else "full install"
         lines = [f"Installed NVIDIA {self.driver_version} ({self.flavour}) for kernel "
                  f"{self.kernel_release}: {path}"]
@@ -54,8 +64,9 @@ class InstallResult:
 def install(ctx: Context, *, paranoid: bool = False) -> InstallResult:
     """Lock, then every stage in order.
 
-    Readiness is withdrawn first and written last; on failure the previous version, when it
-    is still what is staged and loaded, is declared ready again.
+    Readiness is withdrawn only once the run changes the driver (the load stage, after the
+    skip label and the live upgrade's plan said go) and written last; on failure the previous
+    version, when it is still what is staged and loaded, is declared ready again.
     """
     require_gpus(runner.detect(ctx))  # read-only: a GPU-less node gets nothing written
 
@@ -70,7 +81,6 @@ def install(ctx: Context, *, paranoid: bool = False) -> InstallResult:
         previous = read_state(ctx.install_root, ctx.log)
         readiness = {path: path.read_bytes() for path in ready_paths(ctx.config, roots)
                      if path.is_file()}
-        clear_readiness(ctx.config, roots)
         try:
             return _install_locked(ctx, previous, paranoid=paranoid)
         except InstallerError:
@@ -84,14 +94,45 @@ def _install_locked(ctx: Context, previous: InstallState | None, *,
 
     reused = fastpath.reusable_package(ctx, ctx.node_info(), previous, paranoid=paranoid)
     package = runner.fetch(ctx, reuse=reused)
+    kept = _skipped(ctx, package)
+    if kept is not None:
+        return _kept_result(ctx, package, kept)
+    skipped.forget(ctx.config, ctx.host.roots)
+    manifest = package.manifest  # a fabric node needs its daemons: refuse before any change
+    if ctx.config.fabric_manager == "package":
+        require_daemons(ctx.node_info().fabric.kind,
+                        package_daemons(ctx.config, ctx.host.roots, manifest),
+                        manifest.driver_version)
     runner.run_stage(ctx, "prepare", lambda c: stage.prepare_version(c, package))
     if ctx.config.upgrade_policy == "refuse":  # today's behaviour: no Kubernetes client
         _load_to_signal(ctx, package)
     else:
         _live_upgrade(ctx, package)
-    manifest = package.manifest
     return InstallResult(reused is not None, manifest.driver_version, manifest.kernel_release,
                          manifest.flavour, package.digest, dict(ctx.timings_ms))
+
+
+def _skipped(ctx: Context, package: Package) -> Skipped | None:
+    """The Node's upgrade.skip label, read before anything is prepared or withdrawn, only
+    when another driver serves (installer.upgrade.skip; its client is imported only then)."""
+    from installer.stages import load
+
+    if kmod.loaded_driver(ctx.host) is None or load.other_version(ctx.host, package) is None:
+        return None
+    from installer.upgrade import skip
+
+    return skip.check(ctx, package)
+
+
+def _kept_result(ctx: Context, package: Package, kept: Skipped) -> InstallResult:
+    """The driver that keeps serving (no package was installed: no digest)."""
+    loaded = kmod.loaded_driver(ctx.host)
+    manifest = package.manifest
+    return InstallResult(False, loaded.version if loaded else kept.serving,
+                         manifest.kernel_release, (loaded and loaded.flavour) or manifest.flavour,
+                         "", dict(ctx.timings_ms),
+                         skipped={"wanted": kept.wanted, "serving": kept.serving,
+                                  "label": UPGRADE_SKIP})
 
 
 def _live_upgrade(ctx: Context, package: Package) -> None:
@@ -147,7 +188,8 @@ def _restore_previous(ctx: Context, previous: InstallState | None,
         if current_name(root) != name:
             switch_to(root, name)
         for path, data in readiness.items():
-            write_atomic(path, data)
+            if not path.is_file() or path.read_bytes() != data:  # a refusal withdrew nothing
+                write_atomic(path, data)
     except (OSError, DiskFullError) as exc:
         ctx.log.warning("previous version not restored", reason=str(exc))
         return

@@ -1,8 +1,9 @@
 """`status`: one report of everything an operator asks first about a GPU node.
 
 Read only. Detect's summary, the package cache, the loaded module, the staged versions,
-readiness, the last verified run's stage timings (from `.state.json`) and the node agent's
-view (its verdict, each GPU's fabric state, its daemons).
+readiness, an upgrade the Node's upgrade.skip label held back (`.skipped.json`), the last
+verified run's stage timings (from `.state.json`) and the node agent's view (its verdict,
+each GPU's fabric state, its daemons).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 from installer.agent.readiness import probe, read_view
 from installer.compat import toolkit as compat
 from installer.context import Context
-from installer.installdir import layout
+from installer.installdir import layout, skipped
 from installer.installdir.readiness import check_ready, ready_paths
 from installer.installdir.state import MAX_STATE_BYTES
 from installer.installdir.versions import current_name, previous_name, read_staged
@@ -33,12 +34,14 @@ class StatusReport:
     staged: dict[str, Any]
     readiness: dict[str, Any]
     last_run: dict[str, Any] | None
+    upgrade: dict[str, Any] | None = None  # {"wanted", "serving", "skipped_by"}
     agent: dict[str, Any] | None = None  # the node agent's view (.agent.json), if it runs
 
     def to_dict(self) -> dict[str, Any]:
         return {"node": self.node.to_dict(), "install_dir": self.install_dir,
                 "cache": self.cache, "loaded_modules": self.modules, "staged": self.staged,
-                "readiness": self.readiness, "last_run": self.last_run, "agent": self.agent,
+                "readiness": self.readiness, "upgrade": self.upgrade,
+                "last_run": self.last_run, "agent": self.agent,
                 "cuda": compat.cuda_support(self._driver())}
 
     def _driver(self) -> str | None:
@@ -62,6 +65,10 @@ class StatusReport:
                  f"{', '.join(self.cache['packages']) or 'none'}",
                  f"Ready:           {'yes' if self.readiness['ready'] else 'no'}: "
                  f"{self.readiness['reason']}"]
+        if self.upgrade:
+            lines.append(f"Upgrade:         wanted {self.upgrade['wanted']}, serving "
+                         f"{self.upgrade['serving']}, skipped by label "
+                         f"{self.upgrade['skipped_by']}")
         lines += agent_lines(self.agent)
         if self.last_run:
             timings = self.last_run.get("timings_ms")
@@ -86,6 +93,7 @@ def collect(ctx: Context) -> StatusReport:
         readiness={"ready": readiness.ready, "reason": readiness.reason,
                    "document": readiness.document, "env_file": env_file.is_file()},
         last_run=_last_run(root),
+        upgrade=skipped.current(ctx.config, ctx.host),
         agent=_agent(ctx),
     )
 

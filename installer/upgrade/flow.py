@@ -7,27 +7,28 @@ evict, wait until the device files are free. `install` then unloads, loads, stag
 verifies and signals; `finish` uncordons. The Node's `<prefix>/upgrade-state` label names
 each step (NVIDIA's upgrade states) and an Event tells each one. On failure the node keeps
 its cordon, the label says `upgrade-failed` and an Event says why; the old driver still
-serves unless the holders were already gone and the unload happened.
+serves unless the holders were already gone and the unload happened. GPU DaemonSets, whose
+pods come straight back, are held away until the new driver is verified (`daemonsets`).
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from installer.compat.nodelabels import OWN_PREFIX, UPGRADE_SKIP, UPGRADE_STATE
 from installer.context import Context
 from installer.errors import InstallerError, UpgradeBlockedError, UpgradeTimeoutError
-from installer.node import kube
+from installer.node import kmod, kube
 from installer.node.daemons import stop_all as stop_daemons
-from installer.node.holders import find_holders
+from installer.node.holders import Holder, find_holders
 from installer.packages.manifest import Package
 from installer.stages import load
-from installer.upgrade import evictions, rollout
+from installer.upgrade import daemonsets, evictions, rollout, selection
 
 CORDONED_BY = f"{OWN_PREFIX}/cordoned-by"  # annotation: this installer cordoned the node
 REQUIRED, CORDON, POD_DELETION = "upgrade-required", "cordon-required", "pod-deletion-required"
@@ -38,12 +39,15 @@ T = TypeVar("T")
 
 @dataclass
 class Upgrade:
-    """The cluster side of one run: the API, this node, whether we hold its cordon."""
+    """The cluster side of one run: the API, this node, whether we hold its cordon, whether
+    the run puts a driver on the node (an idle upgrade or a fresh install: `upgrade-done`)."""
 
     ctx: Context
     api: kube.ApiServer
     node: str
     cordoned: bool = False
+    replaces: bool = False
+    held: daemonsets.Held = field(default_factory=daemonsets.Held)  # GPU DaemonSets kept away
 
     def log_fields(self) -> dict[str, Any]:
         return {"node": self.node, "cordoned": self.cordoned}
@@ -83,15 +87,20 @@ def free_gpus(ctx: Context, package: Package) -> Upgrade | None:
     """Before `load`: make the GPUs free when another driver holds them, or do nothing."""
     other = load.other_version(ctx.host, package)
     if other is None or not any(load.in_use(*other)):
-        return connect(ctx, required=False)  # `finish` lifts a cordon an earlier run left
+        idle = connect(ctx, required=False)  # `finish` lifts a cordon an earlier run left
+        if idle is not None:
+            idle.replaces = other is not None or kmod.loaded_driver(ctx.host) is None
+        return idle
     upgrade = connect(ctx, required=True)
     if upgrade is None:
         return None  # refuse: the load stage says who holds the driver (exit 10)
+    upgrade.replaces = True  # upgrade.skip was read before anything (installer.upgrade.skip)
     node = _api(lambda: kube.get_node(upgrade.api, upgrade.node))
-    if _labels(node).get(UPGRADE_SKIP) == "true":
-        upgrade.event("DriverUpgradeSkipped", f"{UPGRADE_SKIP}=true: the in-use driver is "
-                      f"kept, {package.manifest.driver_version} is not installed", "Warning")
-        return None  # the load stage refuses, naming the holders
+    if _labels(node).get(UPGRADE_SKIP) == "true":  # the first read failed; this one did not
+        raise UpgradeBlockedError(f"the node is labelled {UPGRADE_SKIP}=true but the label "
+                                  "could not be read before; nothing was cordoned",
+                                  remedy="rerun: the next run reads the label first and "
+                                         "keeps the driver")
     upgrade.cordoned = _is_ours(node)
     try:
         _free(upgrade, package, other)
@@ -119,21 +128,25 @@ def _free(upgrade: Upgrade, package: Package, other: load.OtherVersion) -> None:
         upgrade.state(CORDON)
         cordon(upgrade)
     plan = _plan(upgrade, other)  # again: a pod may have started before the cordon held
-    with _step(ctx, POD_DELETION, pods=len(plan.evict) + len(plan.delete)):
+    with _step(ctx, POD_DELETION, pods=len(plan.going)):
         upgrade.state(POD_DELETION)
         grace = config.upgrade_grace_period
+        _api(lambda: daemonsets.pause(upgrade, deadline=deadline, interval=interval))
         _api(lambda: evictions.evict_all(upgrade.api, plan.evict, grace_s=grace,
                                          deadline=deadline, interval=interval,
                                          on_event=upgrade.event))
+        _api(lambda: daemonsets.hold_gate(upgrade, plan.delete))  # before the deletes
         _api(lambda: evictions.delete_all(upgrade.api, plan.delete, grace_s=grace,
                                           on_event=upgrade.event))
-        wait_free(ctx, package, deadline=deadline, interval=interval)
+        _api(lambda: evictions.wait_gone(upgrade.api, plan.going, deadline=deadline))
+        wait_free(ctx, package, deadline=deadline, interval=interval,
+                  describe=lambda found: daemonsets.describe(upgrade, found))
     upgrade.event("DriverUpgradeGpusFreed", "no process holds /dev/nvidia* any more; "
                   f"unloading {_loaded(other)} and installing {wanted}")
     upgrade.state(VALIDATION)
 
 
-def _plan(upgrade: Upgrade, other: load.OtherVersion) -> evictions.Plan:
+def _plan(upgrade: Upgrade, other: load.OtherVersion) -> selection.Plan:
     """The pods to evict, or UpgradeBlockedError when evicting pods cannot free the GPUs."""
     ctx, config = upgrade.ctx, upgrade.ctx.config
     foreign, _ = load.in_use(*other)
@@ -141,10 +154,14 @@ def _plan(upgrade: Upgrade, other: load.OtherVersion) -> evictions.Plan:
         raise UpgradeBlockedError(f"modules of another driver are held by "
                                   f"{', '.join(foreign)}; evicting pods cannot free them")
     holders = find_holders(ctx.host)
-    pods = [evictions.pod_from_api(p)
-            for p in _api(lambda: kube.pods_on_node(upgrade.api, upgrade.node))]
-    plan = evictions.plan(holders, pods, node=upgrade.node, policy=config.upgrade_policy,
-                          restart_daemonsets=config.upgrade_restart_daemonsets)
+    raw = _api(lambda: kube.pods_on_node(upgrade.api, upgrade.node))
+    pods = [selection.pod_from_api(p) for p in raw]
+    kept = _api(lambda: daemonsets.not_paused(upgrade, holders, raw))  # the pause frees those
+    rules = selection.Rules(config.upgrade_policy, config.upgrade_restart_daemonsets,
+                            config.upgrade_force, config.upgrade_delete_emptydir_data)
+    plan = selection.plan(kept, pods, node=upgrade.node, rules=rules, daemonset_exists=(
+        lambda pod: _api(lambda: kube.daemonset_exists(upgrade.api, pod.namespace,
+                                                        pod.owner_name))))
     if not holders:
         raise UpgradeBlockedError(
             "the loaded driver is in use, but no process in this PID namespace has "
@@ -171,7 +188,8 @@ def cordon(upgrade: Upgrade) -> None:
     upgrade.event("DriverUpgradeCordoned", "node cordoned for the driver upgrade")
 
 
-def wait_free(ctx: Context, package: Package, *, deadline: float, interval: float) -> None:
+def wait_free(ctx: Context, package: Package, *, deadline: float, interval: float,
+              describe: Callable[[Sequence[Holder]], str] | None = None) -> None:
     """Until no process holds the device files and the modules' users are gone."""
     while True:
         other = load.other_version(ctx.host, package)
@@ -179,7 +197,8 @@ def wait_free(ctx: Context, package: Package, *, deadline: float, interval: floa
         if not holders and (other is None or not any(load.in_use(*other))):
             return
         if time.monotonic() >= deadline:
-            named = ", ".join(h.describe() for h in holders) or "module users outside /proc"
+            named = ((describe(holders) if describe else ", ".join(
+                h.describe() for h in holders)) or "module users outside /proc")
             raise UpgradeTimeoutError(f"the GPUs were still held by {named} when "
                                       "UPGRADE_TIMEOUT ran out; nothing was unloaded")
         time.sleep(min(interval, max(0.0, deadline - time.monotonic())))
@@ -200,28 +219,48 @@ def finish(ctx: Context, upgrade: Upgrade | None) -> None:
         ctx.log.warning("could not read the node: a cordon an earlier upgrade left stays",
                         detail=exc.message)
         return
+    daemonsets.release_gate(upgrade, verified=True)
+    _api(lambda: daemonsets.resume(upgrade, node))  # gpu-operator's DaemonSets come back
     ours = upgrade.cordoned or _is_ours(node)
-    if not ours and _labels(node).get(UPGRADE_STATE) in (None, DONE):
-        return  # the fast path: nothing of ours to undo
+    if not ours and not upgrade.replaces and _labels(node).get(UPGRADE_STATE) in (None, DONE):
+        return  # the same driver restarted: nothing of ours to undo
+    done = {"metadata": {"labels": {UPGRADE_STATE: DONE}, "annotations": {CORDONED_BY: None}}}
+    if not ours:  # idle, fresh or resumed without our cordon: the label is all there is
+        try:
+            upgrade.state(DONE, done)
+        except UpgradeBlockedError as exc:
+            ctx.log.warning("upgrade-done label not set", detail=exc.message)
+            return
+        upgrade.event("DriverUpgradeDone", "driver validated")
+        return
     with _step(ctx, UNCORDON, uncordon=ours):
         upgrade.state(UNCORDON)
-        spec = {"spec": {"unschedulable": None}} if ours else {}
-        upgrade.state(DONE, {**spec, "metadata": {"labels": {UPGRADE_STATE: DONE},
-                                                  "annotations": {CORDONED_BY: None}}})
-    upgrade.event("DriverUpgradeDone", "driver validated" + ("; node uncordoned" if ours
-                                                             else ""))
+        upgrade.state(DONE, {"spec": {"unschedulable": None}, **done})
+    upgrade.event("DriverUpgradeDone", "driver validated; node uncordoned")
 
 
 def failed(upgrade: Upgrade | None, exc: InstallerError) -> None:
     """Leave the node as it is (cordoned if we cordoned it), labelled and told why."""
     if upgrade is None:
         return
+    _give_back(upgrade)
     try:
         upgrade.state(FAILED)
     except InstallerError as label_error:
         upgrade.ctx.log.warning("upgrade-failed label not set", detail=label_error.message)
     kept = "; the node stays cordoned" if upgrade.cordoned else ""
     upgrade.event("DriverUpgradeFailed", exc.one_line() + kept, "Warning")
+
+
+def _give_back(upgrade: Upgrade) -> None:
+    """After a failure: the device-plugin gate reopens while the old driver still serves,
+    and gpu-operator's DaemonSets return (as NVIDIA's driver manager does on failure: they
+    wait at their own driver-ready gate when no driver is ready)."""
+    try:
+        daemonsets.release_gate(upgrade, verified=False)
+        daemonsets.resume(upgrade, kube.get_node(upgrade.api, upgrade.node))
+    except (InstallerError, OSError, kube.KubeError) as exc:
+        upgrade.ctx.log.warning("GPU DaemonSets not given back", detail=str(exc))
 
 
 def poll_interval(timeout: float) -> float:

@@ -341,13 +341,25 @@ class TestOverlays:
             == env["UPGRADE_MAX_UNAVAILABLE"]
         assert _daemonset("gke-cos")["spec"]["updateStrategy"] == {"type": "OnDelete"}
 
+    def test_live_upgrade_deletes_gpu_daemonset_pods_and_pauses_the_operators(self) -> None:
+        """GKE's device plugin holds the driver on every GKE GPU node: its pod must be
+        deleted (its replacement waits at the device-file gate); beside gpu-operator, the
+        operator's DaemonSets are paused through their labels instead."""
+        env = container_env(_installer_container("live-upgrade"),
+                            render("overlays/live-upgrade"))
+        assert env["UPGRADE_RESTART_DAEMONSETS"] == "true"
+        assert env.get("UPGRADE_PAUSE_OPERATOR", "false") == "false"  # no operator on GKE
+        operator = container_env(_installer_container("operator-compatible"),
+                                 render("overlays/operator-compatible"))
+        assert operator["UPGRADE_PAUSE_OPERATOR"] == "true"
+
     def test_live_upgrade_rbac_is_what_the_flow_calls(self) -> None:
         docs = render("overlays/live-upgrade")
         (role,) = [r for r in of_kind(docs, "ClusterRole")
                    if r["metadata"]["name"] == "gpu-node-installer-upgrade"]
         assert _granted(role) == {("", "pods", "get"), ("", "pods", "list"),
                                   ("", "pods", "delete"), ("", "pods/eviction", "create"),
-                                  ("", "nodes", "list")}
+                                  ("", "nodes", "list"), ("apps", "daemonsets", "get")}
         (binding,) = [b for b in of_kind(docs, "ClusterRoleBinding")
                       if b["roleRef"]["name"] == "gpu-node-installer-upgrade"]
         account = one(docs, "ServiceAccount", "gpu-node-installer")

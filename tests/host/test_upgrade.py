@@ -305,16 +305,18 @@ class TestBlocked:
         assert "[upgrade]" in done.stderr
         self._assert_untouched(cluster, node)
 
-    def test_the_skip_label_refuses_as_before(self, scene: tuple[Scene, str]) -> None:
+    def test_the_skip_label_keeps_the_busy_driver(self, scene: tuple[Scene, str]) -> None:
+        """Issue 23: the label no longer refuses (exit 10, a crash-looping pod): the node
+        keeps serving its driver, labelled upgrade-skipped (tests/host/test_upgrade_skip.py)."""
         node, mirror = scene
         pid = kernel(node).open_device("nvidia", "/dev/nvidia0", "python3", pod_cgroup(UID))
         cluster = cluster_with(node, pod_doc("train", UID, NODE), holders={"train": pid})
         cluster.node()["metadata"]["labels"]["gpu-node-installer/upgrade.skip"] = "true"
         with kubefake.serve(cluster) as api:
             done = upgrade(node, mirror, api)
-        assert done.returncode == ModuleInUseError.code, done.stderr
-        assert f"{pid} (python3)" in done.stderr
-        assert cluster.steps() == [] and reasons(cluster) == ["DriverUpgradeSkipped"]
+        assert done.returncode == 0, done.stderr
+        assert cluster.steps() == ["patch:upgrade-skipped:-"]
+        assert reasons(cluster) == ["DriverUpgradeSkipped"]
         assert "default/train" in cluster.pods and loaded(node) == V1
 
     def test_refuse_policy_keeps_todays_behaviour(self, scene: tuple[Scene, str]) -> None:

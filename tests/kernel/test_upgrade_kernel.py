@@ -124,3 +124,27 @@ class TestLiveUpgrade:
         assert "gpu-node-installer/cordoned-by" not in cluster["annotations"]
         assert cluster["labels"]["gpu-node-installer/driver-version"] == V2
         assert cluster["pods"] == [] and cluster["errors"] == []
+
+
+class TestGpuDaemonSets:
+    """Issue 23: GKE's device plugin comes straight back when deleted and reopens the
+    driver as soon as /dev/nvidiactl and /dev/nvidia-uvm exist."""
+
+    def test_a_plugin_that_reopens_at_once_is_held_until_the_new_driver_is_ready(
+            self, guest_run: dict[str, Any]) -> None:
+        done, cluster = guest_run["plugin_done"], guest_run["plugin_cluster"]
+        assert guest_run["plugin_cgroup"].startswith("kubepods.slice/kubepods-besteffort")
+        assert guest_run["plugin_first"] == {"driver": V2, "ready": V2}  # it held V2
+        assert done["rc"] == 0, _explain(done)
+        assert done["loaded"] == V1 and done["ready"]["driver_version"] == V1
+        assert cluster["states"][-1] == "upgrade-done" and cluster["errors"] == []
+        first, back = guest_run["plugin_made"]  # deleted once, recreated at once
+        assert guest_run["plugin_back"] == {"driver": V1, "ready": V1}
+        deletes = [(c["path"].rsplit("/", 1)[-1], c["status"], c["observed"])
+                   for c in guest_run["plugin_calls"] if c["method"] == "DELETE"]
+        assert deletes == [(first, 200, V2)]
+        reasons = [e["reason"] for e in cluster["events"]]
+        assert reasons.index("DriverUpgradeGateHeld") < reasons.index("DriverUpgradeGateOpened")
+        assert {"nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia0"} \
+            <= set(guest_run["plugin_nodes"])
+        assert f"kube-system/{back}" in cluster["pods"]

@@ -99,6 +99,54 @@ class TestEnsure:
         assert (host.roots.dev / "nvidiactl").exists()
 
 
+class TestOwnNodes:
+    """The record of nodes we made, the gate withdrawn (ours only) and held back."""
+
+    def test_withdraws_only_the_gate_nodes_it_made(self, host: FakeKernelHost,
+                                                   tmp_path: Path) -> None:
+        record = tmp_path / "devnodes.json"
+        devnodes.ensure_nodes(host, devnodes.plan(host), record=record)
+        dev = host.roots.dev
+        other = dev / ".nvidia-uvm.other"  # another tool re-made nvidia-uvm: a new inode
+        other.write_text((dev / "nvidia-uvm").read_text())
+        other.replace(dev / "nvidia-uvm")
+        assert devnodes.withdraw(host, record) == ["nvidiactl", "nvidia-uvm-tools"]
+        assert not (dev / "nvidiactl").exists() and not (dev / "char" / "195:255").exists()
+        assert (dev / "nvidia-uvm").exists() and (dev / "nvidia0").exists()
+        assert devnodes.withdraw(host, record) == []  # gone from the record too
+
+    def test_nothing_is_ours_from_another_boot(self, host: FakeKernelHost,
+                                               tmp_path: Path) -> None:
+        boot = host.roots.proc / "sys/kernel/random/boot_id"
+        boot.parent.mkdir(parents=True)
+        boot.write_text("first-boot\n")
+        record = tmp_path / "devnodes.json"
+        devnodes.ensure_nodes(host, devnodes.plan(host), record=record)
+        boot.write_text("second-boot\n")
+        assert devnodes.read_record(host, record) == {}
+        assert devnodes.withdraw(host, record) == []
+        assert (host.roots.dev / "nvidiactl").exists()
+
+    def test_held_nodes_are_not_made_while_absent(self, host: FakeKernelHost,
+                                                  tmp_path: Path) -> None:
+        result = devnodes.ensure_nodes(host, devnodes.plan(host), hold=devnodes.GATE,
+                                       record=tmp_path / "r.json")
+        assert result.held == ["nvidiactl", "nvidia-uvm-tools", "nvidia-uvm"]
+        assert not any((host.roots.dev / n).exists() for n in devnodes.GATE)
+        assert (host.roots.dev / "nvidia0").exists()
+        again = devnodes.ensure_nodes(host, devnodes.plan(host), record=tmp_path / "r.json")
+        assert set(again.created) == set(devnodes.GATE)  # released: made as any other
+
+    def test_an_unreadable_record_makes_nothing_ours(self, host: FakeKernelHost,
+                                                     tmp_path: Path) -> None:
+        devnodes.ensure_nodes(host, devnodes.plan(host))
+        record = tmp_path / "devnodes.json"
+        for text in ("not json", "[]", '{"boot_id": "", "nodes": {"nvidiactl": [195]}}'):
+            record.write_text(text)
+            assert devnodes.withdraw(host, record) == []
+        assert (host.roots.dev / "nvidiactl").exists()
+
+
 class TestRealHostNodes:
     """RealHost's own mknod and links, where this process may create device nodes."""
 

@@ -1,4 +1,4 @@
-"""node.holders and upgrade.evictions/rollout: who holds the GPUs, what may be evicted.
+"""node.holders and upgrade.selection/rollout: who holds the GPUs, what may be evicted.
 
 The /proc tree is a temp dir read through the real Host seam (RealHost), as on a node.
 """
@@ -12,8 +12,8 @@ import pytest
 from installer.errors import UpgradeBlockedError
 from installer.node.holders import Holder, find_holders
 from installer.node.host import RealHost, Roots
-from installer.upgrade import evictions, rollout
-from installer.upgrade.evictions import Pod, pod_from_api
+from installer.upgrade import rollout, selection
+from installer.upgrade.selection import Pod, Rules, pod_from_api
 
 UID = "0a5c3d8e-2f0b-4f54-9b7e-6c1a5a1b2c3d"
 CID = "ab" * 32
@@ -57,6 +57,10 @@ def _pod(name: str, uid: str, owner: str | None = "ReplicaSet", **extra: object)
     return pod_from_api({"metadata": meta, "status": {"phase": "Running"}})
 
 
+def _alive(pod: Pod) -> bool:
+    return True
+
+
 def _holder(pid: int, uid: str | None) -> Holder:
     from installer.node.cgroup import PodCgroup
 
@@ -66,8 +70,8 @@ def _holder(pid: int, uid: str | None) -> Holder:
 class TestPlan:
     def test_holders_pods_are_evicted_daemonsets_deleted_when_allowed(self) -> None:
         pods = [_pod("job", "u1"), _pod("exporter", "u2", "DaemonSet"), _pod("web", "u3")]
-        plan = evictions.plan([_holder(1, "u1"), _holder(2, "u1"), _holder(3, "u2")], pods,
-                              node="n", policy="evict", restart_daemonsets=True)
+        plan = _plan([_holder(1, "u1"), _holder(2, "u1"), _holder(3, "u2")], pods,
+                     Rules("evict", restart_daemonsets=True))
         assert [p.ref for p in plan.evict] == ["ns/job"]
         assert [p.ref for p in plan.delete] == ["ns/exporter"]
         assert plan.holders == {"ns/job": [1, 2], "ns/exporter": [3]}
@@ -76,9 +80,8 @@ class TestPlan:
         pods = [_pod("etcd", "x", "Node", annotations={"kubernetes.io/config.mirror": "h1"}),
                 _pod("exporter", "u2", "DaemonSet")]
         with pytest.raises(UpgradeBlockedError) as caught:
-            evictions.plan([_holder(1, None), _holder(2, "h1"), _holder(3, "u2"),
-                            _holder(4, "missing")], pods, node="n", policy="evict",
-                           restart_daemonsets=False)
+            _plan([_holder(1, None), _holder(2, "h1"), _holder(3, "u2"),
+                   _holder(4, "missing")], pods, Rules("evict"))
         message = caught.value.message
         assert "process 1 (p1) is not in a pod" in message
         assert "static pod ns/etcd" in message
@@ -89,15 +92,17 @@ class TestPlan:
     def test_static_pods_match_by_their_config_hash(self) -> None:
         pods = [_pod("etcd", "api-uid", None, annotations={"kubernetes.io/config.hash": "h"})]
         with pytest.raises(UpgradeBlockedError, match="static pod ns/etcd"):
-            evictions.plan([_holder(1, "h")], pods, node="n", policy="evict",
-                           restart_daemonsets=True)
+            _plan([_holder(1, "h")], pods, Rules("evict", restart_daemonsets=True))
 
     def test_no_holders_no_work_unless_draining(self) -> None:
         pods = [_pod("web", "u3"), _pod("agent", "u4", "DaemonSet")]
-        assert evictions.plan([], pods, node="n", policy="evict",
-                              restart_daemonsets=False).empty
-        drained = evictions.plan([], pods, node="n", policy="drain", restart_daemonsets=False)
+        assert _plan([], pods, Rules("evict")).empty
+        drained = _plan([], pods, Rules("drain"))
         assert [p.ref for p in drained.evict] == ["ns/web"]
+
+
+def _plan(holders: list[Holder], pods: list[Pod], rules: Rules) -> selection.Plan:
+    return selection.plan(holders, pods, node="n", rules=rules, daemonset_exists=_alive)
 
 
 class TestRolloutLimit:

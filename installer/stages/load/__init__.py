@@ -9,7 +9,9 @@ enforcement, GPUs claimed by other drivers, kernel match), only then unload anot
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from installer.context import Context
@@ -20,6 +22,9 @@ from installer.errors import (
     ModuleInUseError,
     PackageNotFoundError,
 )
+from installer.installdir import ownership
+from installer.installdir.layout import DEVNODES_FILE
+from installer.installdir.readiness import clear_readiness
 from installer.node import interrupts, kmod, syscalls
 from installer.node.holders import processes_using_nvidia as processes_using_nvidia
 from installer.node.host import Host
@@ -105,13 +110,45 @@ def run(ctx: Context) -> LoadResult:
                                    remedy="run `install`, or `load` which fetches first")
     return load_package(ctx.host, package, params=modplan.operator_params(ctx.config),
                         force=ctx.config.force_load,
-                        firmware_dir=f"{ctx.config.install_dir}/firmware", log=ctx.log)
+                        firmware_dir=f"{ctx.config.install_dir}/firmware", log=ctx.log,
+                        withdraw=lambda: clear_readiness(ctx.config, ctx.host.roots),
+                        hold=ctx.held_device_nodes, record=node_record(ctx))
+
+
+def node_record(ctx: Context) -> Path | None:
+    """Where the device nodes we make are recorded: in the install dir, once it is ours
+    (a `load` into a directory not yet marked records nothing, so nothing counts as ours)."""
+    root = ctx.install_root
+    return root / DEVNODES_FILE if root.is_dir() and ownership.ours(root) else None
+
+
+def hold_gate(ctx: Context) -> list[str]:
+    """Withdraw the device nodes GKE's device plugin waits for, those we made only, and
+    hold them back in this run's load until `release_gate` (after verification)."""
+    record = node_record(ctx)
+    withdrawn = devnodes.withdraw(ctx.host, record) if record is not None else []
+    ctx.held_device_nodes = (*ctx.held_device_nodes, *withdrawn)
+    return withdrawn
+
+
+def release_gate(ctx: Context) -> list[str]:
+    """Make the held nodes for the driver loaded now (none when no driver is loaded)."""
+    held, ctx.held_device_nodes = ctx.held_device_nodes, ()
+    nodes = [n for n in devnodes.plan(ctx.host) if n.name in held]
+    result = devnodes.ensure_nodes(ctx.host, nodes, record=node_record(ctx))
+    return result.created + result.replaced
 
 
 def load_package(host: Host, package: Package, *, params: modplan.Params = (),
                  force: bool = False, firmware_dir: str | None = None,
-                 log: Any = None) -> LoadResult:
-    """Plan, preflight, replace another version if free, load, make device nodes."""
+                 log: Any = None, withdraw: Callable[[], None] = lambda: None,
+                 hold: Collection[str] = (), record: Path | None = None) -> LoadResult:
+    """Plan, preflight, replace another version if free, load, make device nodes (but
+    not those in `hold` while they are absent; `record`: see devnodes).
+
+    `withdraw` (readiness) runs once the kernel's driver is about to change (another version
+    unloaded, or modules loaded), never before a refusal: a same-version run and a driver in
+    use keep what serves declared ready."""
     require_module_support(host)
     plan = modplan.plan(host, package, params)
     result = LoadResult(package.manifest.driver_version)
@@ -120,12 +157,19 @@ def load_package(host: Host, package: Package, *, params: modplan.Params = (),
         if log is not None:
             log.warning("preflight", detail=warning)
     with interrupts.deferred():  # SIGTERM never leaves the old driver out, the new half in
+        other = other_version(host, package)
+        if other is not None:
+            check_free(host, *other)  # a refusal withdraws nothing
+        version = package.manifest.driver_version
+        if other is not None or not all(_already_loaded(host, m, version) for m in plan):
+            withdraw()
         result.unloaded = replace_other_version(host, package)
         has_firmware = any(entry.kind == "firmware" for entry in package.manifest.files)
         if has_firmware and firmware_dir:
             result.firmware_path = point_firmware_path(host, firmware_dir, result.warnings)
         load_plan(host, plan, package.manifest.driver_version, result)
-    result.nodes = devnodes.ensure_nodes(host, devnodes.plan(host))
+    result.nodes = devnodes.ensure_nodes(host, devnodes.plan(host), hold=hold,
+                                         record=record)
     return result
 
 

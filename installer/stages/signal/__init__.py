@@ -1,8 +1,9 @@
 """The signal stage: tell the node (and the cluster) that the driver is ready, or is not.
 
-Readiness is removed at the start of every run and written last, atomically, only from a
-passed verification: `<install dir>/.ready.json` for our own `wait-ready`, and the env file
-`/run/nvidia/validations/driver-ready` that gpu-operator's consumers wait for and source.
+Readiness is removed before a run changes the driver (load, stage) and written last,
+atomically, only from a passed verification: `<install dir>/.ready.json` for our own
+`wait-ready`, and the env file `/run/nvidia/validations/driver-ready` that gpu-operator's
+consumers wait for and source.
 Labels and an Event on the Node are a courtesy: failing to post them is a warning. The
 labels describe the GPUs too (`installer.compat.nodelabels`), so pods can select a GPU type;
 they are also kept in `.ready.json`, where `check-pod --here` reads them.
