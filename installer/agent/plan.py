@@ -2,7 +2,8 @@
 
 Refusals happen here, before anything starts: a fabric node whose package lacks Fabric
 Manager (or NVLSM), or carries a Fabric Manager of another version than the driver, is
-exit 14 (`require_daemons`); a bad `NVFM_CONFIG_*` is exit 2.
+exit 14 (`require_daemons`); a bad `NVFM_CONFIG_*` is exit 2. With FABRIC_MANAGER=host the
+node's own OS runs them: the agent starts neither and still waits for the fabric.
 """
 
 from __future__ import annotations
@@ -53,7 +54,10 @@ def make_plan(config: Config, host: Host, *, driver_version: str, work: Path,
             specs.append(persistenced_spec(config, persistenced.binary, driver_version))
     else:
         notes.append("PERSISTENCE_MODE=off: nvidia-persistenced not run")
-    if kind != "none":
+    if kind != "none" and config.fabric_manager == "host":
+        notes.append("FABRIC_MANAGER=host: the node runs Fabric Manager; the agent only "
+                     "waits for the fabric")
+    elif kind != "none":
         require_daemons(kind, staged, driver_version)
         fm_config = _fm_config(staged["nv-fabricmanager"], overrides, work)
         if kind == "nvlink5":

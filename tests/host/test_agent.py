@@ -20,6 +20,7 @@ import kubefake
 import pytest
 from agentnode import VERSION, daemon_package, make_node, wait_for
 from kubefake import Cluster, node_doc
+from native.daemons import write_fabric
 
 from installer.packages.manifest import Package
 
@@ -175,6 +176,20 @@ class TestNvswitchNode:
         assert done.returncode == 14, done.stderr
         assert "needs nv-fabricmanager" in done.stderr and "--fabricmanager" in done.stderr
         assert node.started() == []
+
+    def test_fabric_manager_run_by_the_host_is_waited_for_not_started(
+            self, tmp_path: Path) -> None:
+        """FABRIC_MANAGER=host (COS: the node runs it): a package without it is fine, the
+        agent starts only persistenced and is ready once the host's fabric completes."""
+        package = daemon_package(tmp_path / "pkg", daemons=("nvidia-persistenced",))
+        node = make_node(tmp_path, package, env={"FABRIC_MANAGER": "host"})
+        with node.agent():
+            wait_for(lambda: node.view().get("cause") == "FabricInProgress", 60)
+            assert not node.ready()
+            write_fabric(node.fabric, [(3, 0)] * 8)  # the host's Fabric Manager trained it
+            wait_for(lambda: node.view().get("ready") is True, 60)
+            assert node.ready()
+        assert node.start_order() == ["nvidia-persistenced"]
 
     def test_a_fabric_manager_of_another_version_is_refused(self, tmp_path: Path) -> None:
         package = daemon_package(tmp_path / "pkg", fm_version="535.230.02")
