@@ -165,14 +165,14 @@ class Agent:
     def _ib_verdict(self, now: float) -> Verdict:
         missing = ", ".join(missing_ib_modules(self.host)) or "the InfiniBand modules"
         waited = now - self.state.started
-        if waited >= self.config.ib_modules_timeout:
+        if waited >= self.config.fabric_timeout:
             message = f"{missing} not loaded after {waited:.0f}s: NVLSM and Fabric Manager " \
                       "cannot start (load the InfiniBand driver, e.g. MLNX_OFED/DOCA)"
             self.reporter.event("InfiniBandModulesMissing", message, once_key="ib")
             return Verdict(False, "InfiniBandModulesMissing", message)
         return Verdict(False, "WaitingForInfiniBand",
                        f"waiting for {missing} before NVLSM and Fabric Manager "
-                       f"({waited:.0f}s of {self.config.ib_modules_timeout:g}s)")
+                       f"({waited:.0f}s of FABRIC_TIMEOUT={self.config.fabric_timeout:g}s)")
 
     def _fabric_verdict(self, now: float) -> Verdict:
         try:

@@ -224,26 +224,19 @@ SETTINGS: tuple[Setting, ...] = (
             values.choice("package", "host")),
     # the node agent (issue 24; parsers in config/agent.py)
     Setting("persistence_mode", "--persistence-mode", "PERSISTENCE_MODE", "on",
-            "run nvidia-persistenced --persistence-mode from the package (the agent)",
+            "the agent runs nvidia-persistenced --persistence-mode from the package",
             "one of on, off", values.choice(*agent.PERSISTENCE)),
     Setting("uvm_persistence_mode", "--uvm-persistence-mode", "UVM_PERSISTENCE_MODE", "auto",
-            "also pass --uvm-persistence-mode to nvidia-persistenced (auto: drivers R550 and "
-            "later, which have it)", "one of auto, on, off",
-            values.choice(*agent.UVM_PERSISTENCE)),
+            "also --uvm-persistence-mode (auto: drivers R550 and later, which have it)",
+            "one of auto, on, off", values.choice(*agent.UVM_PERSISTENCE)),
     Setting("fabric_timeout", "--fabric-timeout", "FABRIC_TIMEOUT", "600",
-            "seconds Fabric Manager has to bring every GPU's fabric to completed before the "
-            "agent reports the node not ready with an Event and a condition",
-            "a number of seconds above 0, at most 86400", agent.deadline),
-    Setting("ib_modules_timeout", "--ib-modules-timeout", "IB_MODULES_TIMEOUT", "300",
-            "on NVLink5 nodes, seconds to wait for mlx5_core and ib_umad before reporting "
-            "them missing", "a number of seconds above 0, at most 86400", agent.deadline),
+            "seconds for every GPU's fabric (NVLink5: first mlx5_core, ib_umad) before an "
+            "Event says why the node is not ready", agent.SECONDS, agent.deadline),
     Setting("agent_interval", "--agent-interval", "AGENT_INTERVAL", "5",
-            "seconds between the agent's rounds (it also wakes on GPU events); a daemon's exit "
-            "withdraws readiness within one round", "a number of seconds from 5 to 10",
-            agent.interval),
+            "seconds between the agent's rounds (also woken by GPU events)",
+            "a number of seconds from 5 to 10", agent.interval),
     Setting("daemon_stop_timeout", "--daemon-stop-timeout", "DAEMON_STOP_TIMEOUT", "10",
-            "seconds a daemon has to exit after SIGTERM before SIGKILL",
-            "a number of seconds above 0, at most 86400", agent.deadline),
+            "seconds a daemon has after SIGTERM before SIGKILL", agent.SECONDS, agent.deadline),
     # GPU health in the node agent (issue 24; parser in config/health.py)
     Setting("xid_critical", "--xid-critical", "XID_CRITICAL", health.DEFAULT,
             "Xids that set the node condition gpu-node-installer/XidCriticalError and post "
@@ -309,7 +302,6 @@ class Config:
     persistence_mode: str = "on"
     uvm_persistence_mode: str = "auto"
     fabric_timeout: float = 600.0
-    ib_modules_timeout: float = 300.0
     agent_interval: float = 5.0
     daemon_stop_timeout: float = 10.0
     xid_critical: tuple[int, ...] = health.GKE_CRITICAL

@@ -14,6 +14,7 @@ UVM_PERSISTENCE = ("auto", "on", "off")
 MIN_INTERVAL_S = 5.0  # no busy polling: the loop never wakes more often than this
 MAX_INTERVAL_S = 10.0  # a daemon's exit withdraws readiness within 10 s
 MAX_SECONDS = 86400.0
+SECONDS = "a number of seconds above 0, at most 86400"
 UVM_PERSISTENCE_MAJOR = 550  # `--uvm-persistence-mode` came with the R550 branch
 
 

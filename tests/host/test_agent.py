@@ -225,7 +225,7 @@ class TestOtherNodes:
             self, tmp_path: Path, package: Package, cluster: tuple[str, Cluster]) -> None:
         url, api = cluster
         node = make_node(tmp_path, package, env={"FAKE_FM_NEEDS_NVLSM": "1",
-                                                 "IB_MODULES_TIMEOUT": "4"})
+                                                 "FABRIC_TIMEOUT": "4"})
         vpd = node.root / "sys/class/infiniband/mlx5_0/device/vpd"
         vpd.parent.mkdir(parents=True)
         vpd.write_bytes(b"\x82\x10NVIDIA ConnectX-7\x90\x08SW_MNG\x00\x78")
