@@ -35,7 +35,7 @@ from installer.agent.plan import Plan, make_plan
 from installer.agent.readiness import HEARTBEAT_S, Keeper, remove_view, work_dir, write_view
 from installer.agent.report import Reporter
 from installer.context import Context
-from installer.errors import InstallerError, VerificationError
+from installer.errors import VerificationError
 from installer.installdir.layout import install_root
 from installer.node import kmod, kmsg
 from installer.node.fabric import missing_ib_modules
@@ -212,15 +212,18 @@ class Agent:
         it works: the driver may be mid-load)."""
         if self.state.nvml_ready:
             return True
+        import ctypes
+
         import pynvml  # type: ignore[import-untyped]
 
-        from installer.stages.verify.nvml import bind_library
-
+        library = install_root(self.config, self.host.roots) / "lib64" / "libnvidia-ml.so.1"
         try:
-            bind_library(install_root(self.config, self.host.roots)
-                         / "lib64" / "libnvidia-ml.so.1")
+            # the staged file, by path: pynvml's own CDLL("libnvidia-ml.so.1") then finds it
+            # loaded under that SONAME (the verify stage's bind_library would import the
+            # whole stage into a process that lives as long as the pod)
+            ctypes.CDLL(str(library))
             pynvml.nvmlInit()
-        except (InstallerError, pynvml.NVMLError) as exc:
+        except (OSError, pynvml.NVMLError) as exc:
             self.state.nvml_error = f"NVML: {exc}"
             return False
         self.state.nvml_ready = True
