@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU smoke test: on a machine with a real NVIDIA GPU and driver, run
 # `gpu-node-installer verify --cuda-smoke` against the driver libraries already installed
-# there (no install dir, nothing written) and print one line per GPU.
+# there (no install dir, nothing written) and print one line per GPU, then one line with
+# the node agent's view: each GPU's fabric state and the persistence mode.
 #
 #   scripts/gpu-smoke.sh [--lib-dir DIR] [--expect-gpus N] [--json FILE]
 #
@@ -23,7 +24,7 @@ while [ $# -gt 0 ]; do
     --expect-gpus) expect=${2:?--expect-gpus needs a number}; shift 2 ;;
     --expect-gpus=*) expect=${1#*=}; shift ;;
     --json) json_out=${2:?--json needs a file}; shift 2 ;;
-    -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu-smoke: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -87,4 +88,29 @@ for gpu in report["gpus"]:
     print(f"GPU {gpu['index']} {gpu['pci_bus_id']} {gpu['name']} {gpu['uuid']} "
           f"{gpu['memory_total_mib']} MiB driver {report['driver_version']} "
           f"CUDA {report['cuda_version']} vector-add {ok}")
+PY
+# The node agent's view (issue 24): every GPU's NVLink fabric state through the agent's own
+# reader, and the persistence mode it found, in one more line. Read-only: no daemon started.
+PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}" "$python" - "$lib_dir" <<'PY'
+import ctypes, sys
+ctypes.CDLL(f"{sys.argv[1]}/libnvidia-ml.so.1")  # pynvml's own load then finds this one
+import pynvml
+from installer.agent.fabric import fabric_summary, read_fabric
+pynvml.nvmlInit()
+try:
+    count = pynvml.nvmlDeviceGetCount()
+    modes = []
+    for index in range(count):
+        try:
+            modes.append(pynvml.nvmlDeviceGetPersistenceMode(
+                pynvml.nvmlDeviceGetHandleByIndex(index)) == 1)
+        except pynvml.NVMLError:
+            modes.append(None)
+    fabric = fabric_summary(read_fabric())
+finally:
+    pynvml.nvmlShutdown()
+known = [m for m in modes if m is not None]
+persistence = (f"on for {sum(known)} of {count} GPUs" if known
+               else "not reported by NVML")
+print(f"agent view: fabric {fabric}; persistence mode {persistence}")
 PY

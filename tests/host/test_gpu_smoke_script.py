@@ -31,9 +31,24 @@ def test_one_line_per_gpu(standins: Path) -> None:
                  FAKE_NVML_BUS_IDS="00000000:10:00.0,00000000:11:00.0")
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert len(lines) == 2
+    assert len(lines) == 3
     assert lines[1].startswith("GPU 1 00000000:11:00.0 NVIDIA A100-SXM4-40GB GPU-")
     assert lines[1].endswith("driver 535.261.03 CUDA 12.2 vector-add ok")
+    assert lines[2].startswith("agent view: fabric 2 GPUs")
+
+
+def test_the_agent_view_reports_fabric_and_persistence(standins: Path, tmp_path: Path) -> None:
+    """An 8-GPU NVSwitch node mid-training of its fabric, persistence on for all."""
+    fabric, persistence = tmp_path / "fabric", tmp_path / "persistence"
+    fabric.write_text("3 0\n" * 6 + "2 0\n" * 2)
+    persistence.write_text("1\n")
+    done = smoke("--lib-dir", str(standins), "--expect-gpus", "8", FAKE_NVML_GPUS="8",
+                 FAKE_CUDA_DEVICES="8", FAKE_NVML_FABRIC_FILE=str(fabric),
+                 FAKE_NVML_PERSISTENCE_FILE=str(persistence))
+    assert done.returncode == 0, done.stderr
+    last = done.stdout.splitlines()[-1]
+    assert last == ("agent view: fabric 8 GPUs: 6 completed, 2 in-progress; "
+                    "persistence mode on for 8 of 8 GPUs"), last
 
 
 def test_failure_keeps_verify_exit_code_and_says_why(standins: Path) -> None:
