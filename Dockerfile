@@ -27,7 +27,8 @@ RUN --mount=type=secret,id=pip-ca,required=false \
     if [ -s /run/secrets/pip-ca ]; then export PIP_CERT=/run/secrets/pip-ca; fi \
     && python3 -m venv /opt/build \
     && /opt/build/bin/pip wheel --no-cache-dir --disable-pip-version-check \
-       --index-url "${PIP_INDEX_URL}" --wheel-dir /wheels .
+       --index-url "${PIP_INDEX_URL}" --wheel-dir /wheels . \
+    && sha256sum /wheels/*.whl > /wheels.sha256
 
 # --- runtime: the wheels installed into a venv; no source tree, no compiler, no pip
 FROM ${BASE_IMAGE} AS runtime
@@ -43,6 +44,9 @@ LABEL org.opencontainers.image.title="gpu-node-installer" \
 # runs is coreutils' `chroot`, to run the node's own ldconfig (every Debian-like base has
 # coreutils); the pod's main container is the installer's own `agent` command, which runs the
 # driver's daemons from the install dir (they come with the driver package, not the image).
+# The wheels' digests, copied first: a COPY is cached by content, a RUN's bind mount is not,
+# so without this a changed installer would reuse the venv layer of an older build.
+COPY --from=builder /wheels.sha256 /var/lib/gpu-node-installer/wheels.sha256
 RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
     python3 -m venv /opt/gpu-node-installer \
     && /opt/gpu-node-installer/bin/pip install --no-cache-dir --disable-pip-version-check \

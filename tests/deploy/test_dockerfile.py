@@ -69,7 +69,9 @@ class TestDockerfile:
         final = instructions[instructions.index(("FROM", "${BASE_IMAGE} AS runtime")):
                              instructions.index(("FROM", "runtime AS build"))]
         sources = [args.split()[:-1] for key, args in final if key == "COPY"]
-        assert sources == [["${PRELOADED_DIR}/"]], sources
+        # the wheels' digests (so the venv layer is rebuilt when they change) and the
+        # preloaded dir; never the source tree
+        assert sources == [["--from=builder", "/wheels.sha256"], ["${PRELOADED_DIR}/"]], sources
         runs = " ".join(args for key, args in final if key == "RUN")
         assert "--no-index --find-links /wheels" in runs
         assert "from=builder" in runs

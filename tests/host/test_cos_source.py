@@ -56,7 +56,10 @@ def _args(root: Path, server: CosServer, command: str = "install", *extra: str) 
 
 
 def _install(root: Path, server: CosServer, *extra: str) -> tuple[int, str, str]:
-    done = run_cli(_args(root, server, "install", *extra), standin_env(VERSION, gpus=8))
+    # the sample A100 node has NVSwitches and COS's artifacts no Fabric Manager: the
+    # gke-cos overlay's FABRIC_MANAGER=host
+    done = run_cli(_args(root, server, "install", "--fabric-manager", "host", *extra),
+                   standin_env(VERSION, gpus=8))
     return done.returncode, done.stdout, done.stderr
 
 
