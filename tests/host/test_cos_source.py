@@ -73,7 +73,7 @@ class TestInstall:
             code, _, err = _install(root, server)
             assert code == 0, err
             assert any(e.get("event") == "package assembled" for e in events(err))
-            args = _args(root, server)
+            args = _args(root, server, "install", "--fabric-manager", "host")
             assert server.ca_bundle is not None
             ca = tmp_path / "ca.pem"
             ca.write_bytes(server.ca_bundle.read_bytes())

@@ -101,8 +101,14 @@ class GkeDevicePlugin:
 
     def _open(self, pod: dict[str, object], after: threading.Event | None = None) -> None:
         ready = self.kubelet.node.install_dir / ".ready.json"
+        driver = loaded(self.kubelet.node)
+        for _ in range(50):  # the fake kernel rewrites its state files in place: a reader
+            if driver != "none":  # can land in between (an open gate means a driver is
+                break  # loaded on a real kernel), so look again for up to a second
+            time.sleep(0.02)
+            driver = loaded(self.kubelet.node)
         self.saw.append({"pod": pod["metadata"]["name"],  # type: ignore[index]
-                         "driver": loaded(self.kubelet.node),
+                         "driver": driver,
                          "ready": json.loads(ready.read_text())["driver_version"]
                          if ready.exists() else None})
         if after is None or after.wait(30):
