@@ -237,6 +237,15 @@ SETTINGS: tuple[Setting, ...] = (
             "a number of seconds from 5 to 10", agent.interval),
     Setting("daemon_stop_timeout", "--daemon-stop-timeout", "DAEMON_STOP_TIMEOUT", "10",
             "seconds a daemon has after SIGTERM before SIGKILL", agent.SECONDS, agent.deadline),
+    # the Container Device Interface spec (issue 27; installer/installdir/cdi.py)
+    Setting("cdi", "--cdi", "CDI", "on",
+            "the signal stage writes a CDI spec (kind nvidia.com/gpu) for the staged driver, "
+            "so containerd 2.x, CRI-O and Podman give containers the driver without NVIDIA's "
+            "container toolkit; off removes ours", "one of on, off", values.choice("on", "off")),
+    Setting("cdi_spec_dir", "--cdi-spec-dir", "CDI_SPEC_DIR", "/var/run/cdi",
+            "where the CDI spec goes, as a path on the node (/var/run/cdi is cleared at boot "
+            "and rewritten by the installer; /etc/cdi persists)",
+            "an absolute path on the node without '..'", values.host_abs_path),
     # GPU health in the node agent (issue 24; parser in config/health.py)
     Setting("xid_critical", "--xid-critical", "XID_CRITICAL", health.DEFAULT,
             "Xids that set the node condition gpu-node-installer/XidCriticalError and post "
@@ -305,6 +314,8 @@ class Config:
     agent_interval: float = 5.0
     daemon_stop_timeout: float = 10.0
     xid_critical: tuple[int, ...] = health.GKE_CRITICAL
+    cdi: str = "on"
+    cdi_spec_dir: PurePosixPath = PurePosixPath("/var/run/cdi")
 
 
 def _raw_value(setting: Setting, flags: Mapping[str, Any], environ: Mapping[str, str]
