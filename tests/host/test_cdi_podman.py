@@ -27,6 +27,7 @@ from e2e import Scene, add_version, make_scene, run_cli, standin_env
 from httpserver import MirrorServer
 
 V1, V2 = "535.261.03", "535.309.01"
+pytestmark = pytest.mark.timeout(1800)  # a cold cache first builds the base rootfs
 SPEC = "var/run/cdi/gpu-node-installer-nvidia.json"
 # What runs in the container: the device nodes, the library mount's options, a write that
 # must fail, and the dynamic linker finding libnvidia-ml.so.1 and libcuda.so.1 by SONAME.
