@@ -133,7 +133,18 @@ def read_record(install: Path) -> dict[str, Any]:
         data = json.loads(path.read_bytes()[:_MAX_RECORD_BYTES])
     except (OSError, ValueError):
         return {}
-    return data if isinstance(data, dict) else {}
+    if not isinstance(data, dict) or not _our_name(data.get("path")):
+        return {}
+    return data
+
+
+def _our_name(path: object) -> bool:
+    """A record names only a file called SPEC_FILE, by an absolute path without '..': a
+    doctored record cannot make us replace or delete anything else on the node."""
+    if not isinstance(path, str):
+        return False
+    node = PurePosixPath(path)
+    return node.is_absolute() and ".." not in node.parts and node.name == SPEC_FILE
 
 
 def _write_record(install: Path, record: dict[str, Any]) -> None:

@@ -8,6 +8,7 @@ by CDI=off, moved with CDI_SPEC_DIR; a spec we did not write is never touched.""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -235,6 +236,31 @@ class TestLife:
         assert path.read_text() == '{"someone": "else"}\n'
         assert cli(scene, "uninstall").returncode == 0
         assert path.read_text() == '{"someone": "else"}\n'
+
+    def test_a_link_at_our_path_or_a_doctored_record_moves_nothing(self, scene: Scene
+                                                                     ) -> None:
+        """A link at our path is not followed (its target keeps its bytes); a record naming
+        another file, even with that file's digest, deletes nothing."""
+        victim = scene.root / "etc/victim.conf"
+        victim.parent.mkdir(parents=True, exist_ok=True)
+        victim.write_text("keep me\n")
+        link = scene.root / SPEC
+        link.parent.mkdir(parents=True)
+        link.symlink_to("/etc/victim.conf")
+        with MirrorServer(scene.repo) as server:
+            done = install(scene, server.url, V1)
+            assert done.returncode == 0, done.stderr
+            assert "left untouched" in done.stderr
+            assert os.readlink(link) == "/etc/victim.conf"
+            link.unlink()
+            digest = hashlib.sha256(victim.read_bytes()).hexdigest()
+            (scene.install_dir / ".cdi.json").write_text(json.dumps(
+                {"path": "/etc/victim.conf", "sha256": [digest], "version": "x"}))
+            (scene.install_dir / ".state.json").unlink()
+            assert install(scene, server.url, V1).returncode == 0
+        assert victim.read_text() == "keep me\n"
+        assert cli(scene, "uninstall").returncode == 0
+        assert victim.read_text() == "keep me\n" and not link.exists()
 
     def test_our_spec_edited_by_someone_becomes_theirs(self, scene: Scene) -> None:
         with MirrorServer(scene.repo) as server:
