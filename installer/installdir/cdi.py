@@ -44,6 +44,7 @@ from typing import Any
 
 from installer.installdir.layout import VERSIONS
 from installer.node.host import Host
+from installer.node.pci import bus_key
 
 KIND = "nvidia.com/gpu"
 CONTAINER_ROOT = PurePosixPath("/usr/local/nvidia")
@@ -147,7 +148,7 @@ def node_spec(host: Host, install_dir: PurePosixPath, version: str, gpus: Sequen
     minors = gpu_minors(host)
     pairs = []
     for gpu in gpus:
-        minor = minors.get(_bus_key(gpu.pci_bus_id), gpu.index)
+        minor = minors.get(bus_key(gpu.pci_bus_id), gpu.index)
         node = dev_node(host, f"nvidia{minor}")
         if node is not None:
             pairs.append((gpu, node))
@@ -171,17 +172,8 @@ def gpu_minors(host: Host) -> dict[str, int]:
     for gpu in host.iterdir(host.roots.proc / "driver" / "nvidia" / "gpus"):
         match = _MINOR_RE.search(host.read_text(gpu / "information") or "")
         if match:
-            minors[_bus_key(gpu.name)] = int(match.group(1))
+            minors[bus_key(gpu.name)] = int(match.group(1))
     return minors
-
-
-def _bus_key(bus_id: str) -> str:
-    """NVML's `00000000:07:00.0` and the kernel's `0000:07:00.0` as one form."""
-    domain, _, rest = bus_id.strip().lower().partition(":")
-    try:
-        return f"{int(domain, 16):x}:{rest}"
-    except ValueError:
-        return bus_id.strip().lower()
 
 
 def gpus_from(entries: object) -> list[CdiGpu]:

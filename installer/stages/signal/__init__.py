@@ -29,6 +29,7 @@ from installer.installdir.layout import READY_FILE, VALIDATION_NODE_PATH
 from installer.installdir.readiness import clear_readiness, ready_paths
 from installer.installdir.versions import current_name
 from installer.node.host import write_atomic
+from installer.node.pci import bus_key
 
 LABEL_PREFIX = "gpu-node-installer"
 
@@ -132,9 +133,9 @@ def env_text(ctx: Context) -> str:
 def node_labels(ctx: Context, verified: Verified) -> dict[str, str]:
     """Driver, CUDA and status, then what the GPUs are: verify's NVML facts, with detect's
     architecture for a GPU whose compute capability NVML did not report."""
-    architectures = {_bus_key(g.pci_address): g.architecture for g in ctx.node_info().gpus}
+    architectures = {bus_key(g.pci_address): g.architecture for g in ctx.node_info().gpus}
     gpus = [nodelabels.GpuFacts(g.name, g.memory_total_mib or None, g.compute_capability,
-                                architectures.get(_bus_key(g.pci_bus_id)))
+                                architectures.get(bus_key(g.pci_bus_id)))
             for g in verified.gpus]
     return {f"{LABEL_PREFIX}/driver-version": verified.driver_version,
             f"{LABEL_PREFIX}/cuda-version": verified.cuda_version,
@@ -143,14 +144,6 @@ def node_labels(ctx: Context, verified: Verified) -> dict[str, str]:
                                     cuda=verified.cuda_version, flavour=verified.flavour,
                                     prefix=ctx.config.gpu_label_prefix)}
 
-
-def _bus_key(bus_id: str) -> str:
-    """NVML's `00000000:07:00.0` and sysfs's `0000:07:00.0` as one form."""
-    domain, _, rest = bus_id.strip().lower().partition(":")
-    try:
-        return f"{int(domain, 16):04x}:{rest}"
-    except ValueError:
-        return bus_id.strip().lower()
 
 
 def _publish(ctx: Context, verified: Verified, labels: dict[str, str]) -> list[str]:
