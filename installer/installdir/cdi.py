@@ -141,7 +141,11 @@ def minimum_version(spec: Mapping[str, Any]) -> str:
 def node_spec(host: Host, install_dir: PurePosixPath, version: str, gpus: Sequence[CdiGpu],
               *, extra_devices: Sequence[Mapping[str, Any]] = ()) -> Spec | None:
     """The spec for what this node has now: `version` staged, its device nodes as the seam
-    sees them. None when there is nothing to hand a container (no GPU node on /dev)."""
+    sees them. None when there is nothing to hand a container (no GPU node on /dev) or
+    `version` is no directory name of ours (a doctored `.current` link: no mount leaves
+    `.versions/`)."""
+    if version in ("", ".", "..") or "/" in version:
+        return None
     version_dir = host.roots.node(install_dir) / VERSIONS / version
     parts = frozenset(p for p in ("lib64", "bin", "firmware")
                       if (version_dir / p).is_dir() and any((version_dir / p).iterdir()))

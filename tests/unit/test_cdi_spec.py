@@ -51,3 +51,18 @@ def test_extra_devices_join_all_once() -> None:
         "hostPath": "/opt/nvidia/.versions/v/lib64", "containerPath": "/usr/local/nvidia/lib64",
         "options": ["ro", "nosuid", "nodev", "bind"]}]
     assert spec["cdiVersion"] == "0.5.0"
+
+
+def test_a_version_name_that_leaves_versions_gives_no_spec(tmp_path: object) -> None:
+    """`.current -> ..` would make `.versions/..` the mounted directory: no spec instead."""
+    from pathlib import Path
+
+    from installer.node.host import Roots
+    from installer.testing.kernel import FakeKernelHost
+
+    root = Path(str(tmp_path))
+    host = FakeKernelHost(Roots(root, root / "proc", root / "sys", root / "dev"))
+    host.mknod_char(root / "dev" / "nvidia0", 195, 0, 0o666)
+    assert cdi.node_spec(host, PurePosixPath("/opt/nvidia"), "v", [GPU]) is not None
+    for name in ("..", ".", "", "a/b"):
+        assert cdi.node_spec(host, PurePosixPath("/opt/nvidia"), name, [GPU]) is None
