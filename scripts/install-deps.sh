@@ -12,6 +12,26 @@ PACKAGES=(
   podman runc mmdebstrap   # deploy tier: image build from a local bookworm rootfs; kernel tier: package build --build-root auto
 )
 
+# The Container Device Interface project's JSON schema (tests/host/test_cdi.py validates our
+# spec with it). Debian ships it in the Go source package, whose dependencies would pull in
+# a Go tree and a systemd upgrade: only that package is downloaded and its schema/ extracted.
+CDI_SCHEMA_DIR=${GNI_CDI_SCHEMA_DIR:-/usr/local/share/gpu-node-installer-test/cdi-schema}
+CDI_DEB=golang-github-container-orchestrated-devices-container-device-interface-dev
+if [ ! -f "$CDI_SCHEMA_DIR/schema.json" ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "install-deps: the CDI schema is missing; run as root: sudo bash $0" >&2
+    exit 1
+  fi
+  work=$(mktemp -d)
+  (cd "$work" && { apt-get download -q "$CDI_DEB" >/dev/null 2>&1 \
+     || { apt-get update -qq && apt-get download -q "$CDI_DEB" >/dev/null; }; } \
+   && dpkg-deb -x ./*.deb x)
+  mkdir -p "$CDI_SCHEMA_DIR"
+  cp "$work"/x/usr/share/gocode/src/github.com/container-orchestrated-devices/container-device-interface/schema/*.json "$CDI_SCHEMA_DIR/"
+  rm -rf "$work"
+  echo "install-deps: CDI schema from $CDI_DEB in $CDI_SCHEMA_DIR"
+fi
+
 missing=()
 for pkg in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

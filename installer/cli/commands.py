@@ -286,6 +286,15 @@ def signal_command(ctx: Context, output: str) -> None:
     emit(run.signal(ctx), output)
 
 
+@cli.command(name="cdi")
+@node_options
+@click.option("--output", "output", type=click.Choice(["json", "yaml"]), default="json",
+              show_default=True, help="JSON (as written) or YAML (as nvidia-ctk prints)")
+def cdi_command(ctx: Context, output: str) -> None:
+    """Print the CDI spec for this node's staged driver (what `signal` writes)."""
+    click.echo(run.cdi_spec(ctx).render(output))
+
+
 @cli.command()
 @node_options
 @output_option

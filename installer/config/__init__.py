@@ -21,8 +21,8 @@ from installer.config.modparams import parse_module_param as parse_module_param
 from installer.config.modparams import read_params_file
 from installer.config.values import VERSION_ALIASES as VERSION_ALIASES
 from installer.config.values import Invalid as _Invalid
+from installer.config.values import check_mirrors, pem_bundle
 from installer.config.values import parse_driver_version as parse_driver_version
-from installer.config.values import pem_bundle
 from installer.errors import ConfigError
 
 FLAVOURS = ("auto", "open", "proprietary")
@@ -237,6 +237,12 @@ SETTINGS: tuple[Setting, ...] = (
             "a number of seconds from 5 to 10", agent.interval),
     Setting("daemon_stop_timeout", "--daemon-stop-timeout", "DAEMON_STOP_TIMEOUT", "10",
             "seconds a daemon has after SIGTERM before SIGKILL", agent.SECONDS, agent.deadline),
+    Setting("cdi", "--cdi", "CDI", "on", "write a CDI spec (kind nvidia.com/gpu) for the staged "
+            "driver, read by containerd 2.x, CRI-O and Podman without NVIDIA's toolkit; off "
+            "removes ours", "one of on, off", values.choice("on", "off")),
+    Setting("cdi_spec_dir", "--cdi-spec-dir", "CDI_SPEC_DIR", "/var/run/cdi", "where the CDI "
+            "spec goes on the node (/etc/cdi persists)", "an absolute path on the node without "
+            "'..'", values.host_abs_path),
     # GPU health in the node agent (issue 24; parser in config/health.py)
     Setting("xid_critical", "--xid-critical", "XID_CRITICAL", health.DEFAULT,
             "Xids that set the node condition gpu-node-installer/XidCriticalError and post "
@@ -305,6 +311,8 @@ class Config:
     agent_interval: float = 5.0
     daemon_stop_timeout: float = 10.0
     xid_critical: tuple[int, ...] = health.GKE_CRITICAL
+    cdi: str = "on"
+    cdi_spec_dir: PurePosixPath = PurePosixPath("/var/run/cdi")
 
 
 def _raw_value(setting: Setting, flags: Mapping[str, Any], environ: Mapping[str, str]
@@ -337,7 +345,7 @@ def load_config(flags: Mapping[str, Any], environ: Mapping[str, str]) -> Config:
     values.setdefault("dev_root", values["host_root"] / "dev")
     config = Config(**values)
     _check_roots(config)
-    _check_mirrors(config)
+    check_mirrors(config)
     upgrade.check(config)
     if (config.build_sign_key is None) != (config.build_sign_cert is None):
         raise ConfigError("--build-sign-key and --build-sign-cert go together",
@@ -377,14 +385,6 @@ def _refusal(setting: Setting, source: str, raw: str, exc: _Invalid) -> ConfigEr
     shown = values.shown_url(raw) if setting.name in _URL_SETTINGS else raw
     return ConfigError(f"{source}={shown!r} is invalid{why}",
                        remedy=f"{setting.flag.lstrip('-')} must be {setting.accepted}")
-
-
-def _check_mirrors(config: Config) -> None:
-    """Plain http:// lets an index or manifest be altered in transit: opt in explicitly."""
-    for url in (*config.mirrors, config.cos_tools_url or "", config.nvidia_runfile_url or ""):
-        if url.startswith("http://") and not config.allow_http:
-            raise ConfigError(f"mirror {values.shown_url(url)} uses plain http://",
-                              remedy="use https:// or pass --allow-http (DRIVER_ALLOW_HTTP=1)")
 
 
 def _check_roots(config: Config) -> None:

@@ -8,6 +8,8 @@
     <install>/.state.json  .ready.json  .devnodes.json  .lock  .cache/
     <install>/.skipped.json                  an upgrade the Node's upgrade.skip label held back
     <install>/.agent.json  .agent/            the node agent's view and work area
+    <install>/.cdi.json                       which CDI spec is ours (path, sha256)
+    <CDI_SPEC_DIR>/gpu-node-installer-nvidia.json   the CDI spec (default /var/run/cdi)
     /etc/ld.so.conf.d/gpu-node-installer.conf  /run/nvidia/validations/driver-ready
 
 Paths here are "as seen in this container": the node's path under the host root.
@@ -36,6 +38,7 @@ STATE_FILE = ".state.json"
 READY_FILE = ".ready.json"
 SKIPPED_FILE = ".skipped.json"
 DEVNODES_FILE = ".devnodes.json"  # the /dev nodes the load stage made (stages/load/devnodes)
+CDI_RECORD = ".cdi.json"  # the CDI spec we wrote: its path and digests (installdir/cdifile)
 LOCK_FILE = ".lock"
 CACHE_DIR = ".cache"
 AGENT_VIEW = ".agent.json"  # the node agent's view, read by its readiness probe and `status`

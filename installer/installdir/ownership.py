@@ -36,6 +36,7 @@ SYSTEM_DIRS = frozenset(PurePosixPath(p) for p in (
 OWN_DIRS = (layout.VERSIONS, layout.CACHE_DIR, layout.DRIVER_ROOT_DIR, BACKUP_DIR)
 OWN_NAMES = frozenset({*OWN_DIRS, *layout.TOP_LINKS, layout.CURRENT, layout.PREVIOUS,
                        layout.STATE_FILE, layout.READY_FILE, layout.DEVNODES_FILE,
+                       layout.CDI_RECORD,
                        layout.LOCK_FILE, MARKER})
 # What GKE's installers (container-engine-accelerators' COS/Ubuntu installer, COS's
 # cos_gpu_installer) leave in /home/kubernetes/bin/nvidia: the driver tree, the overlay

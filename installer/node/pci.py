@@ -97,3 +97,12 @@ def _numa(text: str | None) -> int | None:
     except ValueError:
         return None
     return value if value >= 0 else None
+
+
+def bus_key(bus_id: str) -> str:
+    """NVML's `00000000:07:00.0` and sysfs's `0000:07:00.0` as one form, to match them."""
+    domain, _, rest = bus_id.strip().lower().partition(":")
+    try:
+        return f"{int(domain, 16):04x}:{rest}"
+    except ValueError:
+        return bus_id.strip().lower()

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from installer.installdir.readiness import Readiness
     from installer.node.facts import NodeInfo
     from installer.packages.manifest import Package
+    from installer.pipeline.cdispec import CdiSpec
     from installer.pipeline.status import StatusReport
     from installer.pipeline.uninstall import UninstallResult
     from installer.stages.fetch import Versions
@@ -82,10 +83,13 @@ def stage(ctx: Context) -> StageResult:
 
 
 def rollback(ctx: Context) -> RollbackResult:
+    from installer.installdir import cdifile
     from installer.stages.stage import rollback_stage
 
     with locked(ctx):
-        return runner.run_stage(ctx, "stage", rollback_stage)
+        result = runner.run_stage(ctx, "stage", rollback_stage)
+        cdifile.refresh(ctx.config, ctx.host)  # the CDI spec follows the version in service
+        return result
 
 
 def verify(ctx: Context, *, cuda_smoke: bool, lib_dir: Path | None,
@@ -98,6 +102,13 @@ def signal(ctx: Context) -> SignalResult:
         runner.detect(ctx)
         runner.verify(ctx)
         return runner.signal(ctx)
+
+
+def cdi_spec(ctx: Context) -> CdiSpec:
+    """The CDI spec for this node as `signal` would write it now (no lock: writes nothing)."""
+    from installer.pipeline.cdispec import current_spec
+
+    return current_spec(ctx)
 
 
 def status(ctx: Context) -> StatusReport:

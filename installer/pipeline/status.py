@@ -2,8 +2,8 @@
 
 Read only. Detect's summary, the package cache, the loaded module, the staged versions,
 readiness, an upgrade the Node's upgrade.skip label held back (`.skipped.json`), the last
-verified run's stage timings (from `.state.json`) and the node agent's view (its verdict,
-each GPU's fabric state, its daemons).
+verified run's stage timings (from `.state.json`), the node agent's view (its verdict,
+each GPU's fabric state, its daemons) and the CDI spec (where, which version it points at).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 from installer.agent.readiness import probe, read_view
 from installer.compat import toolkit as compat
 from installer.context import Context
-from installer.installdir import layout, skipped
+from installer.installdir import cdifile, layout, skipped
 from installer.installdir.readiness import check_ready, ready_paths
 from installer.installdir.state import MAX_STATE_BYTES
 from installer.installdir.versions import current_name, previous_name, read_staged
@@ -36,12 +36,13 @@ class StatusReport:
     last_run: dict[str, Any] | None
     upgrade: dict[str, Any] | None = None  # {"wanted", "serving", "skipped_by"}
     agent: dict[str, Any] | None = None  # the node agent's view (.agent.json), if it runs
+    cdi: dict[str, Any] | None = None  # our CDI spec: path, version, intact
 
     def to_dict(self) -> dict[str, Any]:
         return {"node": self.node.to_dict(), "install_dir": self.install_dir,
                 "cache": self.cache, "loaded_modules": self.modules, "staged": self.staged,
                 "readiness": self.readiness, "upgrade": self.upgrade,
-                "last_run": self.last_run, "agent": self.agent,
+                "last_run": self.last_run, "agent": self.agent, "cdi": self.cdi,
                 "cuda": compat.cuda_support(self._driver())}
 
     def _driver(self) -> str | None:
@@ -70,6 +71,7 @@ class StatusReport:
                          f"{self.upgrade['serving']}, skipped by label "
                          f"{self.upgrade['skipped_by']}")
         lines += agent_lines(self.agent)
+        lines.append(cdi_line(self.cdi))
         if self.last_run:
             timings = self.last_run.get("timings_ms")
             shown = timings.items() if isinstance(timings, dict) else ()
@@ -95,7 +97,17 @@ def collect(ctx: Context) -> StatusReport:
         last_run=_last_run(root),
         upgrade=skipped.current(ctx.config, ctx.host),
         agent=_agent(ctx),
+        cdi=cdifile.describe(ctx.config, ctx.host.roots),
     )
+
+
+def cdi_line(cdi: dict[str, Any] | None) -> str:
+    """Where our CDI spec is and which staged version it points at."""
+    if not cdi or not cdi.get("path"):
+        return "CDI spec:        " + ("none written yet" if cdi and cdi.get("enabled")
+                                      else "off (CDI=off)")
+    state = "" if cdi.get("intact") else " (changed or removed since: not ours now)"
+    return f"CDI spec:        {cdi['path']} -> {cdi.get('version')}{state}"
 
 
 def _agent(ctx: Context) -> dict[str, Any] | None:

@@ -1,8 +1,9 @@
 """`uninstall`: take the driver off the node, or refuse while GPU pods still use it.
 
 Order matters: first prove the modules can go (nothing holds them), then withdraw
-readiness, unload, remove device nodes, the linker entry and the staged versions. A refusal
-happens before anything is touched, so running GPU pods never lose their driver.
+readiness, unload, remove device nodes, our CDI spec (never another's), the linker entry and
+the staged versions. A refusal happens before anything is touched, so running GPU pods
+never lose their driver.
 """
 
 from __future__ import annotations
@@ -15,14 +16,15 @@ from typing import Any
 
 from installer.context import Context
 from installer.errors import ModuleLoadError, StagingError
-from installer.installdir import layout, ownership
+from installer.installdir import cdifile, layout, ownership
 from installer.installdir.readiness import clear_readiness
 from installer.node import kmod
 from installer.stages import load
 
 INSTALL_DIR_ENTRIES = (*layout.TOP_LINKS, layout.VERSIONS, layout.CURRENT, layout.PREVIOUS,
                        layout.STATE_FILE, layout.SKIPPED_FILE, layout.DEVNODES_FILE,
-                       layout.DRIVER_ROOT_DIR, layout.AGENT_VIEW, layout.AGENT_DIR)
+                       layout.DRIVER_ROOT_DIR, layout.AGENT_VIEW, layout.AGENT_DIR,
+                       layout.CDI_RECORD)
 
 
 @dataclass(frozen=True)
@@ -55,7 +57,8 @@ def run(ctx: Context, *, keep_cache: bool = False) -> UninstallResult:
                               "NVIDIA driver", remedy="the driver is built in; nothing to do")
     clear_readiness(ctx.config, ctx.host.roots)
     nodes = remove_device_nodes(ctx.host.roots.dev)
-    removed = remove_install_files(ctx, keep_cache=keep_cache)
+    removed = [*cdifile.withdraw(ctx.config, ctx.host.roots),
+               *remove_install_files(ctx, keep_cache=keep_cache)]
     return UninstallResult(unloaded, nodes, removed)
 
 

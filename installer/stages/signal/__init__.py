@@ -7,6 +7,8 @@ consumers wait for and source.
 Labels and an Event on the Node are a courtesy: failing to post them is a warning. The
 labels describe the GPUs too (`installer.compat.nodelabels`), so pods can select a GPU type;
 they are also kept in `.ready.json`, where `check-pod --here` reads them.
+Before readiness, the CDI spec for the version in service is written (or ours removed:
+CDI=off, no GPU device node), so a runtime that reads CDI has it once the node is ready.
 """
 
 from __future__ import annotations
@@ -22,9 +24,12 @@ from installer.compat import nodelabels
 from installer.compat.toolkit import max_cuda_for_driver, minor_compat_major
 from installer.context import Context, Verified
 from installer.errors import VerificationError
+from installer.installdir import cdi, cdifile
 from installer.installdir.layout import READY_FILE, VALIDATION_NODE_PATH
 from installer.installdir.readiness import clear_readiness, ready_paths
+from installer.installdir.versions import current_name
 from installer.node.host import write_atomic
+from installer.node.pci import bus_key
 
 LABEL_PREFIX = "gpu-node-installer"
 
@@ -41,20 +46,25 @@ class SignalResult:
     env_file: str
     labels: dict[str, str]
     warnings: tuple[str, ...]
+    cdi: cdifile.Published | None = None
 
     def log_fields(self) -> dict[str, Any]:
         return {"ready_file": self.ready_file, "labels": bool(self.labels),
-                "warnings": len(self.warnings)}
+                "warnings": len(self.warnings),
+                "cdi": self.cdi.action if self.cdi else None}
 
     def to_dict(self) -> dict[str, Any]:
         return {"ready_file": self.ready_file, "env_file": self.env_file,
-                "labels": self.labels, "warnings": list(self.warnings)}
+                "labels": self.labels, "warnings": list(self.warnings),
+                "cdi": self.cdi.to_dict() if self.cdi else None}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
 
     def to_text(self) -> str:
         lines = [f"Ready:           {self.ready_file}", f"Env file:        {self.env_file}"]
+        if self.cdi is not None:
+            lines.append(f"CDI spec:        {self.cdi.path or 'none'} ({self.cdi.action})")
         lines += [f"Label:           {key}={value}" for key, value in self.labels.items()]
         lines += [f"Warning: {warning}" for warning in self.warnings]
         return "\n".join(lines)
@@ -70,11 +80,27 @@ def run(ctx: Context) -> SignalResult:
     ready, env_file = ready_paths(ctx.config, ctx.host.roots)
     labels = node_labels(ctx, verified)
     document = {**ready_document(ctx, verified), "labels": labels}
+    published = write_cdi(ctx, verified)
     write_atomic(ready, json.dumps(document, indent=2).encode())
     write_atomic(env_file, env_text(ctx).encode())
-    warnings = tuple(_publish(ctx, verified, labels))
+    warnings = (*published.warnings, *_publish(ctx, verified, labels))
     return SignalResult(str(ctx.config.install_dir / READY_FILE), str(VALIDATION_NODE_PATH),
-                        labels if ctx.config.node_name else {}, warnings)
+                        labels if ctx.config.node_name else {}, warnings, published)
+
+
+def write_cdi(ctx: Context, verified: Verified) -> cdifile.Published:
+    """The CDI spec for the version in service and the GPUs verification saw (MIG devices
+    join through `cdi.node_spec(extra_devices=...)` once the partition stage hands them)."""
+    version = current_name(ctx.install_root)
+    spec = None
+    gpus = [cdi.CdiGpu(g.index, g.uuid, g.pci_bus_id) for g in verified.gpus]
+    if ctx.config.cdi == "on" and version is not None:
+        spec = cdi.node_spec(ctx.host, ctx.config.install_dir, version, gpus)
+    published = cdifile.publish(ctx.config, ctx.host.roots, spec, version,
+                                gpus if spec is not None else ())
+    for warning in published.warnings:
+        ctx.log.warning("CDI spec", detail=warning)
+    return published
 
 
 def ready_document(ctx: Context, verified: Verified) -> dict[str, Any]:
@@ -107,9 +133,9 @@ def env_text(ctx: Context) -> str:
 def node_labels(ctx: Context, verified: Verified) -> dict[str, str]:
     """Driver, CUDA and status, then what the GPUs are: verify's NVML facts, with detect's
     architecture for a GPU whose compute capability NVML did not report."""
-    architectures = {_bus_key(g.pci_address): g.architecture for g in ctx.node_info().gpus}
+    architectures = {bus_key(g.pci_address): g.architecture for g in ctx.node_info().gpus}
     gpus = [nodelabels.GpuFacts(g.name, g.memory_total_mib or None, g.compute_capability,
-                                architectures.get(_bus_key(g.pci_bus_id)))
+                                architectures.get(bus_key(g.pci_bus_id)))
             for g in verified.gpus]
     return {f"{LABEL_PREFIX}/driver-version": verified.driver_version,
             f"{LABEL_PREFIX}/cuda-version": verified.cuda_version,
@@ -118,14 +144,6 @@ def node_labels(ctx: Context, verified: Verified) -> dict[str, str]:
                                     cuda=verified.cuda_version, flavour=verified.flavour,
                                     prefix=ctx.config.gpu_label_prefix)}
 
-
-def _bus_key(bus_id: str) -> str:
-    """NVML's `00000000:07:00.0` and sysfs's `0000:07:00.0` as one form."""
-    domain, _, rest = bus_id.strip().lower().partition(":")
-    try:
-        return f"{int(domain, 16):04x}:{rest}"
-    except ValueError:
-        return bus_id.strip().lower()
 
 
 def _publish(ctx: Context, verified: Verified, labels: dict[str, str]) -> list[str]:
