@@ -247,6 +247,23 @@ class CompressedModuleError(ModuleLoadError):
     """A compressed host module cannot be loaded: the kernel does not decompress modules."""
 
 
+# --- MIG partitioning (issue 26); codes come from their base class ----------------------
+
+
+class MigConfigError(ConfigError):
+    """A MIG layout is malformed or names a profile NVIDIA does not define (exit 2)."""
+
+    default_remedy = ("name profiles as NVIDIA does (e.g. `1g.10gb`) with positive counts; "
+                      "the error lists the sizes this GPU offers")
+
+
+class MigLayoutError(IncompatibleError):
+    """A well-formed MIG layout this GPU cannot take: a size it does not offer, more slices
+    or instances than fit its placements, or MIG on a GPU without MIG (exit 14)."""
+
+    default_remedy = "pick sizes the named GPU offers (listed) whose slices fit in 7"
+
+
 # --- a full filesystem, wherever a write meets it (issue 22 item 9) -----------------------
 
 NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
