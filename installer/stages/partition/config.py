@@ -130,7 +130,7 @@ def gke_source(text: str, path: PurePosixPath | str) -> Source | None:
 
 def mig_parted_source(text: str, path: str, name: str | None) -> Source:
     """mig-parted's `version: v1` file, the config `name` of it."""
-    import yaml
+    import yaml  # type: ignore[import-untyped]
 
     try:
         document = yaml.safe_load(text)
