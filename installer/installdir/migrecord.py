@@ -38,3 +38,11 @@ def write(install_root: Path, source: str, gpus: list[dict[str, Any]]) -> None:
 
 def forget(install_root: Path) -> None:
     (install_root / MIG_RECORD).unlink(missing_ok=True)
+
+
+def describe(gpu: dict[str, Any]) -> str:
+    """One GPU's row as `MIG 7x1g.5gb`, `MIG on, no instances` or `MIG off`."""
+    if not gpu.get("mig_enabled"):
+        return "MIG off"
+    parts = [f"{count}x{name}" for name, count in gpu.get("devices") or []]
+    return "MIG " + (", ".join(parts) if parts else "on, no instances")

@@ -77,19 +77,12 @@ class PartitionResult:
             return "MIG: not configured (nothing touched)"
         lines = [f"MIG source: {self.source}", f"MIG state:  {self.state}"]
         lines += [f"  would change: {line}" for line in self.planned]
-        lines += [f"  GPU {g['index']} ({g['name']}): {describe(g)}" for g in self.gpus]
+        lines += [f"  GPU {g['index']} ({g['name']}): {migrecord.describe(g)}"
+                  for g in self.gpus]
         if not self.dry_run:
             changed = ", ".join(map(str, self.changed)) or "none"
             lines.append(f"  changed GPUs: {changed}; capability nodes: {self.cap_nodes}")
         return "\n".join(lines)
-
-
-def describe(gpu: dict[str, Any]) -> str:
-    """`MIG 7x1g.5gb`, `MIG on, no instances` or `MIG off` (status shows the same)."""
-    if not gpu.get("mig_enabled"):
-        return "MIG off"
-    parts = [f"{count}x{name}" for name, count in gpu.get("devices", [])]
-    return "MIG " + (", ".join(parts) if parts else "on, no instances")
 
 
 def find(ctx: Context) -> config.Source | None:
@@ -151,7 +144,8 @@ def _apply(ctx: Context, hooks: Hooks, todo: list[GpuChange]) -> tuple[int, ...]
         if hooks.free is None:
             raise GpuInUseError(
                 f"GPU(s) {', '.join(str(c.gpu.index) for c in todo)} must be repartitioned "
-                f"but are held by {', '.join(h.describe() for h in holders)}; nothing changed",
+                f"but are held by {', '.join(h.describe() for h in holders)}; nothing "
+                "changed",
                 remedy="stop those processes or drain the GPU pods, or set "
                        "UPGRADE_POLICY=evict (or drain) to evict them, then rerun")
         hooks.free(holders, devices)
@@ -226,8 +220,8 @@ def _gpu_rows(gpus: Sequence[GpuNow]) -> tuple[dict[str, Any], ...]:
 
 
 def _planned(change: GpuChange) -> str:
-    now = describe(_gpu_rows([change.gpu])[0])
-    want = describe({"mig_enabled": change.want.mig_enabled,
+    now = migrecord.describe(_gpu_rows([change.gpu])[0])
+    want = migrecord.describe({"mig_enabled": change.want.mig_enabled,
                      "devices": [list(d) for d in change.want.devices]})
     return f"GPU {change.gpu.index} ({change.gpu.name}): {now} -> {want}"
 
