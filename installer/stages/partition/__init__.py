@@ -23,7 +23,7 @@ from typing import Any
 
 from installer.compat.nodelabels import MIG_STATE
 from installer.context import Context
-from installer.errors import InstallerError, ModuleInUseError, UpgradeBlockedError
+from installer.errors import InstallerError, MigInUseError, UpgradeBlockedError
 from installer.installdir import migrecord
 from installer.installdir.readiness import clear_readiness
 from installer.node.holders import Holder, find_holders
@@ -31,10 +31,6 @@ from installer.stages.partition import caps, config, plan
 from installer.stages.partition.plan import GpuChange, GpuNow
 
 _MINOR_RE = re.compile(r"^Device Minor:\s*(\d+)", re.M)
-
-
-class GpuInUseError(ModuleInUseError):
-    """A GPU whose MIG layout must change is held by processes (exit 10)."""
 
 
 class MigRebootRefusedError(UpgradeBlockedError):
@@ -142,7 +138,7 @@ def _apply(ctx: Context, hooks: Hooks, todo: list[GpuChange]) -> tuple[int, ...]
     holders = _holders(ctx, devices)
     if holders:
         if hooks.free is None:
-            raise GpuInUseError(
+            raise MigInUseError(
                 f"GPU(s) {', '.join(str(c.gpu.index) for c in todo)} must be repartitioned "
                 f"but are held by {', '.join(h.describe() for h in holders)}; nothing "
                 "changed",
@@ -150,7 +146,7 @@ def _apply(ctx: Context, hooks: Hooks, todo: list[GpuChange]) -> tuple[int, ...]
                        "UPGRADE_POLICY=evict (or drain) to evict them, then rerun")
         hooks.free(holders, devices)
         if _holders(ctx, devices):
-            raise GpuInUseError("the GPUs are held again after the evictions; nothing "
+            raise MigInUseError("the GPUs are held again after the evictions; nothing "
                                 "changed", remedy="rerun once the GPU pods are gone")
     from installer.stages.partition import nvml
 
@@ -158,13 +154,19 @@ def _apply(ctx: Context, hooks: Hooks, todo: list[GpuChange]) -> tuple[int, ...]
     if not waiting:
         return ()
     if _holders(ctx, devices):
-        raise GpuInUseError("a GPU needs a reset for its MIG mode but is held again",
+        raise MigInUseError("a GPU needs a reset for its MIG mode but is held again",
                             remedy="rerun once the GPU's processes are gone")
-    for change in waiting:
-        ctx.host.write_sysfs(_reset_path(ctx, change.gpu), "1")
-    still = {g.index for g in nvml.read_gpus() if g.mode_pending}
+    for change in waiting:  # a PCI function reset: what `nvidia-smi -r` asks the driver
+        try:
+            ctx.host.write_sysfs(_reset_path(ctx, change.gpu), "1")
+        except OSError as exc:  # no reset method, or refused: the mode waits for a reboot
+            ctx.log.warning("GPU reset failed", gpu=change.gpu.index, detail=str(exc))
+    now = nvml.read_gpus()
+    still = sorted(g.index for g in now if g.mode_pending)
     if still:
-        _reboot(ctx, hooks, sorted(still))
+        _reboot(ctx, hooks, still)
+    for change in plan.changes({c.gpu.index: c.want for c in waiting}, now):
+        nvml.apply(change)  # the mode holds now: the instances
     return tuple(c.gpu.index for c in waiting)
 
 
