@@ -314,3 +314,35 @@ class TestInUse:
         labels = cluster.node()["metadata"]["labels"]
         assert labels[P + "mig.config.state"] == "success"
         assert cluster.node()["spec"].get("unschedulable") is not True  # no cordon
+
+
+class TestReboot:
+    def test_mode_waiting_for_a_reboot(self, tmp_path: Path,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+        """An A100 whose reset does not apply the mode: MIG_REBOOT=refuse stops (exit 15),
+        `reboot` calls the reboot (here recorded in process: never PID 1's signal)."""
+        from native.contexts import make_ctx
+
+        from installer.pipeline.partition import make_hooks
+        from installer.stages import partition
+        from installer.stages.partition import MigRebootRefusedError
+
+        node = mig_node(tmp_path, A100_40, 1)
+        assert node.install().returncode == 0
+        for device in (node.scene.root / "sys/bus/pci/devices").iterdir():
+            (device / "reset").unlink()  # the reset reaches nothing: the mode stays pending
+        refused = node.run("partition", "--mig-profile", "1g.5gb")
+        assert refused.returncode == 15, refused.stderr
+        assert "MIG_REBOOT" in refused.stderr.splitlines()[-1]
+        assert node.gis(0) == []
+
+        for key, value in node.env.items():
+            monkeypatch.setenv(key, value)
+        ctx = make_ctx(node.scene.root, mig_profile="1g.5gb", mig_reboot="reboot")
+        calls: list[str] = []
+        hooks = dataclasses.replace(make_hooks(ctx), reboot=lambda: calls.append("reboot"))
+        with pytest.raises(MigRebootRefusedError) as caught:
+            partition.run(ctx, hooks)
+        assert calls == ["reboot"]
+        assert "reboots" in caught.value.message
+        assert node.gis(0) == []
