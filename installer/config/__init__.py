@@ -1,8 +1,7 @@
 """One validated, frozen `Config` built from CLI flags and environment variables (flag wins).
 
-Every setting is declared once in `SETTINGS`: the CLI builds its options from it,
-docs/reference.md's settings table lists it, and the deploy manifests are checked against
-its env vars.
+Every setting is declared once in `SETTINGS` (a subsystem's rows may live in its own module):
+the CLI builds its options from it, docs/reference.md lists it, the manifests use its env vars.
 Validation happens here, before any I/O on the host, and fails with one line naming the
 setting, the value and what is accepted.
 """
@@ -237,24 +236,7 @@ SETTINGS: tuple[Setting, ...] = (
             "a number of seconds from 5 to 10", agent.interval),
     Setting("daemon_stop_timeout", "--daemon-stop-timeout", "DAEMON_STOP_TIMEOUT", "10",
             "seconds a daemon has after SIGTERM before SIGKILL", agent.SECONDS, agent.deadline),
-    # MIG partitioning (issue 26; parsers in config/mig.py); GKE's gpu_config.json wins
-    Setting("mig_config_file", "--mig-config-file", "MIG_CONFIG_FILE", None,
-            "a mig-parted config file (version: v1, mig-configs) to partition the GPUs by",
-            "an absolute path", values.abs_path),
-    Setting("mig_config", "--mig-config", "MIG_CONFIG", None,
-            "which config of --mig-config-file applies (default: the node's "
-            "nvidia.com/mig.config label)", "a config name of that file", mig.config_name),
-    Setting("mig_profile", "--mig-profile", "MIG_PROFILE", None,
-            "partition every GPU into as many instances of this MIG profile as fit",
-            "a MIG profile name like 1g.10gb", mig.profile),
-    Setting("mig_strategy", "--mig-strategy", "MIG_STRATEGY", "single",
-            "how the GPU labels name MIG slices (gpu-feature-discovery's strategies): "
-            "single (gpu.product=<model>-MIG-<profile>) or mixed (mig-<profile>.count)",
-            "one of single, mixed", values.choice(*mig.STRATEGIES)),
-    Setting("mig_reboot", "--mig-reboot", "MIG_REBOOT", "refuse",
-            "when a MIG mode change needs a node reboot (the GPU cannot be reset here): "
-            "refuse (exit 10) or reboot the node", "one of refuse, reboot",
-            values.choice(*mig.REBOOT)),
+    *(Setting(*row) for row in mig.ROWS),  # MIG partitioning (issue 26): config/mig.py
     # GPU health in the node agent (issue 24; parser in config/health.py)
     Setting("xid_critical", "--xid-critical", "XID_CRITICAL", health.DEFAULT,
             "Xids that set the node condition gpu-node-installer/XidCriticalError and post "
@@ -267,7 +249,7 @@ SETTINGS_BY_NAME = {setting.name: setting for setting in SETTINGS}
 
 
 @dataclass(frozen=True)
-class Config:
+class Config(mig.MigSettings):
     """Every setting, validated; built once per process by `load_config`."""
 
     host_root: Path = Path("/host")
@@ -323,11 +305,6 @@ class Config:
     agent_interval: float = 5.0
     daemon_stop_timeout: float = 10.0
     xid_critical: tuple[int, ...] = health.GKE_CRITICAL
-    mig_config_file: Path | None = None
-    mig_config: str | None = None
-    mig_profile: str | None = None
-    mig_strategy: str = "single"
-    mig_reboot: str = "refuse"
 
 
 def _raw_value(setting: Setting, flags: Mapping[str, Any], environ: Mapping[str, str]

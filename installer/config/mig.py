@@ -9,8 +9,10 @@ shape, before any I/O. The settings are rows of the one table in `installer.conf
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
+from pathlib import Path
 
-from installer.config.values import Invalid
+from installer.config.values import Invalid, abs_path, choice
 
 STRATEGIES = ("single", "mixed")
 REBOOT = ("refuse", "reboot")
@@ -34,3 +36,36 @@ def config_name(value: str) -> str:
     if text and not _CONFIG_NAME.fullmatch(text):
         raise Invalid(value)
     return text
+
+
+@dataclass(frozen=True)
+class MigSettings:
+    """The MIG fields of `installer.config.Config` (its base: one room per subsystem)."""
+
+    mig_config_file: Path | None = None
+    mig_config: str | None = None
+    mig_profile: str | None = None
+    mig_strategy: str = "single"
+    mig_reboot: str = "refuse"
+
+
+# Rows of the one SETTINGS table (`installer.config.Setting`'s fields, in order)
+ROWS = (
+    ("mig_config_file", "--mig-config-file", "MIG_CONFIG_FILE", None,
+     "a mig-parted config file (version: v1, mig-configs) to partition the GPUs by; "
+     "GKE's /etc/nvidia/gpu_config.json on the node wins", "an absolute path", abs_path),
+    ("mig_config", "--mig-config", "MIG_CONFIG", None,
+     "which config of --mig-config-file applies (default: the node's nvidia.com/mig.config "
+     "label)", "a config name of that file", config_name),
+    ("mig_profile", "--mig-profile", "MIG_PROFILE", None,
+     "partition every GPU into as many instances of this MIG profile as fit (when neither "
+     "gpu_config.json nor --mig-config-file is there)", "a MIG profile name like 1g.10gb",
+     profile),
+    ("mig_strategy", "--mig-strategy", "MIG_STRATEGY", "single",
+     "how the GPU labels name MIG slices (gpu-feature-discovery's strategies): single "
+     "(gpu.product=<model>-MIG-<profile>) or mixed (mig-<profile>.count)",
+     "one of single, mixed", choice(*STRATEGIES)),
+    ("mig_reboot", "--mig-reboot", "MIG_REBOOT", "refuse",
+     "when a MIG mode change waits for a node reboot (a GPU reset did not apply it): "
+     "refuse (exit 15) or reboot the node", "one of refuse, reboot", choice(*REBOOT)),
+)
