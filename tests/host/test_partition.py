@@ -346,3 +346,30 @@ class TestReboot:
         assert calls == ["reboot"]
         assert "reboots" in caught.value.message
         assert node.gis(0) == []
+
+
+class TestChangedToBad:
+    def test_rerun_with_a_bad_size_withdraws_readiness(self, tmp_path: Path) -> None:
+        """A ready MIG node whose config turns impossible: nothing changes on the GPUs, the
+        node is no longer ready and the state label says failed."""
+        from kubefake import TOKEN, Cluster, node_doc, serve
+
+        node = mig_node(tmp_path, A100_40, 1)
+        _gke_config(node, "1g.5gb")
+        assert node.install().returncode == 0
+        assert node.ready() is not None
+        before = node.states()
+        _gke_config(node, "3g.40gb")
+        account = tmp_path / "sa"
+        account.mkdir()
+        (account / "token").write_text(TOKEN + "\n")
+        cluster = Cluster(nodes={"gpu-node-1": node_doc("gpu-node-1")})
+        with serve(cluster) as url:
+            done = node.run("install", "--node-name", "gpu-node-1", "--kube-api", url,
+                            "--service-account-dir", str(account))
+        assert done.returncode == 14, done.stderr
+        assert "3g.40gb" in done.stderr.splitlines()[-1]
+        assert node.states() == before
+        assert node.ready() is None
+        assert cluster.node()["metadata"]["labels"][P + "mig.config.state"] == "failed"
+        assert not cluster.errors, cluster.errors

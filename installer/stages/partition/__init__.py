@@ -37,6 +37,10 @@ class MigRebootRefusedError(UpgradeBlockedError):
     """A MIG mode change waits for a reboot and MIG_REBOOT=refuse (exit 15)."""
 
 
+class NodeRebootingError(MigRebootRefusedError):
+    """MIG_REBOOT=reboot: the node reboots; this run ends without readiness (exit 15)."""
+
+
 @dataclass(frozen=True)
 class Hooks:
     """What the pipeline hands the stage (a stage imports no other stage nor the upgrade
@@ -100,34 +104,50 @@ def run(ctx: Context, hooks: Hooks, *, dry_run: bool = False) -> PartitionResult
 
 def partition(ctx: Context, source: config.Source, hooks: Hooks, *,
               dry_run: bool = False) -> PartitionResult:
-    """Read the GPUs, refuse what cannot be, change what differs, make the cap nodes."""
+    """Read the GPUs, refuse what cannot be, change what differs, make the cap nodes.
+
+    Any failure withdraws readiness (the node is not as configured) and labels `failed`,
+    except the reboot under way, labelled `rebooting`."""
     from installer.stages.partition import nvml  # pynvml only where MIG is configured
 
-    with hooks.nvml():
-        gpus = nvml.read_gpus()
-        want = source.layouts(gpus, config.pci_ids(ctx))
-        plan.validate(want, gpus)  # nothing changed yet: exit 2 or 14 here
-        todo = plan.changes(want, gpus)
-        if dry_run:
-            return PartitionResult(source.origin, "pending" if todo else "success",
-                                   _gpu_rows(gpus), tuple(c.gpu.index for c in todo),
-                                   dry_run=True, planned=tuple(_planned(c) for c in todo))
-        if todo:  # the node is not ready while its GPUs are not as configured
-            clear_readiness(ctx.config, ctx.host.roots)
-            _set_state(ctx, "pending")
-        try:
+    if dry_run:
+        with hooks.nvml():
+            gpus, todo = _read_plan(ctx, source)
+        return PartitionResult(source.origin, "pending" if todo else "success",
+                               _gpu_rows(gpus), tuple(c.gpu.index for c in todo),
+                               dry_run=True, planned=tuple(_planned(c) for c in todo))
+    try:
+        with hooks.nvml():
+            gpus, todo = _read_plan(ctx, source)
+            if todo:  # the node is not ready while its GPUs are not as configured
+                clear_readiness(ctx.config, ctx.host.roots)
+                _set_state(ctx, "pending")
             reset = _apply(ctx, hooks, todo)
-            gpus = nvml.read_gpus()
-        except InstallerError:
+            if todo:
+                gpus = nvml.read_gpus()
+        nodes = caps.plan(ctx.host)
+        hooks.make_nodes(nodes)
+    except InstallerError as exc:
+        clear_readiness(ctx.config, ctx.host.roots)
+        if not isinstance(exc, NodeRebootingError):
             _set_state(ctx, "failed")
-            raise
-    nodes = caps.plan(ctx.host)
-    hooks.make_nodes(nodes)
+        raise
     rows = _gpu_rows(gpus)
     migrecord.write(ctx.install_root, source.origin, list(rows))
     _set_state(ctx, "success")
     return PartitionResult(source.origin, "success", rows, tuple(c.gpu.index for c in todo),
                            reset, len(nodes))
+
+
+def _read_plan(ctx: Context, source: config.Source) -> tuple[list[GpuNow], list[GpuChange]]:
+    """The GPUs now and what differs; a layout a GPU cannot take is refused here, before
+    anything changes (exit 2 or 14)."""
+    from installer.stages.partition import nvml
+
+    gpus = nvml.read_gpus()
+    want = source.layouts(gpus, config.pci_ids(ctx))
+    plan.validate(want, gpus)
+    return gpus, plan.changes(want, gpus)
 
 
 def _apply(ctx: Context, hooks: Hooks, todo: list[GpuChange]) -> tuple[int, ...]:
@@ -182,7 +202,7 @@ def _reboot(ctx: Context, hooks: Hooks, pending: Sequence[int]) -> None:
     _set_state(ctx, "rebooting")
     ctx.log.warning("rebooting the node for the MIG mode", gpus=named)
     hooks.reboot()
-    raise MigRebootRefusedError(f"the node reboots for the MIG mode of GPU(s) {named}",
+    raise NodeRebootingError(f"the node reboots for the MIG mode of GPU(s) {named}",
                                 remedy="nothing: the next run after the reboot goes on")
 
 
