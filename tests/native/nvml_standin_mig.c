@@ -139,10 +139,18 @@ static void mkdirs(const char *path) {
     mkdir(buf, 0755);
 }
 
+/* Write dir/name atomically, unless it already holds `text` (a read changes no file). */
 static void write_file(const char *dir, const char *name, const char *text) {
-    char path[600], tmp[640];
-    mkdirs(dir);
+    char path[600], tmp[640], old[8192];
     snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *was = fopen(path, "r");
+    if (was) {
+        size_t n = fread(old, 1, sizeof old - 1, was);
+        fclose(was);
+        old[n] = 0;
+        if (strcmp(old, text) == 0) return;
+    }
+    mkdirs(dir);
     snprintf(tmp, sizeof tmp, "%s.tmp%d", path, (int)getpid());
     FILE *file = fopen(tmp, "w");
     if (!file) return;
