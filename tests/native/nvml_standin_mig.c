@@ -322,6 +322,15 @@ static nvmlReturn_t begin(nvmlDevice_t device, const model_t **model) {
     return *model ? 0 : NOT_SUPPORTED;
 }
 
+/* begin() and the GPU-instance shape NVML's profile id names (INVALID when none). */
+static nvmlReturn_t begin_shape(nvmlDevice_t device, unsigned int id, const model_t **m,
+                                const shape_t **shape) {
+    nvmlReturn_t r = begin(device, m);
+    if (r) return r;
+    *shape = shape_by(*m, -1, (int)id);
+    return *shape ? 0 : INVALID;
+}
+
 static void profile_name(const model_t *m, const shape_t *shape, char *out, size_t size) {
     snprintf(out, size, "%dg.%dgb%s", shape->slices, m->gb[shape->mem_index],
              shape->constant == 7 ? "+me" : "");
@@ -412,6 +421,12 @@ static unsigned int used_slots(const state_t *s, const model_t *m, int *slices) 
     return mask;
 }
 
+static int add_gi(state_t *s, const shape_t *shape, int start) {
+    int gid = gi_id_of(start, shape->size);
+    s->gi_used[gid] = 1; s->gi_profile[gid] = shape->constant; s->gi_start[gid] = start;
+    return gid;
+}
+
 /* Where an instance of `shape` could go now: its start, -1 when nowhere. */
 static int free_start(const state_t *s, const model_t *m, const shape_t *shape, int want) {
     int slices, count = 0;
@@ -428,11 +443,9 @@ static int free_start(const state_t *s, const model_t *m, const shape_t *shape, 
 
 nvmlReturn_t nvmlDeviceGetGpuInstancePossiblePlacements_v2(nvmlDevice_t device,
         unsigned int id, placement_t *placements, unsigned int *count) {
-    const model_t *m;
-    nvmlReturn_t r = begin(device, &m);
+    const model_t *m; const shape_t *shape;
+    nvmlReturn_t r = begin_shape(device, id, &m, &shape);
     if (r) return r;
-    const shape_t *shape = shape_by(m, -1, (int)id);
-    if (!shape) return INVALID;
     unsigned int n = 0;
     for (unsigned int start = 0; start < 8; start++) {
         if (!(shape->starts >> start & 1)) continue;
@@ -446,28 +459,23 @@ nvmlReturn_t nvmlDeviceGetGpuInstancePossiblePlacements_v2(nvmlDevice_t device,
 
 nvmlReturn_t nvmlDeviceGetGpuInstanceRemainingCapacity(nvmlDevice_t device, unsigned int id,
                                                        unsigned int *count) {
-    const model_t *m;
-    nvmlReturn_t r = begin(device, &m);
+    const model_t *m; const shape_t *shape;
+    nvmlReturn_t r = begin_shape(device, id, &m, &shape);
     if (r) return r;
-    const shape_t *shape = shape_by(m, -1, (int)id);
-    if (!shape) return INVALID;
     state_t s;
     peek(device->index, &s);
     if (!s.current) return NOT_SUPPORTED;
     *count = 0;
     for (int start; (start = free_start(&s, m, shape, -1)) >= 0; (*count)++) {
-        int gid = gi_id_of(start, shape->size);
-        s.gi_used[gid] = 1; s.gi_profile[gid] = shape->constant; s.gi_start[gid] = start;
+        add_gi(&s, shape, start);
     }
     return 0;
 }
 
 static nvmlReturn_t create_gi(nvmlDevice_t device, unsigned int id, int want, gi_t **out) {
-    const model_t *m;
-    nvmlReturn_t r = begin(device, &m);
+    const model_t *m; const shape_t *shape;
+    nvmlReturn_t r = begin_shape(device, id, &m, &shape);
     if (r) return r;
-    const shape_t *shape = shape_by(m, -1, (int)id);
-    if (!shape) return INVALID;
     int g = device->index;
     state_t s;
     load(g, &s);
@@ -475,8 +483,7 @@ static nvmlReturn_t create_gi(nvmlDevice_t device, unsigned int id, int want, gi
     if (!s.current) r = NOT_SUPPORTED;
     else if (start < 0) r = NO_ROOM;
     else {
-        int gid = gi_id_of(start, shape->size);
-        s.gi_used[gid] = 1; s.gi_profile[gid] = shape->constant; s.gi_start[gid] = start;
+        int gid = add_gi(&s, shape, start);
         save(g, &s);
         gi_handles[g][gid] = (gi_t){g, gid};
         *out = &gi_handles[g][gid];
@@ -491,22 +498,19 @@ nvmlReturn_t nvmlDeviceCreateGpuInstance(nvmlDevice_t device, unsigned int id, g
 
 nvmlReturn_t nvmlDeviceCreateGpuInstanceWithPlacement(nvmlDevice_t device, unsigned int id,
         const placement_t *placement, gi_t **out) {
-    const model_t *m;
-    nvmlReturn_t r = begin(device, &m);
+    const model_t *m; const shape_t *shape;
+    nvmlReturn_t r = begin_shape(device, id, &m, &shape);
     if (r) return r;
-    const shape_t *shape = shape_by(m, -1, (int)id);
-    if (!shape || placement->start >= 8 || !(shape->starts >> placement->start & 1)
+    if (placement->start >= 8 || !(shape->starts >> placement->start & 1)
         || placement->size != (unsigned int)shape->size) return INVALID;
     return create_gi(device, id, (int)placement->start, out);
 }
 
 nvmlReturn_t nvmlDeviceGetGpuInstances(nvmlDevice_t device, unsigned int id, gi_t **array,
                                        unsigned int *count) {
-    const model_t *m;
-    nvmlReturn_t r = begin(device, &m);
+    const model_t *m; const shape_t *shape;
+    nvmlReturn_t r = begin_shape(device, id, &m, &shape);
     if (r) return r;
-    const shape_t *shape = shape_by(m, -1, (int)id);
-    if (!shape) return INVALID;
     int g = device->index;
     state_t s;
     peek(g, &s);
