@@ -161,23 +161,23 @@ def _model(name: str, sizes: tuple[int, int, int, int, int, int], *, me: bool,
 _GUIDE = "NVIDIA MIG User Guide, Supported MIG Profiles"
 _PARTED = "NVIDIA/mig-parted deployments/systemd/config-default.yaml"
 
-# (family pattern on the NVML name, nominal total memory in MiB, model)
-MODELS: tuple[tuple[str, int, MigModel], ...] = (
-    (r"\bA100\b", 40 * 1024, _model("A100-40GB", (5, 10, 10, 20, 20, 40), me=True,
-                                    needs_reset=True, sources=(_GUIDE, _PARTED))),
-    (r"\bA100\b", 80 * 1024, _model("A100-80GB", (10, 20, 20, 40, 40, 80), me=True,
-                                    needs_reset=True, sources=(_GUIDE, _PARTED))),
-    (r"\bH100\b", 80 * 1024, _model("H100-80GB", (10, 20, 20, 40, 40, 80), me=True,
-                                    needs_reset=False, sources=(_GUIDE, _PARTED))),
-    (r"\bH100\b", 94 * 1024, _model("H100-94GB", (12, 24, 24, 47, 47, 94), me=True,
-                                    needs_reset=False, sources=(_GUIDE, _PARTED))),
-    (r"\bH200\b", 141 * 1024, _model("H200-141GB", (18, 35, 35, 71, 71, 141), me=True,
-                                     needs_reset=False, sources=(_GUIDE, _PARTED))),
-    (r"\bB200\b", 180 * 1024, _model("B200", (23, 45, 45, 90, 90, 180), me=True,
-                                     needs_reset=False, sources=(_GUIDE, _PARTED))),
-    (r"\bGB200\b", 186 * 1024, _model("GB200", (24, 47, 47, 95, 95, 189), me=False,
-                                      needs_reset=False, sources=(_GUIDE, _PARTED))),
+# (family pattern on the NVML name, nominal total memory in MiB, model name, the memory of its
+# 1g, 1g double, 2g, 3g, 4g and 7g sizes in GB as named, whether it has a 1g+me size)
+_ROWS: tuple[tuple[str, int, str, tuple[int, int, int, int, int, int], bool], ...] = (
+    (r"\bA100\b", 40 * 1024, "A100-40GB", (5, 10, 10, 20, 20, 40), True),
+    (r"\bA100\b", 80 * 1024, "A100-80GB", (10, 20, 20, 40, 40, 80), True),
+    (r"\bH100\b", 80 * 1024, "H100-80GB", (10, 20, 20, 40, 40, 80), True),
+    (r"\bH100\b", 94 * 1024, "H100-94GB", (12, 24, 24, 47, 47, 94), True),
+    (r"\bH200\b", 141 * 1024, "H200-141GB", (18, 35, 35, 71, 71, 141), True),
+    (r"\bB200\b", 180 * 1024, "B200", (23, 45, 45, 90, 90, 180), True),
+    (r"\bGB200\b", 186 * 1024, "GB200", (24, 47, 47, 95, 95, 189), False),
 )
+
+# Only Ampere keeps a mode change pending until a reset.
+MODELS: tuple[tuple[str, int, MigModel], ...] = tuple(
+    (pattern, mib, _model(name, sizes, me=me, needs_reset=name.startswith("A100"),
+                          sources=(_GUIDE, _PARTED)))
+    for pattern, mib, name, sizes, me in _ROWS)
 
 PROFILE_NAME = re.compile(r"^[1-7]g\.[0-9]+gb(\+me)?$")
 

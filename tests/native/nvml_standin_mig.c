@@ -1,5 +1,7 @@
 /* The NVML stand-in's MIG: mode switching, GPU and compute instances, placements, and the
  * capability files a driver publishes (compiled into the same library as nvml_standin.c).
+ * This file holds the models, the state and the files, and the mode calls; the instance
+ * calls are in nvml_standin_mig_instances.c, the shared types in nvml_standin_mig.h.
  *
  * Which GPUs have MIG, and with which sizes, comes from each GPU's FAKE_NVML_NAME(S) and
  * FAKE_NVML_MEMORY_MIB (see nvml_standin.c): a name with A100 (under 60 GiB: the 40GB sizes
@@ -53,35 +55,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "nvml_standin.h"
+#include "nvml_standin_mig.h"
 
-#define GIS 15
-#define CIS 8
-#define NOT_SUPPORTED 3
-#define INVALID 2
-#define IN_USE 19
-#define NO_ROOM 23
-
-typedef struct { unsigned int start, size; } placement_t;
-typedef struct { int gpu, id; } gi_t;
-typedef struct { int gpu, gi, id; } ci_t;
-typedef struct { nvmlDevice_t device; unsigned int id, profileId; placement_t placement; } gi_info_t;
-typedef struct {
-    nvmlDevice_t device; gi_t *gpuInstance; unsigned int id, profileId; placement_t placement;
-} ci_info_t;
-
-static gi_t gi_handles[64][GIS];
-static ci_t ci_handles[64][GIS][CIS];
-
-typedef struct {
-    int current, pending;
-    int gi_used[GIS], gi_profile[GIS], gi_start[GIS];
-    int ci_used[GIS][CIS], ci_profile[GIS][CIS], ci_start[GIS][CIS];
-} state_t;
+gi_t gi_handles[64][GIS];
 
 /* ---- models and shapes ---- */
 
-typedef struct { int constant, id, slices, size, max, mem_index; unsigned int starts; } shape_t;
 static const shape_t SHAPES[] = {
     {0, 19, 1, 1, 7, 0, 0x7f}, {7, 20, 1, 1, 1, 0, 0x7f}, {9, 15, 1, 2, 4, 1, 0x55},
     {1, 14, 2, 2, 3, 2, 0x15}, {2, 9, 3, 4, 2, 3, 0x11}, {3, 5, 4, 4, 1, 4, 0x01},
@@ -89,7 +68,6 @@ static const shape_t SHAPES[] = {
 };
 #define NSHAPES (int)(sizeof SHAPES / sizeof SHAPES[0])
 
-typedef struct { const char *family; int below_mib; int gb[6]; int me; int reset; } model_t;
 static const model_t MODELS[] = {
     {"A100", 61440, {5, 10, 10, 20, 20, 40}, 1, 1}, {"A100", 1 << 30, {10, 20, 20, 40, 40, 80}, 1, 1},
     {"H100", 89088, {10, 20, 20, 40, 40, 80}, 1, 0}, {"H100", 1 << 30, {12, 24, 24, 47, 47, 94}, 1, 0},
@@ -101,7 +79,7 @@ nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int len
 typedef struct { unsigned long long total, free, used; } memory_t;
 nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, memory_t *memory);
 
-static const model_t *model_of(nvmlDevice_t device) {
+SHARED const model_t *model_of(nvmlDevice_t device) {
     char name[96] = "";
     memory_t memory;
     nvmlDeviceGetName(device, name, sizeof name);
@@ -115,7 +93,7 @@ static const model_t *model_of(nvmlDevice_t device) {
     return NULL;
 }
 
-static const shape_t *shape_by(const model_t *model, int constant, int id) {
+SHARED const shape_t *shape_by(const model_t *model, int constant, int id) {
     for (int i = 0; i < NSHAPES; i++) {
         if (constant >= 0 && SHAPES[i].constant != constant) continue;
         if (id >= 0 && SHAPES[i].id != id) continue;
@@ -125,7 +103,7 @@ static const shape_t *shape_by(const model_t *model, int constant, int id) {
     return NULL;
 }
 
-static int gi_id_of(int start, int size) {
+SHARED int gi_id_of(int start, int size) {
     return size == 8 ? 0 : size == 4 ? 1 + start / 4 : size == 2 ? 3 + start / 2 : 7 + start;
 }
 
@@ -139,10 +117,18 @@ static void mkdirs(const char *path) {
     mkdir(buf, 0755);
 }
 
+/* Write dir/name atomically, unless it already holds `text` (a read changes no file). */
 static void write_file(const char *dir, const char *name, const char *text) {
-    char path[600], tmp[640];
-    mkdirs(dir);
+    char path[600], tmp[640], old[8192];
     snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *was = fopen(path, "r");
+    if (was) {
+        size_t n = fread(old, 1, sizeof old - 1, was);
+        fclose(was);
+        old[n] = 0;
+        if (strcmp(old, text) == 0) return;
+    }
+    mkdirs(dir);
     snprintf(tmp, sizeof tmp, "%s.tmp%d", path, (int)getpid());
     FILE *file = fopen(tmp, "w");
     if (!file) return;
@@ -217,7 +203,7 @@ static const char *mig_dir(void) {
 static int lock_fd = -1;
 
 /* Lock the state directory and load GPU g's state (applying a pending reset). */
-static int load(int g, state_t *s) {
+SHARED int load(int g, state_t *s) {
     const char *dir = mig_dir();
     char path[512];
     memset(s, 0, sizeof *s);
@@ -249,12 +235,12 @@ static int load(int g, state_t *s) {
     return 0;
 }
 
-static void unlock(void) {
+SHARED void unlock(void) {
     if (lock_fd >= 0) close(lock_fd);
     lock_fd = -1;
 }
 
-static void save(int g, const state_t *s) {
+SHARED void save(int g, const state_t *s) {
     char name[32], text[8192];
     size_t used = (size_t)snprintf(text, sizeof text, "mode %d %d\n", s->current, s->pending);
     for (int i = 0; i < GIS; i++) {
@@ -272,49 +258,36 @@ static void save(int g, const state_t *s) {
 }
 
 /* Load for a read: the state, unlocked (a reset found is saved first). */
-static void peek(int g, state_t *s) {
+SHARED void peek(int g, state_t *s) {
     if (load(g, s)) save(g, s);
     sync_caps(g, s);
     unlock();
 }
 
-static int busy(int g) {
+SHARED int busy(int g) {
     const char *list = getenv("FAKE_NVML_MIG_BUSY");
     for (const char *p = list; p && *p; p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL)
         if (atoi(p) == g) return 1;
     return 0;
 }
 
-/* ---- the API ---- */
-
-#define GI_PROFILE_COUNT 0x12
-#define CI_PROFILE_COUNT 0x9
-static const int CI_SLICES[5] = {1, 2, 3, 4, 7};
-
-#define GI_PROFILE_FIELDS \
-    unsigned int id, isP2pSupported, sliceCount, instanceCount, multiprocessorCount, \
-        copyEngineCount, decoderCount, encoderCount, jpegCount, ofaCount; \
-    unsigned long long memorySizeMB;
-typedef struct { GI_PROFILE_FIELDS } gi_profile_t;
-typedef struct { unsigned int version; GI_PROFILE_FIELDS char name[96]; } gi_profile_v2_t;
-typedef struct {
-    unsigned int id, sliceCount, instanceCount, multiprocessorCount, sharedCopyEngineCount,
-        sharedDecoderCount, sharedEncoderCount, sharedJpegCount, sharedOfaCount;
-} ci_profile_t;
-typedef struct { unsigned int version; ci_profile_t info; char name[96]; } ci_profile_v2_t;
-_Static_assert(sizeof(gi_profile_v2_t) == 0x98 && __builtin_offsetof(gi_profile_v2_t, name) == 56,
-               "nvmlGpuInstanceProfileInfo_v2_t");
-_Static_assert(sizeof(ci_profile_v2_t) == 0x88 && __builtin_offsetof(ci_profile_v2_t, name) == 40,
-               "nvmlComputeInstanceProfileInfo_v2_t");
-
-static nvmlReturn_t begin(nvmlDevice_t device, const model_t **model) {
+SHARED nvmlReturn_t begin(nvmlDevice_t device, const model_t **model) {
     if (!initialized) return 1;
     if (!mig_dir()) return NOT_SUPPORTED;
     *model = model_of(device);
     return *model ? 0 : NOT_SUPPORTED;
 }
 
-static void profile_name(const model_t *m, const shape_t *shape, char *out, size_t size) {
+/* begin() and the GPU-instance shape NVML's profile id names (INVALID when none). */
+SHARED nvmlReturn_t begin_shape(nvmlDevice_t device, unsigned int id, const model_t **m,
+                                const shape_t **shape) {
+    nvmlReturn_t r = begin(device, m);
+    if (r) return r;
+    *shape = shape_by(*m, -1, (int)id);
+    return *shape ? 0 : INVALID;
+}
+
+SHARED void profile_name(const model_t *m, const shape_t *shape, char *out, size_t size) {
     snprintf(out, size, "%dg.%dgb%s", shape->slices, m->gb[shape->mem_index],
              shape->constant == 7 ? "+me" : "");
 }
@@ -350,182 +323,8 @@ nvmlReturn_t nvmlDeviceSetMigMode(nvmlDevice_t device, unsigned int mode, nvmlRe
     return r;
 }
 
-static nvmlReturn_t gi_profile(nvmlDevice_t device, unsigned int constant, gi_profile_t *info,
-                               char *name, size_t size) {
-    const model_t *m;
-    nvmlReturn_t r = begin(device, &m);
-    if (r) return r;
-    if (constant >= GI_PROFILE_COUNT) return INVALID;
-    const shape_t *shape = shape_by(m, (int)constant, -1);
-    state_t s;
-    peek(device->index, &s);
-    if (!shape || !s.current) return NOT_SUPPORTED;
-    memset(info, 0, sizeof *info);
-    info->id = (unsigned int)shape->id;
-    info->sliceCount = (unsigned int)shape->slices;
-    info->instanceCount = (unsigned int)shape->max;
-    info->multiprocessorCount = 14u * (unsigned int)shape->slices;
-    info->copyEngineCount = (unsigned int)shape->slices;
-    info->memorySizeMB = (unsigned long long)m->gb[shape->mem_index] * 1000ULL;
-    char label[32];
-    profile_name(m, shape, label, sizeof label);
-    if (name) snprintf(name, size, "MIG %s", label);
-    return 0;
-}
-
-nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfo(nvmlDevice_t device, unsigned int profile,
-                                                 gi_profile_t *info) {
-    return gi_profile(device, profile, info, NULL, 0);
-}
-
-nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfoV(nvmlDevice_t device, unsigned int profile,
-                                                  gi_profile_v2_t *info) {
-    if (info->version != 0x02000098u) return 25; /* ARGUMENT_VERSION_MISMATCH */
-    gi_profile_t v1;
-    nvmlReturn_t r = gi_profile(device, profile, &v1, info->name, sizeof info->name);
-    if (r) return r;
-    info->id = v1.id; info->isP2pSupported = v1.isP2pSupported;
-    info->sliceCount = v1.sliceCount; info->instanceCount = v1.instanceCount;
-    info->multiprocessorCount = v1.multiprocessorCount;
-    info->copyEngineCount = v1.copyEngineCount; info->memorySizeMB = v1.memorySizeMB;
-    return 0;
-}
-
-static unsigned int used_slots(const state_t *s, const model_t *m, int *slices) {
-    unsigned int mask = 0;
-    *slices = 0;
-    for (int i = 0; i < GIS; i++) {
-        if (!s->gi_used[i]) continue;
-        const shape_t *shape = shape_by(m, s->gi_profile[i], -1);
-        if (!shape) continue;
-        mask |= ((1u << shape->size) - 1) << s->gi_start[i];
-        *slices += shape->slices;
-    }
-    return mask;
-}
-
-/* Where an instance of `shape` could go now: its start, -1 when nowhere. */
-static int free_start(const state_t *s, const model_t *m, const shape_t *shape, int want) {
-    int slices, count = 0;
-    unsigned int mask = used_slots(s, m, &slices);
-    for (int i = 0; i < GIS; i++) count += s->gi_used[i] && s->gi_profile[i] == shape->constant;
-    if (count >= shape->max || slices + shape->slices > 7) return -1;
-    for (int start = 0; start < 8; start++) {
-        if (want >= 0 && start != want) continue;
-        unsigned int need = ((1u << shape->size) - 1) << start;
-        if ((shape->starts >> start & 1) && !(mask & need)) return start;
-    }
-    return -1;
-}
-
-nvmlReturn_t nvmlDeviceGetGpuInstancePossiblePlacements_v2(nvmlDevice_t device,
-        unsigned int id, placement_t *placements, unsigned int *count) {
-    const model_t *m;
-    nvmlReturn_t r = begin(device, &m);
-    if (r) return r;
-    const shape_t *shape = shape_by(m, -1, (int)id);
-    if (!shape) return INVALID;
-    unsigned int n = 0;
-    for (unsigned int start = 0; start < 8; start++) {
-        if (!(shape->starts >> start & 1)) continue;
-        if (placements && n >= *count) return 7; /* INSUFFICIENT_SIZE */
-        if (placements) placements[n] = (placement_t){start, (unsigned int)shape->size};
-        n++;
-    }
-    *count = n;
-    return 0;
-}
-
-nvmlReturn_t nvmlDeviceGetGpuInstanceRemainingCapacity(nvmlDevice_t device, unsigned int id,
-                                                       unsigned int *count) {
-    const model_t *m;
-    nvmlReturn_t r = begin(device, &m);
-    if (r) return r;
-    const shape_t *shape = shape_by(m, -1, (int)id);
-    if (!shape) return INVALID;
-    state_t s;
-    peek(device->index, &s);
-    if (!s.current) return NOT_SUPPORTED;
-    *count = 0;
-    for (int start; (start = free_start(&s, m, shape, -1)) >= 0; (*count)++) {
-        int gid = gi_id_of(start, shape->size);
-        s.gi_used[gid] = 1; s.gi_profile[gid] = shape->constant; s.gi_start[gid] = start;
-    }
-    return 0;
-}
-
-static nvmlReturn_t create_gi(nvmlDevice_t device, unsigned int id, int want, gi_t **out) {
-    const model_t *m;
-    nvmlReturn_t r = begin(device, &m);
-    if (r) return r;
-    const shape_t *shape = shape_by(m, -1, (int)id);
-    if (!shape) return INVALID;
-    int g = device->index;
-    state_t s;
-    load(g, &s);
-    int start = s.current ? free_start(&s, m, shape, want) : -1;
-    if (!s.current) r = NOT_SUPPORTED;
-    else if (start < 0) r = NO_ROOM;
-    else {
-        int gid = gi_id_of(start, shape->size);
-        s.gi_used[gid] = 1; s.gi_profile[gid] = shape->constant; s.gi_start[gid] = start;
-        save(g, &s);
-        gi_handles[g][gid] = (gi_t){g, gid};
-        *out = &gi_handles[g][gid];
-    }
-    unlock();
-    return r;
-}
-
-nvmlReturn_t nvmlDeviceCreateGpuInstance(nvmlDevice_t device, unsigned int id, gi_t **out) {
-    return create_gi(device, id, -1, out);
-}
-
-nvmlReturn_t nvmlDeviceCreateGpuInstanceWithPlacement(nvmlDevice_t device, unsigned int id,
-        const placement_t *placement, gi_t **out) {
-    const model_t *m;
-    nvmlReturn_t r = begin(device, &m);
-    if (r) return r;
-    const shape_t *shape = shape_by(m, -1, (int)id);
-    if (!shape || placement->start >= 8 || !(shape->starts >> placement->start & 1)
-        || placement->size != (unsigned int)shape->size) return INVALID;
-    return create_gi(device, id, (int)placement->start, out);
-}
-
-nvmlReturn_t nvmlDeviceGetGpuInstances(nvmlDevice_t device, unsigned int id, gi_t **array,
-                                       unsigned int *count) {
-    const model_t *m;
-    nvmlReturn_t r = begin(device, &m);
-    if (r) return r;
-    const shape_t *shape = shape_by(m, -1, (int)id);
-    if (!shape) return INVALID;
-    int g = device->index;
-    state_t s;
-    peek(g, &s);
-    if (!s.current) return NOT_SUPPORTED;
-    *count = 0;
-    for (int i = 0; i < GIS; i++) {
-        if (!s.gi_used[i] || s.gi_profile[i] != shape->constant) continue;
-        gi_handles[g][i] = (gi_t){g, i};
-        array[(*count)++] = &gi_handles[g][i];
-    }
-    return 0;
-}
-
-nvmlReturn_t nvmlDeviceGetGpuInstanceById(nvmlDevice_t device, unsigned int id, gi_t **out) {
-    const model_t *m;
-    nvmlReturn_t r = begin(device, &m);
-    if (r) return r;
-    state_t s;
-    peek(device->index, &s);
-    if (id >= GIS || !s.gi_used[id]) return 6; /* NOT_FOUND */
-    gi_handles[device->index][id] = (gi_t){device->index, (int)id};
-    *out = &gi_handles[device->index][id];
-    return 0;
-}
-
 /* The GPU instance behind a handle, loaded (and locked when `lock`); INVALID when gone. */
-static nvmlReturn_t gi_of(gi_t *gi, state_t *s, const model_t **m, const shape_t **shape,
+SHARED nvmlReturn_t gi_of(gi_t *gi, state_t *s, const model_t **m, const shape_t **shape,
                           int lock) {
     if (!initialized) return 1;
     if (!mig_dir() || !gi || gi->gpu < 0 || gi->gpu >= 64 || gi->id < 0 || gi->id >= GIS)
@@ -537,173 +336,4 @@ static nvmlReturn_t gi_of(gi_t *gi, state_t *s, const model_t **m, const shape_t
     if (s->gi_used[gi->id] && *shape) return 0;
     if (lock) unlock();
     return INVALID;
-}
-
-nvmlReturn_t nvmlGpuInstanceGetInfo(gi_t *gi, gi_info_t *info) {
-    state_t s; const model_t *m; const shape_t *shape;
-    nvmlReturn_t r = gi_of(gi, &s, &m, &shape, 0);
-    if (r) return r;
-    info->device = &gpus[gi->gpu];
-    info->id = (unsigned int)gi->id;
-    info->profileId = (unsigned int)shape->id;
-    info->placement = (placement_t){(unsigned int)s.gi_start[gi->id], (unsigned int)shape->size};
-    return 0;
-}
-
-nvmlReturn_t nvmlGpuInstanceDestroy(gi_t *gi) {
-    state_t s; const model_t *m; const shape_t *shape;
-    nvmlReturn_t r = gi_of(gi, &s, &m, &shape, 1);
-    if (r) return r;
-    int computes = 0;
-    for (int c = 0; c < CIS; c++) computes += s.ci_used[gi->id][c];
-    if (busy(gi->gpu) || computes) r = IN_USE;
-    else {
-        s.gi_used[gi->id] = 0;
-        save(gi->gpu, &s);
-    }
-    unlock();
-    return r;
-}
-
-static nvmlReturn_t ci_profile(gi_t *gi, unsigned int constant, ci_profile_t *info, char *name,
-                               size_t size) {
-    state_t s; const model_t *m; const shape_t *shape;
-    nvmlReturn_t r = gi_of(gi, &s, &m, &shape, 0);
-    if (r) return r;
-    if (constant >= CI_PROFILE_COUNT) return INVALID;
-    if (constant > 4 || CI_SLICES[constant] > shape->slices) return NOT_SUPPORTED;
-    int slices = CI_SLICES[constant];
-    memset(info, 0, sizeof *info);
-    info->id = constant;
-    info->sliceCount = (unsigned int)slices;
-    info->instanceCount = (unsigned int)(shape->slices / slices);
-    info->multiprocessorCount = 14u * (unsigned int)slices;
-    char label[32];
-    profile_name(m, shape, label, sizeof label);
-    if (name && slices == shape->slices) snprintf(name, size, "MIG %s", label);
-    else if (name) snprintf(name, size, "MIG %dc.%s", slices, label);
-    return 0;
-}
-
-nvmlReturn_t nvmlGpuInstanceGetComputeInstanceProfileInfo(gi_t *gi, unsigned int profile,
-        unsigned int engine, ci_profile_t *info) {
-    (void)engine;
-    return ci_profile(gi, profile, info, NULL, 0);
-}
-
-nvmlReturn_t nvmlGpuInstanceGetComputeInstanceProfileInfoV(gi_t *gi, unsigned int profile,
-        unsigned int engine, ci_profile_v2_t *info) {
-    (void)engine;
-    if (info->version != 0x02000088u) return 25;
-    return ci_profile(gi, profile, &info->info, info->name, sizeof info->name);
-}
-
-static int ci_room(const state_t *s, int gid, const shape_t *shape, unsigned int constant) {
-    int used = 0, same = 0;
-    for (int c = 0; c < CIS; c++) {
-        if (!s->ci_used[gid][c]) continue;
-        used += CI_SLICES[s->ci_profile[gid][c]];
-        same += s->ci_profile[gid][c] == (int)constant;
-    }
-    int slices = CI_SLICES[constant];
-    int by_slices = (shape->slices - used) / slices, by_count = shape->slices / slices - same;
-    return by_slices < by_count ? by_slices : by_count;
-}
-
-nvmlReturn_t nvmlGpuInstanceGetComputeInstanceRemainingCapacity(gi_t *gi, unsigned int id,
-                                                                unsigned int *count) {
-    state_t s; const model_t *m; const shape_t *shape;
-    nvmlReturn_t r = gi_of(gi, &s, &m, &shape, 0);
-    if (r) return r;
-    if (id > 4) return INVALID;
-    if (CI_SLICES[id] > shape->slices) return NOT_SUPPORTED;
-    *count = (unsigned int)ci_room(&s, gi->id, shape, id);
-    return 0;
-}
-
-nvmlReturn_t nvmlGpuInstanceCreateComputeInstance(gi_t *gi, unsigned int id, ci_t **out) {
-    state_t s; const model_t *m; const shape_t *shape;
-    nvmlReturn_t r = gi_of(gi, &s, &m, &shape, 1);
-    if (r) return r;
-    int cid = -1, start = 0;
-    for (int c = CIS - 1; c >= 0; c--) {
-        if (!s.ci_used[gi->id][c]) cid = c;
-        else start += CI_SLICES[s.ci_profile[gi->id][c]];
-    }
-    if (id > 4 || CI_SLICES[id] > shape->slices) r = INVALID;
-    else if (cid < 0 || ci_room(&s, gi->id, shape, id) < 1) r = NO_ROOM;
-    else {
-        s.ci_used[gi->id][cid] = 1; s.ci_profile[gi->id][cid] = (int)id;
-        s.ci_start[gi->id][cid] = start;
-        save(gi->gpu, &s);
-        ci_handles[gi->gpu][gi->id][cid] = (ci_t){gi->gpu, gi->id, cid};
-        *out = &ci_handles[gi->gpu][gi->id][cid];
-    }
-    unlock();
-    return r;
-}
-
-nvmlReturn_t nvmlGpuInstanceGetComputeInstances(gi_t *gi, unsigned int id, ci_t **array,
-                                                unsigned int *count) {
-    state_t s; const model_t *m; const shape_t *shape;
-    nvmlReturn_t r = gi_of(gi, &s, &m, &shape, 0);
-    if (r) return r;
-    if (id > 4) return INVALID;
-    *count = 0;
-    for (int c = 0; c < CIS; c++) {
-        if (!s.ci_used[gi->id][c] || s.ci_profile[gi->id][c] != (int)id) continue;
-        ci_handles[gi->gpu][gi->id][c] = (ci_t){gi->gpu, gi->id, c};
-        array[(*count)++] = &ci_handles[gi->gpu][gi->id][c];
-    }
-    return 0;
-}
-
-nvmlReturn_t nvmlGpuInstanceGetComputeInstanceById(gi_t *gi, unsigned int id, ci_t **out) {
-    state_t s; const model_t *m; const shape_t *shape;
-    nvmlReturn_t r = gi_of(gi, &s, &m, &shape, 0);
-    if (r) return r;
-    if (id >= CIS || !s.ci_used[gi->id][id]) return 6;
-    ci_handles[gi->gpu][gi->id][id] = (ci_t){gi->gpu, gi->id, (int)id};
-    *out = &ci_handles[gi->gpu][gi->id][id];
-    return 0;
-}
-
-/* The compute instance behind a handle (its GPU instance loaded); INVALID when gone. */
-static nvmlReturn_t ci_of(ci_t *ci, state_t *s, int lock) {
-    const model_t *m; const shape_t *shape;
-    if (!ci || ci->id < 0 || ci->id >= CIS) return INVALID;
-    gi_t gi = {ci->gpu, ci->gi};
-    nvmlReturn_t r = gi_of(&gi, s, &m, &shape, lock);
-    if (r) return r;
-    if (s->ci_used[ci->gi][ci->id]) return 0;
-    if (lock) unlock();
-    return INVALID;
-}
-
-nvmlReturn_t nvmlComputeInstanceGetInfo_v2(ci_t *ci, ci_info_t *info) {
-    state_t s;
-    nvmlReturn_t r = ci_of(ci, &s, 0);
-    if (r) return r;
-    int profile = s.ci_profile[ci->gi][ci->id];
-    info->device = &gpus[ci->gpu];
-    info->gpuInstance = &gi_handles[ci->gpu][ci->gi];
-    gi_handles[ci->gpu][ci->gi] = (gi_t){ci->gpu, ci->gi};
-    info->id = (unsigned int)ci->id;
-    info->profileId = (unsigned int)profile;
-    info->placement = (placement_t){(unsigned int)s.ci_start[ci->gi][ci->id],
-                                    (unsigned int)CI_SLICES[profile]};
-    return 0;
-}
-
-nvmlReturn_t nvmlComputeInstanceDestroy(ci_t *ci) {
-    state_t s;
-    nvmlReturn_t r = ci_of(ci, &s, 1);
-    if (r) return r;
-    if (busy(ci->gpu)) r = IN_USE;
-    else {
-        s.ci_used[ci->gi][ci->id] = 0;
-        save(ci->gpu, &s);
-    }
-    unlock();
-    return r;
 }
