@@ -38,11 +38,20 @@ def partition(ctx: Context) -> PartitionResult | None:
 
 
 def command(ctx: Context, *, dry_run: bool) -> PartitionResult:
-    """The `partition` command: the same stage on its own (`--dry-run` changes nothing)."""
+    """The `partition` command: the same stage on its own (`--dry-run` changes nothing).
+
+    A change withdraws readiness, so after one the node is verified and signalled again
+    (as `signal` does): readiness and the slice labels then describe the new layout."""
     from installer.stages import partition as stage
 
     hooks = make_hooks(ctx)
-    return runner.run_stage(ctx, "partition", lambda c: stage.run(c, hooks, dry_run=dry_run))
+    result = runner.run_stage(ctx, "partition",
+                              lambda c: stage.run(c, hooks, dry_run=dry_run))
+    if result.changed and not dry_run:
+        runner.detect(ctx)
+        runner.verify(ctx)
+        runner.signal(ctx)
+    return result
 
 
 def make_hooks(ctx: Context) -> Hooks:

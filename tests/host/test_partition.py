@@ -218,6 +218,12 @@ class TestMigParted:
         assert [g["devices"] for g in node.record()["gpus"]] == [want, want]
         profiles = sorted(p for _, p in node.gis(0))
         assert profiles == [0, 0, 1, 2]  # 1g, 1g, 2g, 3g as NVML's profile constants
+        ready = node.ready()  # signalled again after the change, with the new slices
+        assert ready is not None
+        labels = ready["labels"]
+        assert labels[P + "mig.strategy"] == "mixed"  # not one size: mixed labels
+        assert (labels[P + "mig-1g.10gb.count"], labels[P + "mig-2g.20gb.count"],
+                labels[P + "mig-3g.40gb.count"]) == ("4", "2", "2")
 
         # custom: GPU 1 is already 7x1g.10gb after going back; only GPU 0 changes
         back = node.run("partition", *args, "--mig-config", "all-1g.10gb")
