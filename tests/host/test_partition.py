@@ -200,6 +200,16 @@ class TestGke:
         assert _partition_event(again)["changed"] == 0
         assert node.states() == before
 
+        # the config gone: MIG is no longer ours to manage; the GPUs keep their instances
+        (node.scene.root / "etc/nvidia/gpu_config.json").unlink()
+        unmanaged = node.run("install")
+        assert unmanaged.returncode == 0, unmanaged.stderr
+        assert "partition" not in _stages(unmanaged)
+        assert node.states() == before
+        assert not (node.scene.install_dir / ".mig.json").exists()
+        ready = node.ready()
+        assert ready is not None and P + "mig.strategy" not in ready["labels"]
+
 
 class TestMigParted:
     @pytest.mark.parametrize("model", [H100, A100_80], ids=["h100", "a100-80gb"])
@@ -238,8 +248,13 @@ class TestMigParted:
 
     def test_dry_run_changes_nothing(self, tmp_path: Path) -> None:
         node = mig_node(tmp_path, H100, 2)
-        assert node.install().returncode == 0  # no MIG config: nothing partitioned
+        plain = node.install()  # no MIG config: the stage does not run at all
+        assert plain.returncode == 0, plain.stderr
+        assert _stages(plain) == ["detect", "fetch", "prepare", "load", "stage", "verify",
+                                  "signal"]
         assert node.states() == {}
+        assert "MIG:             not configured" in node.run("status", "--output",
+                                                              "text").stdout
         dry = node.run("partition", "--mig-profile", "3g.40gb", "--dry-run")
         assert dry.returncode == 0, dry.stderr
         shown = json.loads(dry.stdout)
@@ -319,6 +334,10 @@ class TestInUse:
         assert [d for g in node.record()["gpus"] for d in g["devices"]] == [["1g.10gb", 7]]
         labels = cluster.node()["metadata"]["labels"]
         assert labels[P + "mig.config.state"] == "success"
+        states = [c.body["metadata"]["labels"][P + "mig.config.state"] for c in cluster.calls
+                  if c.method == "PATCH" and c.body
+                  and P + "mig.config.state" in c.body.get("metadata", {}).get("labels", {})]
+        assert states == ["pending", "success"]
         assert cluster.node()["spec"].get("unschedulable") is not True  # no cordon
 
 
