@@ -116,14 +116,18 @@ def partition(ctx: Context, source: config.Source, hooks: Hooks, *,
         return PartitionResult(source.origin, "pending" if todo else "success",
                                _gpu_rows(gpus), tuple(c.gpu.index for c in todo),
                                dry_run=True, planned=tuple(_planned(c) for c in todo))
+    waiting: list[GpuChange] = []
+    reset: tuple[int, ...] = ()
     try:
         with hooks.nvml():
             gpus, todo = _read_plan(ctx, source)
             if todo:  # the node is not ready while its GPUs are not as configured
                 clear_readiness(ctx.config, ctx.host.roots)
                 _set_state(ctx, "pending")
-            reset = _apply(ctx, hooks, todo)
-            if todo:
+                waiting = _apply(ctx, hooks, todo)
+        if todo:
+            reset = _reset(ctx, hooks, waiting)  # NVML closed: no handle of ours left open
+            with hooks.nvml():
                 gpus = nvml.read_gpus()
         nodes = caps.plan(ctx.host)
         hooks.make_nodes(nodes)
@@ -150,10 +154,9 @@ def _read_plan(ctx: Context, source: config.Source) -> tuple[list[GpuNow], list[
     return gpus, plan.changes(want, gpus)
 
 
-def _apply(ctx: Context, hooks: Hooks, todo: list[GpuChange]) -> tuple[int, ...]:
-    """Free the GPUs that change, apply each change, reset those whose mode waits."""
-    if not todo:
-        return ()
+def _apply(ctx: Context, hooks: Hooks, todo: list[GpuChange]) -> list[GpuChange]:
+    """Free the GPUs that change and apply each change; the changes whose mode waits for
+    a reset (A100) are returned."""
     devices = _device_paths(ctx, [c.gpu for c in todo])
     holders = _holders(ctx, devices)
     if holders:
@@ -170,23 +173,32 @@ def _apply(ctx: Context, hooks: Hooks, todo: list[GpuChange]) -> tuple[int, ...]
                                 "changed", remedy="rerun once the GPU pods are gone")
     from installer.stages.partition import nvml
 
-    waiting = [c for c in todo if nvml.apply(c)]
+    return [c for c in todo if nvml.apply(c)]
+
+
+def _reset(ctx: Context, hooks: Hooks, waiting: list[GpuChange]) -> tuple[int, ...]:
+    """Reset each GPU whose mode waits (a PCI function reset through the seam, what
+    `nvidia-smi -r` asks of the driver), then make its instances; a mode that still waits
+    goes to MIG_REBOOT."""
     if not waiting:
         return ()
-    if _holders(ctx, devices):
+    if _holders(ctx, _device_paths(ctx, [c.gpu for c in waiting])):
         raise MigInUseError("a GPU needs a reset for its MIG mode but is held again",
                             remedy="rerun once the GPU's processes are gone")
-    for change in waiting:  # a PCI function reset: what `nvidia-smi -r` asks the driver
+    for change in waiting:
         try:
             ctx.host.write_sysfs(_reset_path(ctx, change.gpu), "1")
         except OSError as exc:  # no reset method, or refused: the mode waits for a reboot
             ctx.log.warning("GPU reset failed", gpu=change.gpu.index, detail=str(exc))
-    now = nvml.read_gpus()
-    still = sorted(g.index for g in now if g.mode_pending)
-    if still:
-        _reboot(ctx, hooks, still)
-    for change in plan.changes({c.gpu.index: c.want for c in waiting}, now):
-        nvml.apply(change)  # the mode holds now: the instances
+    from installer.stages.partition import nvml
+
+    with hooks.nvml():
+        now = nvml.read_gpus()
+        still = sorted(g.index for g in now if g.mode_pending)
+        if still:
+            _reboot(ctx, hooks, still)
+        for change in plan.changes({c.gpu.index: c.want for c in waiting}, now):
+            nvml.apply(change)  # the mode holds now: the instances
     return tuple(c.gpu.index for c in waiting)
 
 
