@@ -11,6 +11,8 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from native.contexts import make_ctx
 
 from installer.errors import MigConfigError
@@ -229,3 +231,41 @@ class TestProfileSetting:
         with pytest.raises(ConfigError) as caught:
             make_ctx(_root(tmp_path), mig_profile="seven")
         assert "--mig-profile" in caught.value.one_line()
+
+
+class TestAnyInput:
+    """Whatever an operator's ConfigMap or the node's file holds: a Source, None, or one
+    MigConfigError line, never another exception."""
+
+    values = st.recursive(
+        st.none() | st.booleans() | st.integers(-10, 100) | st.sampled_from(
+            ["all", "v1", "1g.10gb", "0x233010DE", "", "mig-enabled", "devices"]),
+        lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
+            st.sampled_from(["version", "mig-configs", "a", "devices", "mig-enabled",
+                             "mig-devices", "device-filter", "1g.10gb", "GPUPartitionSize"]),
+            inner, max_size=4),
+        max_leaves=12)
+
+    @settings(max_examples=300, deadline=None)
+    @given(document=values)
+    def test_mig_parted(self, document: object) -> None:
+        import yaml
+
+        text = yaml.safe_dump(document)
+        try:
+            source = config.mig_parted_source(text, "/cfg.yaml", "a")
+        except MigConfigError as exc:
+            assert "\n" not in exc.one_line() and "/cfg.yaml" in exc.message
+            return
+        layouts = source.layouts([_gpu(0), _gpu(1)], lambda gpu: "0x233010DE")
+        assert set(layouts) <= {0, 1}
+
+    @settings(max_examples=200, deadline=None)
+    @given(document=values)
+    def test_gke(self, document: object) -> None:
+        try:
+            source = config.gke_source(json.dumps(document), "/etc/nvidia/gpu_config.json")
+        except MigConfigError as exc:
+            assert "gpu_config.json" in exc.message
+            return
+        assert source is None or isinstance(source.fill, str)
