@@ -15,11 +15,12 @@ import dataclasses
 import json
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e import NODE, Scene, add_version, events, run_cli, standin_env
+from e2e import NODE, Scene, add_version, events, standin_env
 from httpserver import MirrorServer
 
 from installer.testing import SAMPLE_NODES, PciSpec, build_node
@@ -30,6 +31,7 @@ A100_40 = ("NVIDIA A100-SXM4-40GB", 40960, 0x20B0)
 A100_80 = ("NVIDIA A100-SXM4-80GB", 81920, 0x20B2)
 H100 = ("NVIDIA H100 80GB HBM3", 81559, 0x2330)
 POD_UID = "0a5c3d8e-2f0b-4f54-9b7e-6c1a5a1b2c3d"
+FAKENODE = Path(__file__).resolve().parents[1] / "fakenode_gpus.py"
 
 MIG_PARTED = """\
 version: v1
@@ -83,7 +85,8 @@ class MigNode:
         args = [command, *self.scene.args("--output", "json", *extra)]
         if command == "install":
             args += ["--mirror", mirror, "--allow-http", "--driver-version", V]
-        return run_cli(args, self.env, timeout=300)
+        return subprocess.run([sys.executable, str(FAKENODE), *args], capture_output=True,
+                              text=True, env=self.env, timeout=300, check=False)
 
     def install(self, *extra: str) -> subprocess.CompletedProcess[str]:
         with MirrorServer(self.scene.repo) as server:
@@ -133,7 +136,8 @@ def mig_node(base: Path, model: tuple[str, int, int], count: int) -> MigNode:
     env = {**standin_env(V, count), "FAKE_NVML_NAMES": ",".join([name] * count),
            "FAKE_NVML_MEMORY_MIB": ",".join([str(memory)] * count),
            "FAKE_NVML_BUS_IDS": ",".join(f"0000{a}" for a in _addresses(count)),
-           "FAKE_NVML_MIG_DIR": str(mig_dir), "FAKE_NVML_PROC_DIR": str(root / "proc")}
+           "FAKE_NVML_MIG_DIR": str(mig_dir), "FAKE_NVML_PROC_DIR": str(root / "proc"),
+           "FAKE_KERNEL_GPUS": str(count)}
     for unset in ("NODE_NAME", "KUBE_API_URL", "KUBERNETES_SERVICE_HOST", "UPGRADE_POLICY",
                   "MIG_CONFIG_FILE", "MIG_CONFIG", "MIG_PROFILE", "GPU_LABEL_PREFIX"):
         env.pop(unset, None)
@@ -154,6 +158,31 @@ def _partition_event(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
     (event,) = [e for e in events(done.stderr)
                 if e["event"] == "stage finished" and e["stage"] == "partition"]
     return event
+
+
+def device_plugin_view(root: Path, size_count: int) -> dict[str, list[str]]:
+    """What GKE's device plugin (pkg/gpu/nvidia/mig) needs before it advertises slices:
+    under /proc/driver/nvidia/capabilities, each gpu<N>/mig/gi<G> with `DeviceFileMinor:` in
+    its access file and its ci0's, exactly `size_count` GIs per GPU, every GPU that has a
+    /dev/nvidia<N> partitioned, and /dev/nvidia<N> plus both /dev/nvidia-caps/nvidia-cap<M>
+    present. Returns each slice's device paths (as the plugin would hand them to a pod)."""
+    caps, dev = root / "proc/driver/nvidia/capabilities", root / "dev"
+    slices: dict[str, list[str]] = {}
+    gpus = sorted(p for p in caps.iterdir() if p.name.startswith("gpu"))
+    for gpu in gpus:
+        gis = sorted(p for p in (gpu / "mig").iterdir() if p.name.startswith("gi"))
+        assert len(gis) == size_count, (gpu.name, len(gis))
+        for gi in gis:
+            minors = [int((p / "access").read_text().split("DeviceFileMinor:")[1].split()[0])
+                      for p in (gi, gi / "ci0")]
+            paths = [dev / f"nvidia{gpu.name[3:]}",
+                     *(dev / f"nvidia-caps/nvidia-cap{m}" for m in minors)]
+            assert all(p.exists() for p in paths), paths
+            slices[f"nvidia{gpu.name[3:]}/{gi.name}"] = [str(p.relative_to(root))
+                                                         for p in paths]
+    whole = [p for p in dev.iterdir() if p.name[6:].isdigit() and p.name.startswith("nvidia")]
+    assert len(whole) == len(gpus), "not every GPU is partitioned"
+    return slices
 
 
 def _expected_minors(gpu: int, gis: list[int]) -> set[int]:
@@ -187,6 +216,11 @@ class TestGke:
         (caps_major,) = [ln.split()[0] for ln in devices.splitlines()
                          if ln.endswith(" nvidia-caps")]
         assert majors == {caps_major}
+        slices = device_plugin_view(node.scene.root, 7)
+        assert len(slices) == 56
+        first = 3 + 135 * 3 + 9 * 7  # mig-minors: gpu3/gi7/access, then its ci0
+        assert slices["nvidia3/gi7"] == ["dev/nvidia3", f"dev/nvidia-caps/nvidia-cap{first}",
+                                         f"dev/nvidia-caps/nvidia-cap{first + 1}"]
         status = node.run("status")
         assert status.returncode == 0, status.stderr
         mig = json.loads(status.stdout)["mig"]
@@ -199,6 +233,7 @@ class TestGke:
         assert json.loads(again.stdout)["fast_path"] is True
         assert _partition_event(again)["changed"] == 0
         assert node.states() == before
+        assert device_plugin_view(node.scene.root, 7) == slices
 
         # the config gone: MIG is no longer ours to manage; the GPUs keep their instances
         (node.scene.root / "etc/nvidia/gpu_config.json").unlink()
