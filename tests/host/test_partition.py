@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from e2e import NODE, Scene, add_version, events, standin_env
 from httpserver import MirrorServer
+from migconfigs import MIG_PARTED
 
 from installer.testing import SAMPLE_NODES, PciSpec, build_node
 
@@ -33,42 +34,6 @@ H100 = ("NVIDIA H100 80GB HBM3", 81559, 0x2330)
 POD_UID = "0a5c3d8e-2f0b-4f54-9b7e-6c1a5a1b2c3d"
 FAKENODE = Path(__file__).resolve().parents[1] / "fakenode_gpus.py"
 
-MIG_PARTED = """\
-version: v1
-mig-configs:
-  all-disabled:
-    - devices: all
-      mig-enabled: false
-  all-1g.10gb:
-    - device-filter: ["0x233010DE", "0x20B210DE", "0x20B510DE"]
-      devices: all
-      mig-enabled: true
-      mig-devices:
-        "1g.10gb": 7
-  all-balanced:
-    - device-filter: ["0x233010DE", "0x20B210DE", "0x20B510DE"]
-      devices: all
-      mig-enabled: true
-      mig-devices:
-        "1g.10gb": 2
-        "2g.20gb": 1
-        "3g.40gb": 1
-  custom:
-    - devices: [0]
-      mig-enabled: true
-      mig-devices:
-        "3g.40gb": 2
-    - devices: [1]
-      mig-enabled: true
-      mig-devices:
-        "1g.10gb": 7
-  too-many:
-    - devices: all
-      mig-enabled: true
-      mig-devices:
-        "3g.20gb": 2
-        "2g.10gb": 1
-"""
 
 
 @dataclasses.dataclass

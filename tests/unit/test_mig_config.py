@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from migconfigs import MIG_PARTED
 from native.contexts import make_ctx
 
 from installer.errors import MigConfigError
@@ -21,42 +22,6 @@ from installer.stages.partition.plan import GpuLayout, GpuNow
 
 OFF = GpuLayout(False, ())
 
-# mig-parted's own example configs (config-default.yaml's shapes), trimmed to two models
-MIG_PARTED = """\
-version: v1
-mig-configs:
-  all-disabled:
-    - devices: all
-      mig-enabled: false
-  all-1g.10gb:
-    - device-filter: ["0x233010DE", "0x20B510DE", "0x20B210DE"]
-      devices: all
-      mig-enabled: true
-      mig-devices:
-        "1g.10gb": 7
-  all-balanced:
-    - device-filter: ["0x20B210DE", "0x20B510DE"]
-      devices: all
-      mig-enabled: true
-      mig-devices:
-        "1g.10gb": 2
-        "2g.20gb": 1
-        "3g.40gb": 1
-    - device-filter: "0x233010DE"
-      devices: all
-      mig-enabled: true
-      mig-devices:
-        "1g.10gb": 2
-        "2g.20gb": 1
-        "3g.40gb": 1
-  custom:
-    - devices: [0, 1]
-      mig-enabled: true
-      mig-devices:
-        "3g.40gb": 2
-    - devices: [2]
-      mig-enabled: false
-"""
 
 
 def _gpu(index: int, name: str = "NVIDIA H100 80GB HBM3", memory: int = 81559) -> GpuNow:
@@ -91,6 +56,20 @@ class TestGke:
         root = _root(tmp_path)
         (root / "etc/nvidia/gpu_config.json").write_text('{"GPUPartitionSize": ""}')
         assert config.find(make_ctx(root)) is None
+
+    def test_fifo_or_directory_refused_without_hanging(self, tmp_path: Path) -> None:
+        import os
+
+        root = _root(tmp_path)
+        path = root / "etc/nvidia/gpu_config.json"
+        os.mkfifo(path)  # opened non-blocking: no writer, no hang
+        with pytest.raises(MigConfigError) as caught:
+            config.find(make_ctx(root))
+        assert "gpu_config.json" in caught.value.one_line()
+        path.unlink()
+        path.mkdir()
+        with pytest.raises(MigConfigError):
+            config.find(make_ctx(root))
 
     @pytest.mark.parametrize(("text", "names"), [
         ("{not json", "is not JSON"),
@@ -160,7 +139,7 @@ class TestMigParted:
         assert source is not None
         want = source.layouts([_gpu(i) for i in range(4)], config.pci_ids(ctx))
         assert want == {0: GpuLayout(True, (("3g.40gb", 2),)),
-                        1: GpuLayout(True, (("3g.40gb", 2),)), 2: OFF}  # GPU 3 untouched
+                        1: GpuLayout(True, (("1g.10gb", 7),)), 2: OFF}  # GPU 3 untouched
 
     def test_label_chooses_the_config(self, tmp_path: Path) -> None:
         from kubefake import TOKEN, Cluster, node_doc, serve

@@ -93,18 +93,19 @@ def find(ctx: Context) -> Source | None:
 
 
 def _read(path: Path) -> str | None:
+    """The file's text (None: absent); a directory, FIFO, unreadable or oversized file is
+    refused naming it (opened non-blocking: a FIFO in its place cannot hang the run)."""
+    from installer.packages.documents import DocumentError, read_file
+
     try:
-        with open(path, "rb") as handle:
-            data = handle.read(_MAX_BYTES + 1)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        raise MigConfigError(f"{path} cannot be read: {exc.strerror}",
-                             remedy="make it a readable file, or remove it") from exc
-    if len(data) > _MAX_BYTES:
+        data = read_file(path, _MAX_BYTES)
+    except DocumentError as exc:
+        raise MigConfigError(exc.message, remedy="make it a readable file, or remove it"
+                             ) from exc
+    if data is not None and len(data) > _MAX_BYTES:
         raise MigConfigError(f"{path} is larger than 1 MiB",
                              remedy="point at a MIG config, not another file")
-    return data.decode("utf-8", errors="replace")
+    return None if data is None else data.decode("utf-8", errors="replace")
 
 
 def gke_source(text: str, path: PurePosixPath | str) -> Source | None:
