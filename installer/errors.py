@@ -247,6 +247,39 @@ class CompressedModuleError(ModuleLoadError):
     """A compressed host module cannot be loaded: the kernel does not decompress modules."""
 
 
+# --- MIG partitioning (issue 26); codes come from their base class ----------------------
+
+
+class MigConfigError(ConfigError):
+    """A MIG layout is malformed or names a profile NVIDIA does not define (exit 2)."""
+
+    default_remedy = ("name profiles as NVIDIA does (e.g. `1g.10gb`) with positive counts; "
+                      "the error lists the sizes this GPU offers")
+
+
+class MigLayoutError(IncompatibleError):
+    """A well-formed MIG layout this GPU cannot take: a size it does not offer, more slices
+    or instances than fit its placements, or MIG on a GPU without MIG (exit 14)."""
+
+    default_remedy = "pick sizes the named GPU offers (listed) whose slices fit in 7"
+
+
+class MigInUseError(ModuleInUseError):
+    """NVML refused to change a GPU's MIG layout because something holds the GPU or one of
+    its instances (NVML_ERROR_IN_USE); what was already changed stays (exit 10)."""
+
+    default_remedy = ("free the GPU (drain its pods, or UPGRADE_POLICY=evict|drain), then "
+                      "rerun: the rest of the layout is applied then")
+
+
+class MigNvmlError(VerificationError):
+    """An NVML call reading or changing a GPU's MIG layout failed for another reason
+    (exit 12)."""
+
+    default_remedy = ("read the NVML error named; rerun (a partial layout is completed), "
+                      "or reset the GPU if it persists")
+
+
 # --- a full filesystem, wherever a write meets it (issue 22 item 9) -----------------------
 
 NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})

@@ -296,6 +296,23 @@ def cdi_command(ctx: Context, output: str) -> None:
 
 
 @cli.command()
+@click.option("--dry-run", is_flag=True,
+              help="show what would change on each GPU and change nothing")
+@node_options
+@output_option
+def partition(ctx: Context, output: str, dry_run: bool) -> None:
+    """Split the GPUs into MIG instances as configured (gpu_config.json, MIG_CONFIG_FILE,
+    MIG_PROFILE); what `install` runs after verify."""
+    from installer.pipeline import partition as stage
+
+    if dry_run:
+        emit(stage.command(ctx, dry_run=True), output)
+        return
+    with run.locked(ctx):
+        emit(stage.command(ctx, dry_run=False), output)
+
+
+@cli.command()
 @node_options
 @output_option
 def status(ctx: Context, output: str) -> None:

@@ -37,6 +37,8 @@ GKE_ACCELERATOR = "cloud.google.com/gke-accelerator"
 UPGRADE_STATE = f"{OWN_PREFIX}/upgrade-state"
 UPGRADE_SKIP = f"{OWN_PREFIX}/upgrade.skip"
 UPGRADE_KEYS = (UPGRADE_STATE, UPGRADE_SKIP)
+# MIG (issue 26): the partition stage's progress, as mig-parted's mig.config.state says it
+MIG_STATE = f"{OWN_PREFIX}/mig.config.state"
 MODEL_SUFFIX = "gpu.model."  # gpu-node-installer/gpu.model.<product>=<count>, one per model
 
 _VALUE_BAD = re.compile(r"[^A-Za-z0-9._-]+")
@@ -150,6 +152,58 @@ def gpu_labels(gpus: Sequence[GpuFacts], *, driver: str, cuda: str, flavour: str
     return labels
 
 
+@dataclass(frozen=True)
+class MigFacts:
+    """One GPU's MIG layout as the labels need it (the partition stage's record)."""
+
+    name: str
+    memory_mib: int
+    mig_enabled: bool
+    devices: tuple[tuple[str, int], ...]  # (profile, count)
+
+
+def mig_labels(gpus: Sequence[MigFacts], *, strategy: str, prefix: str = OWN_PREFIX
+               ) -> dict[str, str]:
+    """gpu-feature-discovery's MIG labels. `single` (every GPU in MIG mode with one
+    profile): the slice is the GPU, `gpu.product=<model>-MIG-<profile>`, `gpu.count` the
+    slices, `gpu.memory` a slice's MiB; otherwise (or `mixed`) `mig-<profile>.count` and
+    friends beside the full GPUs' labels. None when no GPU is in MIG mode."""
+    from installer.compat.mig import mig_model
+
+    if not any(g.mig_enabled for g in gpus):
+        return {}
+    counts: Counter[str] = Counter()
+    facts: dict[str, tuple[int, int]] = {}  # profile -> (memory MiB, slices)
+    for gpu in gpus:
+        model = mig_model(gpu.name, gpu.memory_mib)
+        for profile, count in gpu.devices if gpu.mig_enabled else ():
+            counts[profile] += count
+            known = model.profiles.get(profile) if model is not None else None
+            if known is not None:
+                facts[profile] = (int(known.memory_gib * 1024), known.slices)
+    names = {sanitize(g.name) for g in gpus}
+    uniform = (all(g.mig_enabled for g in gpus) and len(counts) == 1 and len(names) == 1)
+    p = f"{prefix}/"
+    if strategy == "single" and uniform:
+        (profile, count), = counts.items()
+        labels = {p + "mig.strategy": "single", p + "gpu.count": str(count),
+                  p + "gpu.product": sanitize(f"{names.pop()}-MIG-{profile}")}
+        if profile in facts:
+            labels |= {p + "gpu.memory": str(facts[profile][0]),
+                       p + "gpu.slices.gi": str(facts[profile][1]),
+                       p + "gpu.slices.ci": str(facts[profile][1])}
+        return labels
+    labels = {p + "mig.strategy": "mixed"}
+    for profile, count in sorted(counts.items()):
+        key = p + f"mig-{sanitize(profile)}"
+        labels[key + ".count"] = str(count)
+        if profile in facts:
+            labels |= {key + ".memory": str(facts[profile][0]),
+                       key + ".slices.gi": str(facts[profile][1]),
+                       key + ".slices.ci": str(facts[profile][1])}
+    return labels
+
+
 def is_ours(key: str, owned: Iterable[str] = ()) -> bool:
     """Our prefix is ours alone; another prefix's key only when we recorded writing it."""
     return key.startswith(f"{OWN_PREFIX}/") or key in set(owned)
@@ -167,7 +221,8 @@ def label_patch(current: Mapping[str, str], annotations: Mapping[str, str] | Non
     true; labels of others are never touched."""
     owned = owned_keys(annotations)
     body: dict[str, str | None] = {key: None for key in sorted(current)
-                                   if key not in labels and key not in UPGRADE_KEYS
+                                   if key not in labels
+                                   and key not in (*UPGRADE_KEYS, MIG_STATE)
                                    and is_ours(key, owned)}
     body.update(labels)
     foreign = ",".join(sorted(k for k in labels if not k.startswith(f"{OWN_PREFIX}/")))

@@ -1,8 +1,7 @@
 """One validated, frozen `Config` built from CLI flags and environment variables (flag wins).
 
-Every setting is declared once in `SETTINGS`: the CLI builds its options from it,
-docs/reference.md's settings table lists it, and the deploy manifests are checked against
-its env vars.
+Every setting is declared once in `SETTINGS` (a subsystem's rows may live in its own module):
+the CLI builds its options from it, docs/reference.md lists it, the manifests use its env vars.
 Validation happens here, before any I/O on the host, and fails with one line naming the
 setting, the value and what is accepted.
 """
@@ -15,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from installer.config import agent, health, upgrade, values
+from installer.config import agent, health, mig, upgrade, values
 from installer.config.modparams import ModuleParam as ModuleParam
 from installer.config.modparams import parse_module_param as parse_module_param
 from installer.config.modparams import read_params_file
@@ -243,6 +242,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("cdi_spec_dir", "--cdi-spec-dir", "CDI_SPEC_DIR", "/var/run/cdi", "where the CDI "
             "spec goes on the node (/etc/cdi persists)", "an absolute path on the node without "
             "'..'", values.host_abs_path),
+    *(Setting(*row) for row in mig.ROWS),  # MIG partitioning (issue 26): config/mig.py
     # GPU health in the node agent (issue 24; parser in config/health.py)
     Setting("xid_critical", "--xid-critical", "XID_CRITICAL", health.DEFAULT,
             "Xids that set the node condition gpu-node-installer/XidCriticalError and post "
@@ -255,7 +255,7 @@ SETTINGS_BY_NAME = {setting.name: setting for setting in SETTINGS}
 
 
 @dataclass(frozen=True)
-class Config:
+class Config(mig.MigSettings):
     """Every setting, validated; built once per process by `load_config`."""
 
     host_root: Path = Path("/host")

@@ -40,6 +40,7 @@ SKIPPED_FILE = ".skipped.json"
 DEVNODES_FILE = ".devnodes.json"  # the /dev nodes the load stage made (stages/load/devnodes)
 CDI_RECORD = ".cdi.json"  # the CDI spec we wrote: its path and digests (installdir/cdifile)
 LOCK_FILE = ".lock"
+MIG_RECORD = ".mig.json"  # the MIG layout the partition stage left (labels, `status`)
 CACHE_DIR = ".cache"
 AGENT_VIEW = ".agent.json"  # the node agent's view, read by its readiness probe and `status`
 AGENT_DIR = ".agent"  # its work area: Fabric Manager's config copy, daemon logs, readiness

@@ -7,6 +7,7 @@ names no pod is a host process: it is reported, never signalled.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from installer.node import cgroup
@@ -29,8 +30,10 @@ class Holder:
         return f"{self.pid} ({self.command}){where}"
 
 
-def processes_using_nvidia(host: Host) -> list[tuple[int, str]]:
-    """(PID, command) of every process with a /dev/nvidia* file open (scans /proc/*/fd)."""
+def processes_using_nvidia(host: Host, devices: Collection[str] | None = None
+                           ) -> list[tuple[int, str]]:
+    """(PID, command) of every process with a /dev/nvidia* file open (scans /proc/*/fd);
+    with `devices`, only those holding one of these paths (one GPU's `/dev/nvidia3`)."""
     found: list[tuple[int, str]] = []
     for proc_dir in host.iterdir(host.roots.proc):
         if not proc_dir.name.isdigit():
@@ -39,16 +42,19 @@ def processes_using_nvidia(host: Host) -> list[tuple[int, str]]:
             fds = list(host.iterdir(proc_dir / "fd"))
         except OSError:
             continue  # exited, or not ours to read
-        if any((host.readlink(fd) or "").startswith(DEVICE_PREFIX) for fd in fds):
+        links = [host.readlink(fd) or "" for fd in fds]
+        if any(link in devices if devices is not None else link.startswith(DEVICE_PREFIX)
+               for link in links):
             comm = (host.read_text(proc_dir / "comm") or "?").strip()
             found.append((int(proc_dir.name), comm))
     return sorted(found)
 
 
-def find_holders(host: Host) -> list[Holder]:
-    """Every holder with its pod (from /proc/<pid>/cgroup), sorted by PID."""
+def find_holders(host: Host, devices: Collection[str] | None = None) -> list[Holder]:
+    """Every holder (of `devices` when given) with its pod (from /proc/<pid>/cgroup),
+    sorted by PID."""
     holders = []
-    for pid, command in processes_using_nvidia(host):
+    for pid, command in processes_using_nvidia(host, devices):
         try:
             text = host.read_text(host.roots.proc / str(pid) / "cgroup") or ""
         except OSError:

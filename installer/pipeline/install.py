@@ -23,7 +23,7 @@ from installer.node import kmod
 from installer.node.host import write_atomic
 from installer.node.lock import node_lock
 from installer.packages.manifest import Package
-from installer.pipeline import fastpath, runner
+from installer.pipeline import fastpath, partition, runner
 from installer.stages.detect import require_gpus
 
 if TYPE_CHECKING:
@@ -83,8 +83,9 @@ def install(ctx: Context, *, paranoid: bool = False) -> InstallResult:
                      if path.is_file()}
         try:
             return _install_locked(ctx, previous, paranoid=paranoid)
-        except InstallerError:
-            _restore_previous(ctx, previous, readiness)
+        except InstallerError as exc:
+            if exc.stage != "partition":  # a GPU not as configured is never made ready
+                _restore_previous(ctx, previous, readiness)
             raise
 
 
@@ -160,6 +161,7 @@ def _load_to_signal(ctx: Context, package: Package) -> None:
         flavour_requested=ctx.config.flavour, kernel_release=manifest.kernel_release,
         driver_version=manifest.driver_version, flavour=manifest.flavour,
         package_digest=package.digest, timings_ms=dict(ctx.timings_ms)))
+    partition.partition(ctx)  # MIG, when configured: readiness only after it succeeded
     runner.signal(ctx)
 
 

@@ -16,7 +16,7 @@ from typing import Any
 from installer.agent.readiness import probe, read_view
 from installer.compat import toolkit as compat
 from installer.context import Context
-from installer.installdir import cdifile, layout, skipped
+from installer.installdir import cdifile, layout, migrecord, skipped
 from installer.installdir.readiness import check_ready, ready_paths
 from installer.installdir.state import MAX_STATE_BYTES
 from installer.installdir.versions import current_name, previous_name, read_staged
@@ -37,12 +37,14 @@ class StatusReport:
     upgrade: dict[str, Any] | None = None  # {"wanted", "serving", "skipped_by"}
     agent: dict[str, Any] | None = None  # the node agent's view (.agent.json), if it runs
     cdi: dict[str, Any] | None = None  # our CDI spec: path, version, intact
+    mig: dict[str, Any] | None = None  # the partition stage's record (.mig.json)
 
     def to_dict(self) -> dict[str, Any]:
         return {"node": self.node.to_dict(), "install_dir": self.install_dir,
                 "cache": self.cache, "loaded_modules": self.modules, "staged": self.staged,
                 "readiness": self.readiness, "upgrade": self.upgrade,
                 "last_run": self.last_run, "agent": self.agent, "cdi": self.cdi,
+                "mig": self.mig,
                 "cuda": compat.cuda_support(self._driver())}
 
     def _driver(self) -> str | None:
@@ -72,6 +74,7 @@ class StatusReport:
                          f"{self.upgrade['skipped_by']}")
         lines += agent_lines(self.agent)
         lines.append(cdi_line(self.cdi))
+        lines += mig_lines(self.mig)
         if self.last_run:
             timings = self.last_run.get("timings_ms")
             shown = timings.items() if isinstance(timings, dict) else ()
@@ -98,6 +101,7 @@ def collect(ctx: Context) -> StatusReport:
         upgrade=skipped.current(ctx.config, ctx.host),
         agent=_agent(ctx),
         cdi=cdifile.describe(ctx.config, ctx.host.roots),
+        mig=migrecord.read(root),
     )
 
 
@@ -108,6 +112,16 @@ def cdi_line(cdi: dict[str, Any] | None) -> str:
                                       else "off (CDI=off)")
     state = "" if cdi.get("intact") else " (changed or removed since: not ours now)"
     return f"CDI spec:        {cdi['path']} -> {cdi.get('version')}{state}"
+
+
+def mig_lines(mig: dict[str, Any] | None) -> list[str]:
+    """The MIG layout per GPU as the partition stage left it (none: not configured)."""
+    if mig is None:
+        return ["MIG:             not configured"]
+    lines = [f"MIG:             from {mig.get('source')}"]
+    lines += [f"  GPU {gpu.get('index')} ({gpu.get('name')}): {migrecord.describe(gpu)}"
+              for gpu in mig.get("gpus") or [] if isinstance(gpu, dict)]
+    return lines
 
 
 def _agent(ctx: Context) -> dict[str, Any] | None:

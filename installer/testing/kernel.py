@@ -243,12 +243,18 @@ class FakeKernelHost(RealHost):
             (base / "version").write_text(module.version + "\n")
 
     def _write_driver_proc(self, nvidia: Path) -> None:
-        if nvidia.exists():
-            shutil.rmtree(nvidia)
         module = self.modules.get("nvidia")
+        if nvidia.exists():  # the MIG instances' capability files (the NVML stand-in's) are
+            for entry in nvidia.iterdir():  # the GPUs' state: kept while the module stays
+                if module is not None and entry.name == "capabilities":
+                    continue
+                if entry.is_dir():
+                    shutil.rmtree(entry)
+                else:
+                    entry.unlink()
         if module is None:
             return
-        (nvidia / "capabilities" / "mig").mkdir(parents=True)
+        (nvidia / "capabilities" / "mig").mkdir(parents=True, exist_ok=True)
         (nvidia / "version").write_text(
             f"NVRM version: NVIDIA UNIX x86_64 Kernel Module  {module.version}  Tue Jan  7 "
             "00:00:00 UTC 2025\nGCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n")

@@ -24,7 +24,7 @@ from installer.compat import nodelabels
 from installer.compat.toolkit import max_cuda_for_driver, minor_compat_major
 from installer.context import Context, Verified
 from installer.errors import VerificationError
-from installer.installdir import cdi, cdifile
+from installer.installdir import cdi, cdifile, migrecord
 from installer.installdir.layout import READY_FILE, VALIDATION_NODE_PATH
 from installer.installdir.readiness import clear_readiness, ready_paths
 from installer.installdir.versions import current_name
@@ -142,7 +142,22 @@ def node_labels(ctx: Context, verified: Verified) -> dict[str, str]:
             f"{LABEL_PREFIX}/status": "ready",
             **nodelabels.gpu_labels(gpus, driver=verified.driver_version,
                                     cuda=verified.cuda_version, flavour=verified.flavour,
-                                    prefix=ctx.config.gpu_label_prefix)}
+                                    prefix=ctx.config.gpu_label_prefix),
+            **_mig_labels(ctx)}
+
+
+def _mig_labels(ctx: Context) -> dict[str, str]:
+    """The slices the partition stage left (its `.mig.json`), as gpu-feature-discovery
+    labels them; none without MIG."""
+    record = migrecord.read(ctx.install_root)
+    if record is None:
+        return {}
+    gpus = [nodelabels.MigFacts(str(g.get("name", "")), int(g.get("memory_mib") or 0),
+                                bool(g.get("mig_enabled")),
+                                tuple((str(n), int(c)) for n, c in g.get("devices") or []))
+            for g in record["gpus"] if isinstance(g, dict)]
+    return nodelabels.mig_labels(gpus, strategy=ctx.config.mig_strategy,
+                                 prefix=ctx.config.gpu_label_prefix)
 
 
 

@@ -1,0 +1,48 @@
+"""`.mig.json`: the MIG layout the partition stage left on the node, per GPU.
+
+Written by the partition stage after it applied (or found) the configured layout, removed
+when MIG is no longer configured; the signal stage labels the slices from it and `status`
+shows it, neither of them asking NVML again.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from installer.installdir.layout import MIG_RECORD
+
+_MAX_BYTES = 256 * 1024
+
+
+def read(install_root: Path) -> dict[str, Any] | None:
+    """`{"source": ..., "gpus": [{index, name, memory_mib, mig_enabled, devices}]}` or None
+    (absent or unreadable: the node's MIG is not ours to describe)."""
+    try:
+        with open(install_root / MIG_RECORD, "rb") as handle:
+            data = json.loads(handle.read(_MAX_BYTES))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("gpus"), list):
+        return None
+    return data
+
+
+def write(install_root: Path, source: str, gpus: list[dict[str, Any]]) -> None:
+    from installer.node.host import write_atomic
+
+    body = json.dumps({"source": source, "gpus": gpus}, indent=1) + "\n"
+    write_atomic(install_root / MIG_RECORD, body.encode())
+
+
+def forget(install_root: Path) -> None:
+    (install_root / MIG_RECORD).unlink(missing_ok=True)
+
+
+def describe(gpu: dict[str, Any]) -> str:
+    """One GPU's row as `MIG 7x1g.5gb`, `MIG on, no instances` or `MIG off`."""
+    if not gpu.get("mig_enabled"):
+        return "MIG off"
+    parts = [f"{count}x{name}" for name, count in gpu.get("devices") or []]
+    return "MIG " + (", ".join(parts) if parts else "on, no instances")

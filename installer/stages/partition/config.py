@@ -1,0 +1,265 @@
+"""Where the wanted MIG layout comes from, read into one `Source` before any NVML call.
+
+In order, the first that is set wins:
+1. GKE's `/etc/nvidia/gpu_config.json` on the node (`{"GPUPartitionSize": "1g.5gb"}`, what a
+   node pool's `gpu-partition-size` writes): every GPU gets as many of that profile as fit;
+2. a mig-parted file (MIG_CONFIG_FILE: `version: v1`, `mig-configs: {name: [entries]}`) with
+   the config named by MIG_CONFIG or else the node's `nvidia.com/mig.config` label;
+3. MIG_PROFILE: one profile for every GPU, as GKE's file would say it.
+None of them: `find` returns None and the stage touches nothing (no NVML, no API call).
+A malformed source is MigConfigError (exit 2) naming the file, the field and the fix.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from installer.compat.mig import mig_model
+from installer.context import Context
+from installer.errors import MigConfigError
+from installer.stages.partition.plan import GpuLayout, GpuNow
+
+GKE_CONFIG = PurePosixPath("/etc/nvidia/gpu_config.json")
+GKE_FIELD = "GPUPartitionSize"
+MIG_CONFIG_LABEL = "nvidia.com/mig.config"
+_MAX_BYTES = 1024 * 1024
+_ENTRY_KEYS = frozenset({"devices", "device-filter", "mig-enabled", "mig-devices"})
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One entry of a mig-parted config: which GPUs, and what they become."""
+
+    devices: tuple[int, ...] | None  # None: all
+    device_filter: tuple[str, ...]  # PCI ids as `0xDDDDVVVV` (upper case); empty: any GPU
+    layout: GpuLayout
+
+
+@dataclass(frozen=True)
+class Source:
+    """The wanted layout as configured: one profile for every GPU, or mig-parted entries."""
+
+    origin: str  # what an operator reads: the file (and config) or the setting
+    fill: str | None = None
+    entries: tuple[Entry, ...] = ()
+
+    def layouts(self, gpus: list[GpuNow], pci_id: Callable[[GpuNow], str | None]
+                ) -> dict[int, GpuLayout]:
+        """The layout per GPU index; a GPU no entry names is left out (and left alone)."""
+        if self.fill is not None:
+            return {gpu.index: _filled(gpu, self.fill) for gpu in gpus}
+        wanted: dict[int, GpuLayout] = {}
+        for entry in self.entries:
+            for gpu in gpus:
+                if entry.devices is not None and gpu.index not in entry.devices:
+                    continue
+                if entry.device_filter and (pci_id(gpu) or "") not in entry.device_filter:
+                    continue
+                wanted[gpu.index] = entry.layout  # a later entry wins, as in mig-parted
+        return wanted
+
+
+def _filled(gpu: GpuNow, profile: str) -> GpuLayout:
+    """As many of `profile` as fit this GPU; one where the GPU lacks it, so that the plan's
+    validation refuses it naming the sizes the GPU offers."""
+    model = mig_model(gpu.name, gpu.memory_mib)
+    count = model.fill(profile) if model is not None and profile in model.profiles else 1
+    return GpuLayout(True, ((profile, count),))
+
+
+def find(ctx: Context) -> Source | None:
+    """The configured source, or None when MIG is not configured on this node."""
+    gke = ctx.host.roots.node(GKE_CONFIG)
+    text = _read(gke)
+    if text is not None:
+        return gke_source(text, GKE_CONFIG)
+    config = ctx.config
+    if config.mig_config_file is not None:
+        name = config.mig_config or _label(ctx)
+        text = _read(config.mig_config_file)
+        if text is None:
+            raise MigConfigError(f"MIG_CONFIG_FILE {config.mig_config_file} cannot be read",
+                                 remedy="mount the mig-parted config there (a ConfigMap) or "
+                                        "unset MIG_CONFIG_FILE")
+        return mig_parted_source(text, str(config.mig_config_file), name)
+    if config.mig_profile:
+        return Source(f"MIG_PROFILE={config.mig_profile}", fill=config.mig_profile)
+    return None
+
+
+def _read(path: Path) -> str | None:
+    """The file's text (None: absent); a directory, FIFO, unreadable or oversized file is
+    refused naming it (opened non-blocking: a FIFO in its place cannot hang the run)."""
+    from installer.packages.documents import DocumentError, read_file
+
+    try:
+        data = read_file(path, _MAX_BYTES)
+    except DocumentError as exc:
+        raise MigConfigError(exc.message, remedy="make it a readable file, or remove it"
+                             ) from exc
+    if data is not None and len(data) > _MAX_BYTES:
+        raise MigConfigError(f"{path} is larger than 1 MiB",
+                             remedy="point at a MIG config, not another file")
+    return None if data is None else data.decode("utf-8", errors="replace")
+
+
+def gke_source(text: str, path: PurePosixPath | str) -> Source | None:
+    """GKE's file: `GPUPartitionSize` names one profile; empty or absent means none."""
+    try:
+        document = json.loads(text)
+    except ValueError as exc:
+        raise MigConfigError(f"{path} is not JSON ({exc})",
+                             remedy=f'write {{"{GKE_FIELD}": "1g.5gb"}} or remove the file'
+                             ) from None
+    if not isinstance(document, dict):
+        raise MigConfigError(f"{path} is not a JSON object",
+                             remedy=f'write {{"{GKE_FIELD}": "1g.5gb"}} or remove the file')
+    size = document.get(GKE_FIELD)
+    if size in (None, ""):
+        return None  # GKE's own partitioner does nothing then, nor do we
+    if not isinstance(size, str):
+        raise MigConfigError(f"{path}: {GKE_FIELD} is {size!r}, not a profile name",
+                             remedy=f"set {GKE_FIELD} to a size like 1g.5gb (the node pool's "
+                                    "gpu-partition-size)")
+    return Source(f"{path} ({GKE_FIELD}={size})", fill=size.strip())
+
+
+def mig_parted_source(text: str, path: str, name: str | None) -> Source:
+    """mig-parted's `version: v1` file, the config `name` of it."""
+    import yaml  # type: ignore[import-untyped]
+
+    try:
+        document = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        where = getattr(exc, "problem_mark", None)
+        line = f" at line {where.line + 1}" if where is not None else ""
+        raise MigConfigError(f"{path} is not YAML{line}",
+                             remedy="fix the YAML (mig-parted's format: version: v1, "
+                                    "mig-configs)") from None
+    if not isinstance(document, dict) or document.get("version") != "v1":
+        raise MigConfigError(f"{path}: version is not v1",
+                             remedy="start the file with `version: v1` (mig-parted's format)")
+    configs = document.get("mig-configs")
+    if not isinstance(configs, dict) or not configs:
+        raise MigConfigError(f"{path}: mig-configs is missing or not a mapping",
+                             remedy="add `mig-configs:` with one named list of entries")
+    if not name:
+        raise MigConfigError(f"{path}: no config chosen (node label {MIG_CONFIG_LABEL} "
+                             "absent and MIG_CONFIG unset)",
+                             remedy=f"label the node {MIG_CONFIG_LABEL}=<one of "
+                                    f"{', '.join(map(str, configs))}> or set MIG_CONFIG")
+    if name not in configs:
+        raise MigConfigError(f"{path}: mig-configs has no config {name!r}",
+                             remedy=f"choose one of {', '.join(map(str, configs))}")
+    entries = configs[name]
+    if not isinstance(entries, list) or not entries:
+        raise MigConfigError(f"{path}: mig-configs.{name} is not a list of entries",
+                             remedy="give it entries with devices, mig-enabled, mig-devices")
+    where = f"{path}: mig-configs.{name}"
+    return Source(f"{path} (config {name})",
+                  entries=tuple(_entry(e, f"{where}[{i}]") for i, e in enumerate(entries)))
+
+
+def _entry(raw: Any, where: str) -> Entry:
+    if not isinstance(raw, dict):
+        raise MigConfigError(f"{where} is not a mapping",
+                             remedy="each entry has devices, mig-enabled, mig-devices")
+    unknown = sorted(set(map(str, raw)) - _ENTRY_KEYS)
+    if unknown:
+        raise MigConfigError(f"{where} has unknown field {unknown[0]!r}",
+                             remedy=f"use only {', '.join(sorted(_ENTRY_KEYS))}")
+    enabled = raw.get("mig-enabled")
+    if not isinstance(enabled, bool):
+        raise MigConfigError(f"{where}.mig-enabled is {enabled!r}",
+                             remedy="set mig-enabled: true or false")
+    devices = _devices(raw.get("devices"), where)
+    counts = _mig_devices(raw.get("mig-devices"), f"{where}.mig-devices", enabled=enabled)
+    return Entry(devices, _filter(raw.get("device-filter"), where),
+                 GpuLayout(enabled, tuple(sorted(counts.items()))))
+
+
+def _devices(raw: Any, where: str) -> tuple[int, ...] | None:
+    if raw == "all":
+        return None
+    if (isinstance(raw, list) and raw and all(isinstance(i, int) and not isinstance(i, bool)
+                                              and 0 <= i < 64 for i in raw)):
+        return tuple(sorted(set(raw)))
+    raise MigConfigError(f"{where}.devices is {raw!r}",
+                         remedy="set devices: all, or a list of GPU indexes like [0, 1]")
+
+
+def _filter(raw: Any, where: str) -> tuple[str, ...]:
+    """`device-filter`: one PCI id or a list of them, as `0x20B010DE` (device, vendor)."""
+    if raw is None:
+        return ()
+    items = [raw] if isinstance(raw, str) else raw
+    if isinstance(items, list) and items and all(
+            isinstance(i, str) and _pci_id(i) is not None for i in items):
+        return tuple(_pci_id(i) or "" for i in items)
+    raise MigConfigError(f"{where}.device-filter is {raw!r}",
+                         remedy="give PCI ids as 0x<device><vendor>, e.g. 0x20B010DE")
+
+
+def _pci_id(text: str) -> str | None:
+    body = text.strip().lower().removeprefix("0x")
+    if len(body) != 8 or any(c not in "0123456789abcdef" for c in body):
+        return None
+    return "0x" + body.upper()
+
+
+def _mig_devices(raw: Any, where: str, *, enabled: bool) -> dict[str, int]:
+    if raw is None or raw == {}:
+        return {}
+    if not enabled:
+        raise MigConfigError(f"{where} is set but mig-enabled is false",
+                             remedy="remove mig-devices or set mig-enabled: true")
+    if not isinstance(raw, Mapping):
+        raise MigConfigError(f"{where} is not a mapping",
+                             remedy='write profile: count pairs, e.g. "1g.10gb": 7')
+    counts: dict[str, int] = {}
+    for profile, count in raw.items():
+        if not isinstance(count, int) or isinstance(count, bool) or not 0 <= count <= 7:
+            raise MigConfigError(f"{where}.{profile} is {count!r}",
+                                 remedy="give a whole count from 0 to 7")
+        if count:
+            counts[str(profile)] = count
+    return counts
+
+
+def pci_ids(ctx: Context) -> Callable[[GpuNow], str | None]:
+    """`0xDDDDVVVV` of a GPU from sysfs (what mig-parted's device-filter names)."""
+    def read(gpu: GpuNow) -> str | None:
+        domain, _, rest = gpu.pci_bus_id.strip().lower().partition(":")
+        try:
+            address = f"{int(domain, 16):04x}:{rest}"
+        except ValueError:
+            return None
+        base = ctx.host.roots.sys / "bus" / "pci" / "devices" / address
+        device = (ctx.host.read_text(base / "device") or "").strip()
+        vendor = (ctx.host.read_text(base / "vendor") or "").strip()
+        return _pci_id(device.removeprefix("0x") + vendor.removeprefix("0x"))
+    return read
+
+
+def _label(ctx: Context) -> str | None:
+    """The node's `nvidia.com/mig.config` label, through the Kubernetes API when set up."""
+    node = ctx.config.node_name
+    if not node:
+        return None
+    from installer.node import kube
+
+    api = kube.api_server(ctx.config.kube_api, ctx.config.service_account_dir, os.environ)
+    if api is None:
+        return None
+    try:
+        labels, _ = kube.node_metadata(api, node)
+    except kube.KubeError as exc:
+        raise MigConfigError(f"the node's {MIG_CONFIG_LABEL} label cannot be read: {exc}",
+                             remedy="check the API server and the installer's RBAC "
+                                    "(nodes get), or set MIG_CONFIG") from exc
+    return labels.get(MIG_CONFIG_LABEL) or None

@@ -1,0 +1,400 @@
+"""MIG partitioning end to end (issue 26): the real CLI in a subprocess over a host tree, the
+real pynvml over the NVML stand-in's MIG (its state in a temp dir, its capability files in
+the node's /proc), a simulated kernel, a real HTTP mirror and the strict fake API.
+
+GKE's gpu_config.json on an 8xA100-40GB node gives 7x1g.5gb per GPU, the slice labels and
+the capability device nodes GKE's device plugin mounts; a rerun changes nothing; a changed
+config changes only the GPUs that differ; mig-parted's configs on H100 and A100-80GB; bad
+and impossible layouts are refused with nothing changed; a GPU in use is refused (exit 10)
+and freed by eviction under UPGRADE_POLICY=evict.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from e2e import NODE, Scene, add_version, events, standin_env
+from httpserver import MirrorServer
+from migconfigs import MIG_PARTED
+
+from installer.testing import SAMPLE_NODES, PciSpec, build_node
+
+V = "535.261.03"
+P = "gpu-node-installer/"
+A100_40 = ("NVIDIA A100-SXM4-40GB", 40960, 0x20B0)
+A100_80 = ("NVIDIA A100-SXM4-80GB", 81920, 0x20B2)
+H100 = ("NVIDIA H100 80GB HBM3", 81559, 0x2330)
+POD_UID = "0a5c3d8e-2f0b-4f54-9b7e-6c1a5a1b2c3d"
+FAKENODE = Path(__file__).resolve().parents[1] / "fakenode_gpus.py"
+
+
+
+@dataclasses.dataclass
+class MigNode:
+    """One node with `count` GPUs of one model, the driver's repository, the MIG state."""
+
+    scene: Scene
+    mig_dir: Path
+    env: dict[str, str]
+    count: int
+
+    def run(self, command: str, *extra: str, mirror: str = "http://127.0.0.1:9/"
+            ) -> subprocess.CompletedProcess[str]:
+        args = [command, *self.scene.args("--output", "json", *extra)]
+        if command == "install":
+            args += ["--mirror", mirror, "--allow-http", "--driver-version", V]
+        return subprocess.run([sys.executable, str(FAKENODE), *args], capture_output=True,
+                              text=True, env=self.env, timeout=300, check=False)
+
+    def install(self, *extra: str) -> subprocess.CompletedProcess[str]:
+        with MirrorServer(self.scene.repo) as server:
+            return self.run("install", *extra, mirror=server.url)
+
+    def gis(self, gpu: int) -> list[tuple[int, int]]:
+        """The stand-in's GPU instances of one GPU: (GI id, profile constant)."""
+        path = self.mig_dir / f"gpu{gpu}"
+        lines = path.read_text().splitlines() if path.exists() else []
+        return sorted((int(p[1]), int(p[2])) for p in (ln.split() for ln in lines)
+                      if p and p[0] == "gi")
+
+    def states(self) -> dict[str, str]:
+        return {p.name: p.read_text() for p in sorted(self.mig_dir.glob("gpu*"))}
+
+    def record(self) -> dict[str, Any]:
+        data: dict[str, Any] = json.loads((self.scene.install_dir / ".mig.json").read_text())
+        return data
+
+    def ready(self) -> dict[str, Any] | None:
+        path = self.scene.install_dir / ".ready.json"
+        return json.loads(path.read_text()) if path.exists() else None
+
+    def cap_nodes(self) -> dict[str, str]:
+        caps = self.scene.root / "dev/nvidia-caps"
+        return {p.name: p.read_text().strip() for p in caps.iterdir()} if caps.exists() else {}
+
+
+def _addresses(count: int) -> list[str]:
+    return [f"0000:{0x10 + i:02x}:00.0" for i in range(count)]
+
+
+def mig_node(base: Path, model: tuple[str, int, int], count: int) -> MigNode:
+    name, memory, device = model
+    spec = dataclasses.replace(SAMPLE_NODES[NODE], pci=tuple(
+        PciSpec(a, device, 0x030200, driver=None) for a in _addresses(count)))
+    root = base / "node"
+    root.mkdir()
+    build_node(root, spec)
+    scene = Scene(root, base / "repo", base / "work")
+    scene.work.mkdir()
+    add_version(scene, V)
+    mig_dir = base / "mig"
+    mig_dir.mkdir()
+    for i, address in enumerate(_addresses(count)):  # the PCI reset reaches the stand-in
+        (root / "sys/bus/pci/devices" / address / "reset").symlink_to(mig_dir / f"reset-gpu{i}")
+    env = {**standin_env(V, count), "FAKE_NVML_NAMES": ",".join([name] * count),
+           "FAKE_NVML_MEMORY_MIB": ",".join([str(memory)] * count),
+           "FAKE_NVML_BUS_IDS": ",".join(f"0000{a}" for a in _addresses(count)),
+           "FAKE_NVML_MIG_DIR": str(mig_dir), "FAKE_NVML_PROC_DIR": str(root / "proc"),
+           "FAKE_KERNEL_GPUS": str(count)}
+    for unset in ("NODE_NAME", "KUBE_API_URL", "KUBERNETES_SERVICE_HOST", "UPGRADE_POLICY",
+                  "MIG_CONFIG_FILE", "MIG_CONFIG", "MIG_PROFILE", "GPU_LABEL_PREFIX"):
+        env.pop(unset, None)
+    return MigNode(scene, mig_dir, env, count)
+
+
+def _gke_config(node: MigNode, size: str) -> None:
+    path = node.scene.root / "etc/nvidia/gpu_config.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"GPUPartitionSize": size}))
+
+
+def _stages(done: subprocess.CompletedProcess[str]) -> list[str]:
+    return [str(e["stage"]) for e in events(done.stderr) if e["event"] == "stage finished"]
+
+
+def _partition_event(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    (event,) = [e for e in events(done.stderr)
+                if e["event"] == "stage finished" and e["stage"] == "partition"]
+    return event
+
+
+def device_plugin_view(root: Path, size_count: int) -> dict[str, list[str]]:
+    """What GKE's device plugin (pkg/gpu/nvidia/mig) needs before it advertises slices:
+    under /proc/driver/nvidia/capabilities, each gpu<N>/mig/gi<G> with `DeviceFileMinor:` in
+    its access file and its ci0's, exactly `size_count` GIs per GPU, every GPU that has a
+    /dev/nvidia<N> partitioned, and /dev/nvidia<N> plus both /dev/nvidia-caps/nvidia-cap<M>
+    present. Returns each slice's device paths (as the plugin would hand them to a pod)."""
+    caps, dev = root / "proc/driver/nvidia/capabilities", root / "dev"
+    slices: dict[str, list[str]] = {}
+    gpus = sorted(p for p in caps.iterdir() if p.name.startswith("gpu"))
+    for gpu in gpus:
+        gis = sorted(p for p in (gpu / "mig").iterdir() if p.name.startswith("gi"))
+        assert len(gis) == size_count, (gpu.name, len(gis))
+        for gi in gis:
+            minors = [int((p / "access").read_text().split("DeviceFileMinor:")[1].split()[0])
+                      for p in (gi, gi / "ci0")]
+            paths = [dev / f"nvidia{gpu.name[3:]}",
+                     *(dev / f"nvidia-caps/nvidia-cap{m}" for m in minors)]
+            assert all(p.exists() for p in paths), paths
+            slices[f"nvidia{gpu.name[3:]}/{gi.name}"] = [str(p.relative_to(root))
+                                                         for p in paths]
+    whole = [p for p in dev.iterdir() if p.name[6:].isdigit() and p.name.startswith("nvidia")]
+    assert len(whole) == len(gpus), "not every GPU is partitioned"
+    return slices
+
+
+def _expected_minors(gpu: int, gis: list[int]) -> set[int]:
+    """mig-minors' numbering: GI access 3+135g+9i, its CI 0 one above."""
+    return {m for gi in gis for m in (3 + 135 * gpu + 9 * gi, 3 + 135 * gpu + 9 * gi + 1)}
+
+
+class TestGke:
+    def test_eight_a100_get_seven_1g_5gb_each(self, tmp_path: Path) -> None:
+        node = mig_node(tmp_path, A100_40, 8)
+        _gke_config(node, "1g.5gb")
+        done = node.install()
+        assert done.returncode == 0, done.stderr
+        assert _stages(done)[-3:] == ["verify", "partition", "signal"]
+        for gpu in range(8):  # A100: mode pending, reset through sysfs, then 7 instances
+            assert node.gis(gpu) == [(gi, 0) for gi in range(7, 14)], gpu
+        assert all(g["devices"] == [["1g.5gb", 7]] for g in node.record()["gpus"])
+        ready = node.ready()
+        assert ready is not None
+        labels = ready["labels"]
+        assert labels[P + "gpu.product"] == "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb"
+        assert labels[P + "gpu.count"] == "56"
+        assert labels[P + "mig.strategy"] == "single"
+        # the capability nodes GKE's device plugin mounts, numbered as mig-minors says
+        nodes = node.cap_nodes()
+        minors = {int(n.removeprefix("nvidia-cap")) for n in nodes}
+        wanted = {1, 2} | {m for g in range(8) for m in _expected_minors(g, list(range(7, 14)))}
+        assert minors == wanted
+        majors = {v.split()[1].split(":")[0] for v in nodes.values()}
+        devices = (node.scene.root / "proc/devices").read_text()
+        (caps_major,) = [ln.split()[0] for ln in devices.splitlines()
+                         if ln.endswith(" nvidia-caps")]
+        assert majors == {caps_major}
+        slices = device_plugin_view(node.scene.root, 7)
+        assert len(slices) == 56
+        first = 3 + 135 * 3 + 9 * 7  # mig-minors: gpu3/gi7/access, then its ci0
+        assert slices["nvidia3/gi7"] == ["dev/nvidia3", f"dev/nvidia-caps/nvidia-cap{first}",
+                                         f"dev/nvidia-caps/nvidia-cap{first + 1}"]
+        status = node.run("status")
+        assert status.returncode == 0, status.stderr
+        mig = json.loads(status.stdout)["mig"]
+        assert [g["devices"] for g in mig["gpus"]] == [[["1g.5gb", 7]]] * 8
+
+        # rerun (a reboot's fast path): the layout is as wanted, nothing changes
+        before = node.states()
+        again = node.run("install")
+        assert again.returncode == 0, again.stderr
+        assert json.loads(again.stdout)["fast_path"] is True
+        assert _partition_event(again)["changed"] == 0
+        assert node.states() == before
+        assert device_plugin_view(node.scene.root, 7) == slices
+
+        # the config gone: MIG is no longer ours to manage; the GPUs keep their instances
+        (node.scene.root / "etc/nvidia/gpu_config.json").unlink()
+        unmanaged = node.run("install")
+        assert unmanaged.returncode == 0, unmanaged.stderr
+        assert "partition" not in _stages(unmanaged)
+        assert node.states() == before
+        assert not (node.scene.install_dir / ".mig.json").exists()
+        ready = node.ready()
+        assert ready is not None and P + "mig.strategy" not in ready["labels"]
+
+
+class TestMigParted:
+    @pytest.mark.parametrize("model", [H100, A100_80], ids=["h100", "a100-80gb"])
+    def test_example_configs(self, tmp_path: Path, model: tuple[str, int, int]) -> None:
+        node = mig_node(tmp_path, model, 2)
+        config = tmp_path / "mig.yaml"
+        config.write_text(MIG_PARTED)
+        args = ("--mig-config-file", str(config))
+        done = node.install(*args, "--mig-config", "all-1g.10gb")
+        assert done.returncode == 0, done.stderr
+        assert [g["devices"] for g in node.record()["gpus"]] == [[["1g.10gb", 7]]] * 2
+
+        balanced = node.run("partition", *args, "--mig-config", "all-balanced")
+        assert balanced.returncode == 0, balanced.stderr
+        want = [["1g.10gb", 2], ["2g.20gb", 1], ["3g.40gb", 1]]
+        assert [g["devices"] for g in node.record()["gpus"]] == [want, want]
+        profiles = sorted(p for _, p in node.gis(0))
+        assert profiles == [0, 0, 1, 2]  # 1g, 1g, 2g, 3g as NVML's profile constants
+        ready = node.ready()  # signalled again after the change, with the new slices
+        assert ready is not None
+        labels = ready["labels"]
+        assert labels[P + "mig.strategy"] == "mixed"  # not one size: mixed labels
+        assert (labels[P + "mig-1g.10gb.count"], labels[P + "mig-2g.20gb.count"],
+                labels[P + "mig-3g.40gb.count"]) == ("4", "2", "2")
+
+        # custom: GPU 1 is already 7x1g.10gb after going back; only GPU 0 changes
+        back = node.run("partition", *args, "--mig-config", "all-1g.10gb")
+        assert back.returncode == 0, back.stderr
+        gpu1 = (node.mig_dir / "gpu1").read_text()
+        custom = node.run("partition", *args, "--mig-config", "custom")
+        assert custom.returncode == 0, custom.stderr
+        assert json.loads(custom.stdout)["changed"] == [0]
+        assert (node.mig_dir / "gpu1").read_text() == gpu1
+        assert [g["devices"] for g in node.record()["gpus"]] == [[["3g.40gb", 2]],
+                                                                 [["1g.10gb", 7]]]
+
+    def test_dry_run_changes_nothing(self, tmp_path: Path) -> None:
+        node = mig_node(tmp_path, H100, 2)
+        plain = node.install()  # no MIG config: the stage does not run at all
+        assert plain.returncode == 0, plain.stderr
+        assert _stages(plain) == ["detect", "fetch", "prepare", "load", "stage", "verify",
+                                  "signal"]
+        assert node.states() == {}
+        assert "MIG:             not configured" in node.run("status", "--output",
+                                                              "text").stdout
+        dry = node.run("partition", "--mig-profile", "3g.40gb", "--dry-run")
+        assert dry.returncode == 0, dry.stderr
+        shown = json.loads(dry.stdout)
+        assert shown["state"] == "pending" and shown["changed"] == [0, 1]
+        assert "MIG 2x3g.40gb" in shown["planned"][0]
+        assert node.states() == {}
+
+
+class TestRefused:
+    @pytest.mark.parametrize(("how", "code", "names"), [
+        ("gke-3g.40gb", 14, "3g.40gb"),  # A100-40GB offers no 3g.40gb
+        ("gke-7g", 2, "GPUPartitionSize"),  # not a profile name
+        ("too-many", 14, "GPU 0"),  # 8 compute slices of 7
+        ("typo", 2, "mig-configs.typo[0] has unknown field 'mig-enable'"),
+    ])
+    def test_nothing_changes(self, tmp_path: Path, how: str, code: int, names: str) -> None:
+        node = mig_node(tmp_path, A100_40, 2)
+        extra: tuple[str, ...] = ()
+        if how == "gke-3g.40gb":
+            _gke_config(node, "3g.40gb")
+        elif how == "gke-7g":
+            (node.scene.root / "etc/nvidia").mkdir(parents=True)
+            (node.scene.root / "etc/nvidia/gpu_config.json").write_text('{"GPUPartitionSize": 7}')
+        else:
+            config = tmp_path / "mig.yaml"
+            config.write_text(MIG_PARTED + "  typo:\n    - devices: all\n      mig-enable: true\n")
+            extra = ("--mig-config-file", str(config), "--mig-config", how)
+        done = node.install(*extra)
+        assert done.returncode == code, done.stderr
+        line = done.stderr.strip().splitlines()[-1]
+        assert names in line and "fix:" in line, line
+        assert node.states() == {}  # no GPU touched
+        assert node.ready() is None  # never ready with GPUs not as configured
+        assert not (node.scene.root / "dev/nvidia-caps").exists() or not any(
+            p.name != "nvidia-cap1" and p.name != "nvidia-cap2"
+            for p in (node.scene.root / "dev/nvidia-caps").iterdir())
+
+
+def _holder(root: Path, pid: int = 4321) -> Path:
+    """A process in a pod holding /dev/nvidia0, as /proc shows it."""
+    proc = root / "proc" / str(pid)
+    (proc / "fd").mkdir(parents=True)
+    (proc / "fd/5").symlink_to("/dev/nvidia0")
+    (proc / "comm").write_text("python3\n")
+    (proc / "cgroup").write_text(f"0::/kubepods/burstable/pod{POD_UID}/{'ab' * 32}\n")
+    return proc
+
+
+class TestInUse:
+    def test_refused_then_freed_by_eviction(self, tmp_path: Path) -> None:
+        from kubefake import TOKEN, Cluster, node_doc, pod_doc, serve
+
+        node = mig_node(tmp_path, H100, 1)
+        assert node.install().returncode == 0
+        holder = _holder(node.scene.root)
+        refused = node.run("partition", "--mig-profile", "1g.10gb")
+        assert refused.returncode == 10, refused.stderr
+        assert "4321 (python3)" in refused.stderr and POD_UID in refused.stderr
+        assert node.states() == {}
+
+        account = tmp_path / "sa"
+        account.mkdir()
+        (account / "token").write_text(TOKEN + "\n")
+        name = "gpu-node-1"
+        pod = pod_doc("trainer", POD_UID, name, limits={"nvidia.com/gpu": "1"})
+        cluster = Cluster(nodes={name: node_doc(name)}, pods={"default/trainer": pod},
+                          exits_after={"default/trainer": 0.1},
+                          on_evict=lambda _pod: shutil.rmtree(holder))
+        with serve(cluster) as url:
+            freed = node.run("partition", "--mig-profile", "1g.10gb", "--upgrade-policy",
+                             "evict", "--node-name", name, "--kube-api", url,
+                             "--service-account-dir", str(account))
+        assert freed.returncode == 0, freed.stderr
+        assert not cluster.errors, cluster.errors
+        assert any(c.path.endswith("/pods/trainer/eviction") and c.status == 201
+                   for c in cluster.calls)
+        assert [d for g in node.record()["gpus"] for d in g["devices"]] == [["1g.10gb", 7]]
+        labels = cluster.node()["metadata"]["labels"]
+        assert labels[P + "mig.config.state"] == "success"
+        states = [c.body["metadata"]["labels"][P + "mig.config.state"] for c in cluster.calls
+                  if c.method == "PATCH" and c.body
+                  and P + "mig.config.state" in c.body.get("metadata", {}).get("labels", {})]
+        assert states == ["pending", "success"]
+        assert cluster.node()["spec"].get("unschedulable") is not True  # no cordon
+
+
+class TestReboot:
+    def test_mode_waiting_for_a_reboot(self, tmp_path: Path,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+        """An A100 whose reset does not apply the mode: MIG_REBOOT=refuse stops (exit 15),
+        `reboot` calls the reboot (here recorded in process: never PID 1's signal)."""
+        from native.contexts import make_ctx
+
+        from installer.pipeline.partition import make_hooks
+        from installer.stages import partition
+        from installer.stages.partition import MigRebootRefusedError
+
+        node = mig_node(tmp_path, A100_40, 1)
+        assert node.install().returncode == 0
+        for device in (node.scene.root / "sys/bus/pci/devices").iterdir():
+            (device / "reset").unlink()  # the reset reaches nothing: the mode stays pending
+        refused = node.run("partition", "--mig-profile", "1g.5gb")
+        assert refused.returncode == 15, refused.stderr
+        assert "MIG_REBOOT" in refused.stderr.splitlines()[-1]
+        assert node.gis(0) == []
+
+        for key, value in node.env.items():
+            monkeypatch.setenv(key, value)
+        ctx = make_ctx(node.scene.root, mig_profile="1g.5gb", mig_reboot="reboot")
+        calls: list[str] = []
+        hooks = dataclasses.replace(make_hooks(ctx), reboot=lambda: calls.append("reboot"))
+        with pytest.raises(MigRebootRefusedError) as caught:
+            partition.run(ctx, hooks)
+        assert calls == ["reboot"]
+        assert "reboots" in caught.value.message
+        assert node.gis(0) == []
+
+
+class TestChangedToBad:
+    def test_rerun_with_a_bad_size_withdraws_readiness(self, tmp_path: Path) -> None:
+        """A ready MIG node whose config turns impossible: nothing changes on the GPUs, the
+        node is no longer ready and the state label says failed."""
+        from kubefake import TOKEN, Cluster, node_doc, serve
+
+        node = mig_node(tmp_path, A100_40, 1)
+        _gke_config(node, "1g.5gb")
+        assert node.install().returncode == 0
+        assert node.ready() is not None
+        before = node.states()
+        _gke_config(node, "3g.40gb")
+        account = tmp_path / "sa"
+        account.mkdir()
+        (account / "token").write_text(TOKEN + "\n")
+        cluster = Cluster(nodes={"gpu-node-1": node_doc("gpu-node-1")})
+        with serve(cluster) as url:
+            done = node.run("install", "--node-name", "gpu-node-1", "--kube-api", url,
+                            "--service-account-dir", str(account))
+        assert done.returncode == 14, done.stderr
+        assert "3g.40gb" in done.stderr.splitlines()[-1]
+        assert node.states() == before
+        assert node.ready() is None
+        assert cluster.node()["metadata"]["labels"][P + "mig.config.state"] == "failed"
+        assert not cluster.errors, cluster.errors

@@ -1,0 +1,339 @@
+/* The NVML stand-in's MIG: mode switching, GPU and compute instances, placements, and the
+ * capability files a driver publishes (compiled into the same library as nvml_standin.c).
+ * This file holds the models, the state and the files, and the mode calls; the instance
+ * calls are in nvml_standin_mig_instances.c, the shared types in nvml_standin_mig.h.
+ *
+ * Which GPUs have MIG, and with which sizes, comes from each GPU's FAKE_NVML_NAME(S) and
+ * FAKE_NVML_MEMORY_MIB (see nvml_standin.c): a name with A100 (under 60 GiB: the 40GB sizes
+ * 1g.5gb..7g.40gb, else the 80GB ones), H100 (under 87 GiB: 1g.10gb..7g.80gb, else the NVL
+ * 94GB ones), H200, B200 or GB200 (no +me size) has MIG; any other GPU answers
+ * NVML_ERROR_NOT_SUPPORTED (3). Every model has the same seven shapes (profile constant ->
+ * NVML profile id, as nvidia-smi prints it): 1g (0 -> 19, starts 0..6, size 1, 7 of them),
+ * 1g+me (7 -> 20, starts 0..6, size 1, one), 1g with double memory (9 -> 15, starts 0,2,4,6,
+ * size 2, 4), 2g (1 -> 14, starts 0,2,4, size 2, 3), 3g (2 -> 9, starts 0,4, size 4, 2),
+ * 4g (3 -> 5, start 0, size 4, 1), 7g (4 -> 0, start 0, size 8, 1); instances take memory
+ * slots [start, start+size) of 8 and at most 7 compute slices in all. A GPU instance's id is
+ * its place in the slot tree: 0 for size 8, 1 + start/4, 3 + start/2, 7 + start. Compute
+ * instance profiles 0..4 (1, 2, 3, 4, 7 slices; id = constant) fit in their GPU instance's
+ * slices; ids are the lowest free of 0..7.
+ *
+ * Environment (read on every call, like nvml_standin.c's):
+ *   FAKE_NVML_MIG_DIR   directory holding the MIG state, one file per GPU ("gpu<i>": a line
+ *                       "mode <current> <pending>", lines "gi <id> <profile constant>
+ *                       <start>" and "ci <gi id> <ci id> <ci profile> <start>"), read and
+ *                       rewritten atomically under an flock of "<dir>/lock" by every call,
+ *                       so separate processes (a rerun) see one GPU state. Unset: every MIG
+ *                       call answers NVML_ERROR_NOT_SUPPORTED (3). A missing file is MIG off,
+ *                       no instances. A file "reset-gpu<i>" there is a GPU reset (or a
+ *                       reboot): the next call on GPU i removes it, makes the pending mode
+ *                       current and drops every instance, as a real reset does.
+ *   FAKE_NVML_PROC_DIR  a test's /proc: the capability files are kept there as a driver
+ *                       keeps them: "driver/nvidia-caps/mig-minors" (static: "config 1",
+ *                       "monitor 2", then "gpu<g>/gi<i>/access <m>" and
+ *                       "gpu<g>/gi<i>/ci<c>/access <m+1+c>" with m = 3 + 135*g + 9*i, for
+ *                       g < 32, i < 15, c < 8), "driver/nvidia/capabilities/mig/config" and
+ *                       ".../mig/monitor", and per instance "driver/nvidia/capabilities/
+ *                       gpu<g>/mig/gi<i>/access" and ".../gi<i>/ci<c>/access" holding
+ *                       "DeviceFileMinor: <m>\nDeviceFileMode: 292\nDeviceFileModify: 1\n",
+ *                       written when the instance is made and removed when it goes (g: the
+ *                       GPU's index, the stand-in's device minor). Unset: none written.
+ *   FAKE_NVML_MIG_BUSY  comma-separated GPU indexes something holds: a mode change and
+ *                       destroying an instance there answer NVML_ERROR_IN_USE (19).
+ * Mode changes: an A100 keeps a new mode pending (nvmlDeviceSetMigMode's activation status
+ * NVML_ERROR_RESET_REQUIRED, 16) until a reset; every other model switches at once. MIG off
+ * with GPU instances left answers NVML_ERROR_IN_USE (19); a GPU instance with compute
+ * instances refuses destruction the same way. A full GPU, an overlapping or an n+1-th
+ * instance answers NVML_ERROR_INSUFFICIENT_RESOURCES (23); a placement the profile does not
+ * offer, NVML_ERROR_INVALID_ARGUMENT (2).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "nvml_standin_mig.h"
+
+gi_t gi_handles[64][GIS];
+
+/* ---- models and shapes ---- */
+
+static const shape_t SHAPES[] = {
+    {0, 19, 1, 1, 7, 0, 0x7f}, {7, 20, 1, 1, 1, 0, 0x7f}, {9, 15, 1, 2, 4, 1, 0x55},
+    {1, 14, 2, 2, 3, 2, 0x15}, {2, 9, 3, 4, 2, 3, 0x11}, {3, 5, 4, 4, 1, 4, 0x01},
+    {4, 0, 7, 8, 1, 5, 0x01},
+};
+#define NSHAPES (int)(sizeof SHAPES / sizeof SHAPES[0])
+
+static const model_t MODELS[] = {
+    {"A100", 61440, {5, 10, 10, 20, 20, 40}, 1, 1}, {"A100", 1 << 30, {10, 20, 20, 40, 40, 80}, 1, 1},
+    {"H100", 89088, {10, 20, 20, 40, 40, 80}, 1, 0}, {"H100", 1 << 30, {12, 24, 24, 47, 47, 94}, 1, 0},
+    {"H200", 1 << 30, {18, 35, 35, 71, 71, 141}, 1, 0}, {"GB200", 1 << 30, {24, 47, 47, 95, 95, 189}, 0, 0},
+    {"B200", 1 << 30, {23, 45, 45, 90, 90, 180}, 1, 0},
+};
+
+nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length);
+typedef struct { unsigned long long total, free, used; } memory_t;
+nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, memory_t *memory);
+
+SHARED const model_t *model_of(nvmlDevice_t device) {
+    char name[96] = "";
+    memory_t memory;
+    nvmlDeviceGetName(device, name, sizeof name);
+    nvmlDeviceGetMemoryInfo(device, &memory);
+    long mib = (long)(memory.total >> 20);
+    for (size_t i = 0; i < sizeof MODELS / sizeof MODELS[0]; i++) {
+        const char *hit = strstr(name, MODELS[i].family);
+        if (!hit || (hit > name && hit[-1] == 'G') || mib >= MODELS[i].below_mib) continue;
+        return &MODELS[i];
+    }
+    return NULL;
+}
+
+SHARED const shape_t *shape_by(const model_t *model, int constant, int id) {
+    for (int i = 0; i < NSHAPES; i++) {
+        if (constant >= 0 && SHAPES[i].constant != constant) continue;
+        if (id >= 0 && SHAPES[i].id != id) continue;
+        if (SHAPES[i].constant == 7 && !model->me) return NULL;
+        return &SHAPES[i];
+    }
+    return NULL;
+}
+
+SHARED int gi_id_of(int start, int size) {
+    return size == 8 ? 0 : size == 4 ? 1 + start / 4 : size == 2 ? 3 + start / 2 : 7 + start;
+}
+
+/* ---- files ---- */
+
+static void mkdirs(const char *path) {
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *p = buf + 1; *p; p++)
+        if (*p == '/') { *p = 0; mkdir(buf, 0755); *p = '/'; }
+    mkdir(buf, 0755);
+}
+
+/* Write dir/name atomically, unless it already holds `text` (a read changes no file). */
+static void write_file(const char *dir, const char *name, const char *text) {
+    char path[600], tmp[640], old[8192];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *was = fopen(path, "r");
+    if (was) {
+        size_t n = fread(old, 1, sizeof old - 1, was);
+        fclose(was);
+        old[n] = 0;
+        if (strcmp(old, text) == 0) return;
+    }
+    mkdirs(dir);
+    snprintf(tmp, sizeof tmp, "%s.tmp%d", path, (int)getpid());
+    FILE *file = fopen(tmp, "w");
+    if (!file) return;
+    fputs(text, file);
+    fclose(file);
+    rename(tmp, path);
+}
+
+static void cap_file(const char *dir, int minor) {
+    char text[96];
+    snprintf(text, sizeof text, "DeviceFileMinor: %d\nDeviceFileMode: 292\nDeviceFileModify: 1\n",
+             minor);
+    write_file(dir, "access", text);
+}
+
+static void static_caps(const char *proc) {
+    char dir[512], path[600];
+    snprintf(dir, sizeof dir, "%s/driver/nvidia-caps", proc);
+    snprintf(path, sizeof path, "%s/mig-minors", dir);
+    if (access(path, F_OK) != 0) {
+        size_t size = 160000, used = 0;
+        char *text = malloc(size);
+        if (!text) return;
+        used += (size_t)snprintf(text, size, "config 1\nmonitor 2\n");
+        for (int g = 0; g < 32; g++)
+            for (int i = 0; i < GIS; i++) {
+                int m = 3 + 135 * g + 9 * i;
+                used += (size_t)snprintf(text + used, size - used, "gpu%d/gi%d/access %d\n", g, i, m);
+                for (int c = 0; c < CIS; c++)
+                    used += (size_t)snprintf(text + used, size - used, "gpu%d/gi%d/ci%d/access %d\n",
+                                             g, i, c, m + 1 + c);
+            }
+        write_file(dir, "mig-minors", text);
+        free(text);
+    }
+    snprintf(dir, sizeof dir, "%s/driver/nvidia/capabilities/mig", proc);
+    write_file(dir, "config", "DeviceFileMinor: 1\nDeviceFileMode: 256\nDeviceFileModify: 1\n");
+    write_file(dir, "monitor", "DeviceFileMinor: 2\nDeviceFileMode: 292\nDeviceFileModify: 1\n");
+}
+
+static void remove_cap(const char *dir) {
+    char path[600];
+    snprintf(path, sizeof path, "%s/access", dir);
+    unlink(path);
+    rmdir(dir);
+}
+
+/* Make the per-instance capability files match the state of GPU g. */
+static void sync_caps(int g, const state_t *s) {
+    const char *proc = getenv("FAKE_NVML_PROC_DIR");
+    if (!proc || !*proc) return;
+    static_caps(proc);
+    for (int i = 0; i < GIS; i++) {
+        char gi_dir[512], ci_dir[560];
+        snprintf(gi_dir, sizeof gi_dir, "%s/driver/nvidia/capabilities/gpu%d/mig/gi%d", proc, g, i);
+        int m = 3 + 135 * g + 9 * i;
+        for (int c = 0; c < CIS; c++) {
+            snprintf(ci_dir, sizeof ci_dir, "%s/ci%d", gi_dir, c);
+            if (s->gi_used[i] && s->ci_used[i][c]) cap_file(ci_dir, m + 1 + c);
+            else if (access(ci_dir, F_OK) == 0) remove_cap(ci_dir);
+        }
+        if (s->gi_used[i]) cap_file(gi_dir, m);
+        else if (access(gi_dir, F_OK) == 0) remove_cap(gi_dir);
+    }
+}
+
+static const char *mig_dir(void) {
+    const char *dir = getenv("FAKE_NVML_MIG_DIR");
+    return dir && *dir ? dir : NULL;
+}
+
+static int lock_fd = -1;
+
+/* Lock the state directory and load GPU g's state (applying a pending reset). */
+SHARED int load(int g, state_t *s) {
+    const char *dir = mig_dir();
+    char path[512];
+    memset(s, 0, sizeof *s);
+    mkdirs(dir);
+    snprintf(path, sizeof path, "%s/lock", dir);
+    lock_fd = open(path, O_CREAT | O_RDWR, 0644);
+    if (lock_fd >= 0) flock(lock_fd, LOCK_EX);
+    snprintf(path, sizeof path, "%s/gpu%d", dir, g);
+    FILE *file = fopen(path, "r");
+    char line[128];
+    while (file && fgets(line, sizeof line, file)) {
+        int a, b, c, d;
+        if (sscanf(line, "mode %d %d", &a, &b) == 2) { s->current = a; s->pending = b; }
+        else if (sscanf(line, "gi %d %d %d", &a, &b, &c) == 3 && a >= 0 && a < GIS) {
+            s->gi_used[a] = 1; s->gi_profile[a] = b; s->gi_start[a] = c;
+        } else if (sscanf(line, "ci %d %d %d %d", &a, &b, &c, &d) == 4 && a >= 0 && a < GIS
+                   && b >= 0 && b < CIS) {
+            s->ci_used[a][b] = 1; s->ci_profile[a][b] = c; s->ci_start[a][b] = d;
+        }
+    }
+    if (file) fclose(file);
+    snprintf(path, sizeof path, "%s/reset-gpu%d", dir, g);
+    if (unlink(path) == 0) {
+        int mode = s->pending;
+        memset(s, 0, sizeof *s);
+        s->current = s->pending = mode;
+        return 1;
+    }
+    return 0;
+}
+
+SHARED void unlock(void) {
+    if (lock_fd >= 0) close(lock_fd);
+    lock_fd = -1;
+}
+
+SHARED void save(int g, const state_t *s) {
+    char name[32], text[8192];
+    size_t used = (size_t)snprintf(text, sizeof text, "mode %d %d\n", s->current, s->pending);
+    for (int i = 0; i < GIS; i++) {
+        if (!s->gi_used[i]) continue;
+        used += (size_t)snprintf(text + used, sizeof text - used, "gi %d %d %d\n", i,
+                                 s->gi_profile[i], s->gi_start[i]);
+        for (int c = 0; c < CIS; c++)
+            if (s->ci_used[i][c])
+                used += (size_t)snprintf(text + used, sizeof text - used, "ci %d %d %d %d\n", i, c,
+                                         s->ci_profile[i][c], s->ci_start[i][c]);
+    }
+    snprintf(name, sizeof name, "gpu%d", g);
+    write_file(mig_dir(), name, text);
+    sync_caps(g, s);
+}
+
+/* Load for a read: the state, unlocked (a reset found is saved first). */
+SHARED void peek(int g, state_t *s) {
+    if (load(g, s)) save(g, s);
+    sync_caps(g, s);
+    unlock();
+}
+
+SHARED int busy(int g) {
+    const char *list = getenv("FAKE_NVML_MIG_BUSY");
+    for (const char *p = list; p && *p; p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL)
+        if (atoi(p) == g) return 1;
+    return 0;
+}
+
+SHARED nvmlReturn_t begin(nvmlDevice_t device, const model_t **model) {
+    if (!initialized) return 1;
+    if (!mig_dir()) return NOT_SUPPORTED;
+    *model = model_of(device);
+    return *model ? 0 : NOT_SUPPORTED;
+}
+
+/* begin() and the GPU-instance shape NVML's profile id names (INVALID when none). */
+SHARED nvmlReturn_t begin_shape(nvmlDevice_t device, unsigned int id, const model_t **m,
+                                const shape_t **shape) {
+    nvmlReturn_t r = begin(device, m);
+    if (r) return r;
+    *shape = shape_by(*m, -1, (int)id);
+    return *shape ? 0 : INVALID;
+}
+
+SHARED void profile_name(const model_t *m, const shape_t *shape, char *out, size_t size) {
+    snprintf(out, size, "%dg.%dgb%s", shape->slices, m->gb[shape->mem_index],
+             shape->constant == 7 ? "+me" : "");
+}
+
+nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *current,
+                                  unsigned int *pending) {
+    const model_t *m;
+    nvmlReturn_t r = begin(device, &m);
+    if (r) return r;
+    state_t s;
+    peek(device->index, &s);
+    *current = (unsigned int)s.current; *pending = (unsigned int)s.pending;
+    return 0;
+}
+
+nvmlReturn_t nvmlDeviceSetMigMode(nvmlDevice_t device, unsigned int mode, nvmlReturn_t *status) {
+    const model_t *m;
+    nvmlReturn_t r = begin(device, &m);
+    if (r) return r;
+    if (mode > 1) return INVALID;
+    state_t s;
+    load(device->index, &s);
+    int instances = 0;
+    for (int i = 0; i < GIS; i++) instances += s.gi_used[i];
+    if (busy(device->index) || (mode == 0 && instances)) r = IN_USE;
+    else {
+        s.pending = (int)mode;
+        if (!m->reset) s.current = (int)mode;
+        *status = s.current == s.pending ? 0 : 16; /* RESET_REQUIRED */
+        save(device->index, &s);
+    }
+    unlock();
+    return r;
+}
+
+/* The GPU instance behind a handle, loaded (and locked when `lock`); INVALID when gone. */
+SHARED nvmlReturn_t gi_of(gi_t *gi, state_t *s, const model_t **m, const shape_t **shape,
+                          int lock) {
+    if (!initialized) return 1;
+    if (!mig_dir() || !gi || gi->gpu < 0 || gi->gpu >= 64 || gi->id < 0 || gi->id >= GIS)
+        return INVALID;
+    *m = model_of(&gpus[gi->gpu]);
+    if (!*m) return INVALID;
+    if (lock) load(gi->gpu, s); else peek(gi->gpu, s);
+    *shape = shape_by(*m, s->gi_profile[gi->id], -1);
+    if (s->gi_used[gi->id] && *shape) return 0;
+    if (lock) unlock();
+    return INVALID;
+}
