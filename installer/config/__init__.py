@@ -237,6 +237,16 @@ SETTINGS: tuple[Setting, ...] = (
             "a number of seconds from 5 to 10", agent.interval),
     Setting("daemon_stop_timeout", "--daemon-stop-timeout", "DAEMON_STOP_TIMEOUT", "10",
             "seconds a daemon has after SIGTERM before SIGKILL", agent.SECONDS, agent.deadline),
+    # the agent's /metrics (issue 25; parsers in config/agent.py)
+    Setting("metrics_port", "--metrics-port", "METRICS_PORT", "9420",
+            "port of the agent's Prometheus /metrics and /healthz (0: no metrics server)",
+            "an integer from 0 to 65535", agent.metrics_port),
+    Setting("metrics_address", "--metrics-address", "METRICS_ADDRESS", "0.0.0.0",  # noqa: S104
+            "address the metrics server binds (:: for IPv6)", "an IPv4 or IPv6 address",
+            agent.metrics_address),
+    Setting("metrics_interval", "--metrics-interval", "METRICS_INTERVAL", "5",
+            "seconds between the metrics' collections (NVML, PodResources); a scrape only "
+            "reads the latest", "a number of seconds from 1 to 60", agent.metrics_interval),
     # GPU health in the node agent (issue 24; parser in config/health.py)
     Setting("xid_critical", "--xid-critical", "XID_CRITICAL", health.DEFAULT,
             "Xids that set the node condition gpu-node-installer/XidCriticalError and post "
@@ -304,6 +314,9 @@ class Config:
     fabric_timeout: float = 600.0
     agent_interval: float = 5.0
     daemon_stop_timeout: float = 10.0
+    metrics_port: int = 9420
+    metrics_address: str = "0.0.0.0"  # noqa: S104 - Prometheus scrapes the pod IP
+    metrics_interval: float = 5.0
     xid_critical: tuple[int, ...] = health.GKE_CRITICAL
 
 
