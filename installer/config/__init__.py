@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from installer.config import agent, health, upgrade, values
+from installer.config import agent, checks, health, upgrade, values
 from installer.config.modparams import ModuleParam as ModuleParam
 from installer.config.modparams import parse_module_param as parse_module_param
 from installer.config.modparams import read_params_file
@@ -349,8 +349,8 @@ def load_config(flags: Mapping[str, Any], environ: Mapping[str, str]) -> Config:
             raise _refusal(setting, source, raw, exc) from None
     values.setdefault("dev_root", values["host_root"] / "dev")
     config = Config(**values)
-    _check_roots(config)
-    _check_mirrors(config)
+    checks.roots(config, SETTINGS_BY_NAME)
+    checks.mirrors(config)
     upgrade.check(config)
     if (config.build_sign_key is None) != (config.build_sign_cert is None):
         raise ConfigError("--build-sign-key and --build-sign-cert go together",
@@ -390,24 +390,3 @@ def _refusal(setting: Setting, source: str, raw: str, exc: _Invalid) -> ConfigEr
     shown = values.shown_url(raw) if setting.name in _URL_SETTINGS else raw
     return ConfigError(f"{source}={shown!r} is invalid{why}",
                        remedy=f"{setting.flag.lstrip('-')} must be {setting.accepted}")
-
-
-def _check_mirrors(config: Config) -> None:
-    """Plain http:// lets an index or manifest be altered in transit: opt in explicitly."""
-    for url in (*config.mirrors, config.cos_tools_url or "", config.nvidia_runfile_url or ""):
-        if url.startswith("http://") and not config.allow_http:
-            raise ConfigError(f"mirror {values.shown_url(url)} uses plain http://",
-                              remedy="use https:// or pass --allow-http (DRIVER_ALLOW_HTTP=1)")
-
-
-def _check_roots(config: Config) -> None:
-    """The host mounts must exist before anything reads them."""
-    for name in ("host_root", "proc_root", "sys_root"):
-        path: Path = getattr(config, name)
-        if not path.is_dir():
-            setting = SETTINGS_BY_NAME[name]
-            raise ConfigError(
-                f"{setting.flag} {path} does not exist or is not a directory",
-                remedy=f"mount the node's filesystem there or pass {setting.flag}",
-            )
-
