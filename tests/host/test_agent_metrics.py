@@ -192,8 +192,8 @@ class TestDegraded:
             samples = next(served(base, "gpu_node_installer_collection_errors_total",
                                   source="nvml_gpu"))
             samples = next(served(base, "gpu_node_installer_gpu_memory_used_bytes", gpu="7"))
-        assert value(samples, "gpu_node_installer_collection_errors_total",
-                     source="nvml_gpu") >= 1  # type: ignore[operator]
+        errors = value(samples, "gpu_node_installer_collection_errors_total", source="nvml_gpu")
+        assert errors is not None and errors >= 1
         for i in range(GPUS):
             used = value(samples, "gpu_node_installer_gpu_memory_used_bytes", gpu=str(i))
             assert used == (None if i == 3 else (1000 + i) * MIB), i
