@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from installer.config import agent, health, upgrade, values
+from installer.config import agent, checks, health, upgrade, values
 from installer.config.modparams import ModuleParam as ModuleParam
 from installer.config.modparams import parse_module_param as parse_module_param
 from installer.config.modparams import read_params_file
@@ -237,6 +237,16 @@ SETTINGS: tuple[Setting, ...] = (
             "a number of seconds from 5 to 10", agent.interval),
     Setting("daemon_stop_timeout", "--daemon-stop-timeout", "DAEMON_STOP_TIMEOUT", "10",
             "seconds a daemon has after SIGTERM before SIGKILL", agent.SECONDS, agent.deadline),
+    # the agent's /metrics (issue 25; parsers in config/agent.py)
+    Setting("metrics_port", "--metrics-port", "METRICS_PORT", "9420",
+            "port of the agent's Prometheus /metrics and /healthz (0: no metrics server)",
+            "an integer from 0 to 65535", agent.metrics_port),
+    Setting("metrics_address", "--metrics-address", "METRICS_ADDRESS", "0.0.0.0",  # noqa: S104
+            "address the metrics server binds (:: for IPv6)", "an IPv4 or IPv6 address",
+            agent.metrics_address),
+    Setting("metrics_interval", "--metrics-interval", "METRICS_INTERVAL", "5",
+            "seconds between the metrics' collections (NVML, PodResources); a scrape only "
+            "reads the latest", "a number of seconds from 1 to 60", agent.metrics_interval),
     # GPU health in the node agent (issue 24; parser in config/health.py)
     Setting("xid_critical", "--xid-critical", "XID_CRITICAL", health.DEFAULT,
             "Xids that set the node condition gpu-node-installer/XidCriticalError and post "
@@ -309,6 +319,9 @@ class Config:
     fabric_timeout: float = 600.0
     agent_interval: float = 5.0
     daemon_stop_timeout: float = 10.0
+    metrics_port: int = 9420
+    metrics_address: str = "0.0.0.0"  # noqa: S104 - Prometheus scrapes the pod IP
+    metrics_interval: float = 5.0
     xid_critical: tuple[int, ...] = health.GKE_CRITICAL
     pod_resources_dir: Path = Path(agent.POD_RESOURCES_DIR)
 
@@ -342,8 +355,8 @@ def load_config(flags: Mapping[str, Any], environ: Mapping[str, str]) -> Config:
             raise _refusal(setting, source, raw, exc) from None
     values.setdefault("dev_root", values["host_root"] / "dev")
     config = Config(**values)
-    _check_roots(config)
-    _check_mirrors(config)
+    checks.roots(config, SETTINGS_BY_NAME)
+    checks.mirrors(config)
     upgrade.check(config)
     if (config.build_sign_key is None) != (config.build_sign_cert is None):
         raise ConfigError("--build-sign-key and --build-sign-cert go together",
@@ -383,24 +396,3 @@ def _refusal(setting: Setting, source: str, raw: str, exc: _Invalid) -> ConfigEr
     shown = values.shown_url(raw) if setting.name in _URL_SETTINGS else raw
     return ConfigError(f"{source}={shown!r} is invalid{why}",
                        remedy=f"{setting.flag.lstrip('-')} must be {setting.accepted}")
-
-
-def _check_mirrors(config: Config) -> None:
-    """Plain http:// lets an index or manifest be altered in transit: opt in explicitly."""
-    for url in (*config.mirrors, config.cos_tools_url or "", config.nvidia_runfile_url or ""):
-        if url.startswith("http://") and not config.allow_http:
-            raise ConfigError(f"mirror {values.shown_url(url)} uses plain http://",
-                              remedy="use https:// or pass --allow-http (DRIVER_ALLOW_HTTP=1)")
-
-
-def _check_roots(config: Config) -> None:
-    """The host mounts must exist before anything reads them."""
-    for name in ("host_root", "proc_root", "sys_root"):
-        path: Path = getattr(config, name)
-        if not path.is_dir():
-            setting = SETTINGS_BY_NAME[name]
-            raise ConfigError(
-                f"{setting.flag} {path} does not exist or is not a directory",
-                remedy=f"mount the node's filesystem there or pass {setting.flag}",
-            )
-

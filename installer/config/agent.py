@@ -1,4 +1,5 @@
-"""The node agent's settings: persistence daemon, Fabric Manager, deadlines, the loop's pace.
+"""The node agent's settings: persistence daemon, Fabric Manager, deadlines, the loop's pace,
+its /metrics endpoint.
 
 The rows live in the one table in `installer.config`; the parsers are here. Fabric Manager's
 own config overrides come as NVIDIA names them (`NVFM_CONFIG_<FIELD>=value` in the
@@ -6,6 +7,8 @@ environment) and are checked against the staged config file when the agent start
 """
 
 from __future__ import annotations
+
+import ipaddress
 
 from installer.config.values import Invalid, decimal
 
@@ -42,3 +45,31 @@ def uvm_persistence(setting: str, driver_version: str) -> bool:
         return setting == "on"
     major = driver_version.partition(".")[0]
     return major.isdigit() and int(major) >= UVM_PERSISTENCE_MAJOR
+
+
+METRICS_INTERVAL_S = (1.0, 60.0)  # one NVML pass per interval: never per scrape
+
+
+def metrics_port(value: str) -> int:
+    """The /metrics port: 1-65535, or 0 for no metrics server at all."""
+    text = value.strip()
+    if not (text.isascii() and text.isdigit()) or int(text) > 65535:
+        raise Invalid(value)
+    return int(text)
+
+
+def metrics_address(value: str) -> str:
+    """An IP address to bind (0.0.0.0 every IPv4 interface, :: every IPv6 one)."""
+    try:
+        return str(ipaddress.ip_address(value.strip()))
+    except ValueError:
+        raise Invalid(value) from None
+
+
+def metrics_interval(value: str) -> float:
+    """Seconds between the metrics' collections: 1 to 60."""
+    number = decimal(value)
+    low, high = METRICS_INTERVAL_S
+    if not low <= number <= high:
+        raise Invalid(value)
+    return number

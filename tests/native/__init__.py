@@ -9,7 +9,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 NVML_SONAME = "libnvidia-ml.so.1"
 CUDA_SONAME = "libcuda.so.1"
-NVML_SOURCES = ("nvml_standin.c", "nvml_standin_fabric.c")
+NVML_SOURCES = ("nvml_standin.c", "nvml_standin_fabric.c", "nvml_standin_metrics.c")
 
 
 def compile_library(source: str | tuple[str, ...], dest: Path, soname: str,
