@@ -253,6 +253,11 @@ SETTINGS: tuple[Setting, ...] = (
             "an XIDError Event (48 always; default: GKE's set)",
             "Xid numbers separated by commas or spaces, none of NVIDIA's application errors "
             "13, 31, 43, 45, 68, 109", health.xid_list),
+    # the agent's metrics: per-container GPUs from the kubelet (issue 25)
+    Setting("pod_resources_dir", "--pod-resources-dir", "POD_RESOURCES_DIR",
+            agent.POD_RESOURCES_DIR, "the container's read-only mount of the host's kubelet "
+            "pod-resources directory (its kubelet.sock labels GPU metrics per container)",
+            "an absolute path", values.abs_path),
 )
 
 SETTINGS_BY_NAME = {setting.name: setting for setting in SETTINGS}
@@ -318,6 +323,7 @@ class Config:
     metrics_address: str = "0.0.0.0"  # noqa: S104 - Prometheus scrapes the pod IP
     metrics_interval: float = 5.0
     xid_critical: tuple[int, ...] = health.GKE_CRITICAL
+    pod_resources_dir: Path = Path(agent.POD_RESOURCES_DIR)
 
 
 def _raw_value(setting: Setting, flags: Mapping[str, Any], environ: Mapping[str, str]

@@ -19,6 +19,8 @@ MAX_INTERVAL_S = 10.0  # a daemon's exit withdraws readiness within 10 s
 MAX_SECONDS = 86400.0
 SECONDS = "a number of seconds above 0, at most 86400"
 UVM_PERSISTENCE_MAJOR = 550  # `--uvm-persistence-mode` came with the R550 branch
+# The kubelet's PodResources socket directory, as the DaemonSet mounts it into the agent.
+POD_RESOURCES_DIR = "/var/lib/kubelet/pod-resources"
 
 
 def interval(value: str) -> float:
