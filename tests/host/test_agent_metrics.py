@@ -272,9 +272,13 @@ class TestServer:
     def test_unknown_path_is_404_and_port_0_serves_nothing(self, tmp_path: Path,
                                                            package: Package) -> None:
         node, base = metrics_node(tmp_path / "on", package, [gpu_line(0)])
-        with node.agent():
+        with node.agent() as process:
             next(served(base, "gpu_node_installer_ready"))
             assert get(base + "/nothing")[0] == 404
+            process.terminate()  # SIGTERM, as the kubelet: the server stops with the agent
+            assert process.wait(timeout=60) == 0
+        with pytest.raises(urllib.error.URLError):
+            get(base + "/metrics")
         off, off_base = metrics_node(tmp_path / "off", package, [gpu_line(0)],
                                      METRICS_PORT="0")
         with off.agent():
