@@ -165,7 +165,11 @@ class TestLastInstall:
 
     def test_absent_and_unwritable(self, tmp_path: Path) -> None:
         assert read_last_install(tmp_path) is None
-        write_last_install(tmp_path / "missing", LastInstall(0, fast_path=True))  # no raise
+        (tmp_path / "file").write_text("not a directory")
+        write_last_install(tmp_path / "file", LastInstall(0, fast_path=True))  # no raise
+        (tmp_path / LAST_INSTALL_FILE).mkdir()  # a directory in its place: not replaced
+        write_last_install(tmp_path, LastInstall(0, fast_path=True))
+        assert (tmp_path / LAST_INSTALL_FILE).is_dir() and read_last_install(tmp_path) is None
 
 
 class TestSettings:
