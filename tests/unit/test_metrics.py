@@ -200,3 +200,45 @@ class TestSettings:
             with pytest.raises(Invalid):
                 settings.metrics_interval(text)
         assert not math.isnan(settings.metrics_interval("60"))
+
+
+class TestServer:
+    """The WSGI app on a real server in this process: /healthz follows the snapshot's age."""
+
+    @staticmethod
+    def get(url: str) -> tuple[int, str]:
+        import urllib.error
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(url, timeout=10) as reply:
+                return reply.status, reply.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+    @pytest.mark.parametrize("address", ["127.0.0.1", "::1"])
+    def test_healthz_fresh_then_stale(self, address: str) -> None:
+        import socket
+        import time
+
+        from installer.agent.metrics import server
+
+        if ":" in address and not socket.has_ipv6:
+            pytest.skip("this machine has no IPv6")
+        snap = [Snapshot(taken_at=time.time())]
+        app = server.make_app(lambda: snap[0], interval_s=1.0, log=Log())
+        httpd, thread = server.serve(address, 0, app)
+        host = f"[{address}]" if ":" in address else address
+        base = f"http://{host}:{httpd.server_port}"
+        try:
+            status, text = self.get(base + "/healthz")
+            assert status == 200 and text.startswith("ok"), text
+            snap[0] = Snapshot(taken_at=time.time() - 60)  # no collection for a minute
+            status, text = self.get(base + "/healthz")
+            assert status == 503 and text.startswith("stale"), text
+            status, text = self.get(base + "/metrics")
+            assert status == 200 and "gpu_node_installer_metrics_age_seconds" in text
+        finally:
+            httpd.shutdown()
+            httpd.server_close()
+            thread.join(10)
