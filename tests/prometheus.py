@@ -5,9 +5,10 @@
 
 It listens on 127.0.0.1 (a free port), keeps its TSDB in the given temp dir, scrapes every
 second, yields once every target was scraped, and answers PromQL through its HTTP API
-(`/api/v1/query`). `honor_labels` and `target_labels` reproduce what the PodMonitor in daemonset/examples/metrics/ gives a scrape
-in a cluster (the agent pod's own namespace/pod/container as target labels; the workload's
-labels on per-container series win). `promtool` (same package) checks exposition text.
+(`/api/v1/query`). `honor_labels` and `target_labels` reproduce what the PodMonitor in
+daemonset/examples/metrics/ gives a scrape in a cluster (the agent pod's own
+namespace/pod/container as target labels; the workload's labels on per-container series
+win). `promtool` (same package) checks exposition text.
 `PROMETHEUS_BIN` overrides the binary; tests skip, saying why, only when it is absent
 (`make deps` installs it; CI does).
 """
