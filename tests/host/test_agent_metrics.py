@@ -14,12 +14,14 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import podresources
 import pytest
 from agentnode import A100_BUSES, AgentNode, daemon_package, make_node, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
 from installer.installdir.lastrun import LastInstall, write_last_install
 from installer.installdir.state import InstallState, write_state
+from installer.node.podresources import ContainerDevices
 from installer.packages.manifest import Package
 
 GPUS = 8
@@ -179,6 +181,45 @@ class TestScrape:
         assert done.returncode == 0, done.stdout + done.stderr
 
 
+class TestContainers:
+    """Which container holds which GPU, from a real gRPC PodResources server (kubelet v1)."""
+
+    def test_gke_names_per_container_by_each_plugins_ids(self, tmp_path: Path,
+                                                         package: Package) -> None:
+        sockets = podresources.short_dir()
+        assignments = [
+            ContainerDevices("ml", "train-0", "trainer", "nvidia.com/gpu", ("nvidia2", "nvidia5")),
+            ContainerDevices("ml", "serve-0", "server", "nvidia.com/gpu",
+                             ("GPU-aaaaaaaa-0000-4000-8000-000000000007",)),
+            ContainerDevices("ml", "serve-0", "sidecar", "example.com/nic", ("eth1",))]
+        node, base = metrics_node(tmp_path, package, [gpu_line(i) for i in range(GPUS)],
+                                  POD_RESOURCES_DIR=str(sockets))
+        try:
+            with podresources.serve(sockets, assignments) as kubelet, node.agent():
+                samples = next(served(base, "duty_cycle", pod="serve-0"))
+                assert kubelet.calls >= 1
+                kubelet.assignments = assignments[1:]  # train-0 finished
+                gone = next(served(base, "gpu_node_installer_pod_resources_available"))
+                wait_for(lambda: not [k for k in scrape(base) if dict(k[1]).get("pod")
+                                      == "train-0"], timeout=30, step=0.5)
+        finally:
+            shutil.rmtree(sockets, ignore_errors=True)
+        for index in (2, 5):
+            labels = {"namespace": "ml", "pod": "train-0", "container": "trainer",
+                      "make": "nvidia", "model": "NVIDIA A100-SXM4-40GB",
+                      "accelerator_id": f"GPU-aaaaaaaa-0000-4000-8000-00000000000{index}"}
+            assert value(samples, "duty_cycle", **labels) == pytest.approx(10 * index + 10)
+            assert value(samples, "memory_used", **labels) == (1000 + index) * MIB
+            assert value(samples, "memory_total", **labels) == 40960 * MIB
+        assert value(samples, "duty_cycle", pod="serve-0", container="server") == \
+            pytest.approx(80)
+        assert value(samples, "request", pod="train-0", resource_name="nvidia.com/gpu") == 2
+        assert value(samples, "request", pod="serve-0", container="server") == 1
+        assert value(samples, "request", container="sidecar") is None  # not a GPU
+        assert value(samples, "gpu_node_installer_pod_resources_available") == 1
+        assert value(gone, "gpu_node_installer_pod_resources_available") == 1
+
+
 class TestDegraded:
     """What is known is still served; an error counter says what failed."""
 
@@ -192,8 +233,8 @@ class TestDegraded:
             samples = next(served(base, "gpu_node_installer_collection_errors_total",
                                   source="nvml_gpu"))
             samples = next(served(base, "gpu_node_installer_gpu_memory_used_bytes", gpu="7"))
-        assert value(samples, "gpu_node_installer_collection_errors_total",
-                     source="nvml_gpu") >= 1  # type: ignore[operator]
+        errors = value(samples, "gpu_node_installer_collection_errors_total", source="nvml_gpu")
+        assert errors is not None and errors >= 1
         for i in range(GPUS):
             used = value(samples, "gpu_node_installer_gpu_memory_used_bytes", gpu=str(i))
             assert used == (None if i == 3 else (1000 + i) * MIB), i

@@ -12,7 +12,6 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from installer.agent.daemons import RUNNING
@@ -24,9 +23,6 @@ from installer.node.podresources import ContainerDevices, PodResourcesUnavailabl
 
 if TYPE_CHECKING:
     from installer.agent.loop import Agent
-
-POD_RESOURCES_DIR = Path("/var/lib/kubelet/pod-resources")
-
 
 class Collector:
     """Builds snapshots; `latest` is swapped in one assignment (readers need no lock)."""
@@ -96,9 +92,8 @@ class Collector:
                      for code, n in sorted(codes.items()))
 
     def _containers(self) -> tuple[ContainerDevices, ...] | None:
-        directory = getattr(self.agent.config, "pod_resources_dir", POD_RESOURCES_DIR)
         try:
-            found = tuple(list_assignments(Path(directory)))
+            found = tuple(list_assignments(self.agent.config.pod_resources_dir))
         except PodResourcesUnavailable as exc:
             self.errors["podresources"] += 1
             self._say(str(exc))

@@ -8,7 +8,7 @@ device plugin (`--enable-container-gpu-metrics`) names the per-container series
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
@@ -25,12 +25,15 @@ GPU_RESOURCES = ("nvidia.com/gpu",)
 
 def families(snap: Snapshot, now: float) -> Iterator[Metric]:
     """Every family the snapshot has data for (a family with no series is still listed)."""
-    yield from _install(snap)
-    yield from _agent(snap)
-    yield from _gpus(snap)
-    yield from _gke_node(snap)
-    yield from _gke_containers(snap)
-    yield from _collection(snap, now)
+    for section in sections(snap, now):
+        yield from section()
+
+
+def sections(snap: Snapshot, now: float) -> list[Callable[[], list[Metric]]]:
+    """The families in groups, each built whole or not at all (a bug costs its group)."""
+    return [lambda: list(_install(snap)), lambda: list(_agent(snap)),
+            lambda: list(_gpus(snap)), lambda: list(_gke_node(snap)),
+            lambda: list(_gke_containers(snap)), lambda: list(_collection(snap, now))]
 
 
 def _gauge(name: str, doc: str, labels: list[str] | None = None,
@@ -109,8 +112,7 @@ def _gpus(snap: Snapshot) -> Iterator[Metric]:
             duty.add_metric([*labels, gpu.utilization_source], gpu.duty_cycle / 100.0)
         for family, value in ((used, gpu.memory_used), (total, gpu.memory_total),
                               (temp, gpu.temperature), (power, gpu.power_watts)):
-            if value is not None:
-                family.add_metric(labels, value)
+            _add(family, labels, value)
         for kind, count in sorted(gpu.ecc.items()):
             ecc.add_metric([*labels, kind], count)
         for cause, count in sorted(gpu.remapped.items()):
@@ -166,8 +168,10 @@ def assignments(snap: Snapshot) -> list[tuple[ContainerDevices, list[GpuReading]
 
 
 def _add(family: GaugeMetricFamily, labels: list[str], value: float | None) -> None:
+    """A known value (float() here: a bad one fails in `collect`, which drops only the
+    family, instead of in the exposition, which would fail the scrape)."""
     if value is not None:
-        family.add_metric(labels, value)
+        family.add_metric(labels, float(value))
 
 
 def _collection(snap: Snapshot, now: float) -> Iterator[Metric]:

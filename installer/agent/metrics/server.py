@@ -2,7 +2,8 @@
 `/healthz` says whether collections are current. A scrape never calls NVML or the kubelet.
 
 A private registry with `describe()` (so registering never runs a collection), and a
-collector whose `collect()` cannot raise: a rendering bug costs a family, not the scrape.
+collector whose `collect()` cannot raise: a rendering bug costs one group of families,
+not the scrape.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from installer.agent.metrics.families import families
+from installer.agent.metrics.families import sections
 from installer.agent.metrics.snapshot import Snapshot
 
 STALE_INTERVALS = 3  # /healthz fails once no collection finished for this many intervals
@@ -35,10 +36,13 @@ class SnapshotCollector(Collector):
         return ()  # nothing collected at registration
 
     def collect(self) -> Iterator[Metric]:
-        try:
-            yield from families(self.latest(), time.time())
-        except Exception as exc:  # never fail the whole scrape
-            self.log.error("metrics rendering failed", detail=repr(exc))
+        for section in sections(self.latest(), time.time()):
+            try:
+                built = section()
+            except Exception as exc:  # never fail the whole scrape
+                self.log.error("metrics rendering failed", detail=repr(exc))
+                continue
+            yield from built
 
 
 class _Server(ThreadingMixIn, WSGIServer):
