@@ -1,14 +1,14 @@
 """A real Prometheus (Debian's `prometheus` package) scraping given targets, for tests.
 
-    with running([f"127.0.0.1:{port}"], tmp_path) as prom:
-        prom.wait_scraped()
+    with running([f"127.0.0.1:{port}"], tmp_path) as prom:  # returns once scraped
         series = prom.query('duty_cycle{namespace="ml"}')
 
 It listens on 127.0.0.1 (a free port), keeps its TSDB in the given temp dir, scrapes every
-second, and answers PromQL through its HTTP API (`/api/v1/query`). `honor_labels` and
-`target_labels` reproduce what the PodMonitor in daemonset/examples/metrics/ gives a scrape
-in a cluster (the agent pod's own namespace/pod/container as target labels; the workload's
-labels on per-container series win). `promtool` (same package) checks exposition text.
+second, yields once every target was scraped, and answers PromQL through its HTTP API
+(`/api/v1/query`). `honor_labels` and `target_labels` reproduce what the PodMonitor in
+daemonset/examples/metrics/ gives a scrape in a cluster (the agent pod's own
+namespace/pod/container as target labels; the workload's labels on per-container series
+win). `promtool` (same package) checks exposition text.
 `PROMETHEUS_BIN` overrides the binary; tests skip, saying why, only when it is absent
 (`make deps` installs it; CI does).
 """
@@ -127,7 +127,8 @@ def config(targets: list[str], *, honor_labels: bool = True,
 @contextmanager
 def running(targets: list[str], workdir: Path, *, honor_labels: bool = True,
             target_labels: Mapping[str, str] | None = None) -> Iterator[Prometheus]:
-    """Prometheus on 127.0.0.1:<free port> scraping the targets, its data in workdir."""
+    """Prometheus on 127.0.0.1:<free port> scraping the targets, its data in workdir, once
+    it has scraped every target successfully."""
     exe = binary()
     workdir.mkdir(parents=True, exist_ok=True)
     config_file = workdir / "prometheus.yml"
@@ -147,6 +148,7 @@ def running(targets: list[str], workdir: Path, *, honor_labels: bool = True,
     prom = Prometheus(f"http://127.0.0.1:{port}", process, log)
     try:
         _wait_ready(prom)
+        prom.wait_scraped()  # every target answered once: queries see data from here on
         yield prom
     finally:
         process.terminate()

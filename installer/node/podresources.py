@@ -15,6 +15,8 @@ so an agent with metrics off never loads them.
 
 from __future__ import annotations
 
+import stat
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +31,7 @@ MAX_MESSAGE = 16 * 1024 * 1024  # the kubelet's own server limit for this API
 
 # message -> [(field name, number, type, repeated, message type)]; the API's names and numbers
 _STRING, _MESSAGE = 9, 11  # FieldDescriptorProto.TYPE_STRING, TYPE_MESSAGE
+_OPTIONAL, _REPEATED = 1, 3  # FieldDescriptorProto.LABEL_OPTIONAL, LABEL_REPEATED
 _MESSAGES: dict[str, list[tuple[str, int, int, bool, str]]] = {
     "ListPodResourcesRequest": [],
     "ListPodResourcesResponse": [("pod_resources", 1, _MESSAGE, True, "PodResources")],
@@ -65,39 +68,52 @@ def _file_descriptor() -> Any:
     for message, fields in _MESSAGES.items():
         described = proto.message_type.add(name=message)
         for name, number, kind, repeated, type_name in fields:
-            field = described.field.add(name=name, number=number, type=kind, label=3 if repeated
-                                        else 1)  # LABEL_REPEATED / LABEL_OPTIONAL
+            field = described.field.add(name=name, number=number, type=kind,
+                                        label=_REPEATED if repeated else _OPTIONAL)
             if type_name:
                 field.type_name = f".{PACKAGE}.{type_name}"
     return proto
 
 
 _CLASSES: dict[str, Any] = {}
+_BUILDING = threading.Lock()
 
 
 def message_classes() -> dict[str, Any]:
     """Message name -> class, built once per process (tests' server uses the same ones)."""
-    if not _CLASSES:
-        from google.protobuf import descriptor_pool, message_factory
-
-        pool = descriptor_pool.DescriptorPool()
-        pool.Add(_file_descriptor())
-        for name in _MESSAGES:
-            described = pool.FindMessageTypeByName(f"{PACKAGE}.{name}")
-            _CLASSES[name] = message_factory.GetMessageClass(described)
+    with _BUILDING:
+        if not _CLASSES:
+            _CLASSES.update(_build_classes())
     return _CLASSES
+
+
+def _build_classes() -> dict[str, Any]:
+    from google.protobuf import descriptor_pool, message_factory
+
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(_file_descriptor())
+    return {name: message_factory.GetMessageClass(pool.FindMessageTypeByName(
+        f"{PACKAGE}.{name}")) for name in _MESSAGES}
 
 
 def list_assignments(socket_dir: Path, *, timeout_s: float = 2.0) -> list[ContainerDevices]:
     """`List` on <socket_dir>/kubelet.sock (PodResources v1); raises PodResourcesUnavailable."""
     socket = socket_dir / SOCKET_NAME
-    if not socket.is_socket():
-        state = "is not a socket" if socket.exists() else "does not exist"
-        raise PodResourcesUnavailable(
-            f"{socket} {state}: mount the host's kubelet pod-resources directory "
-            "(POD_RESOURCES_DIR)")
-    response = _call(socket, timeout_s)
-    return _assignments(response)
+    _check_socket(socket)
+    return _assignments(_call(socket, timeout_s))
+
+
+def _check_socket(socket: Path) -> None:
+    """A unix socket is there, or one line saying what is there instead."""
+    mount = "mount the host's kubelet pod-resources directory (POD_RESOURCES_DIR)"
+    try:
+        mode = socket.stat().st_mode
+    except FileNotFoundError:
+        raise PodResourcesUnavailable(f"{socket} does not exist: {mount}") from None
+    except OSError as exc:
+        raise PodResourcesUnavailable(f"{socket}: {exc.strerror or exc}: {mount}") from None
+    if not stat.S_ISSOCK(mode):
+        raise PodResourcesUnavailable(f"{socket} is not a socket: {mount}")
 
 
 def _call(socket: Path, timeout_s: float) -> Any:

@@ -37,70 +37,66 @@ _METADATA = _object({
     "labels": {"type": "object", "additionalProperties": _STRING},
     "annotations": {"type": "object", "additionalProperties": _STRING},
 }, ("name",))
-# Prometheus Operator RelabelConfig (camelCase names of Prometheus' relabel_config)
-_RELABEL = _object({
-    "action": {"enum": ["replace", "Replace", "keep", "Keep", "drop", "Drop", "hashmod",
-                        "HashMod", "labelmap", "LabelMap", "labeldrop", "LabelDrop",
-                        "labelkeep", "LabelKeep", "lowercase", "Lowercase", "uppercase",
-                        "Uppercase", "keepequal", "KeepEqual", "dropequal", "DropEqual"]},
-    "sourceLabels": {"type": "array", "items": {"type": "string",
-                                                "pattern": r"^[a-zA-Z_][a-zA-Z0-9_]*$"}},
-    "separator": _STRING, "targetLabel": _STRING, "regex": _STRING,
-    "modulus": {"type": "integer"}, "replacement": _STRING,
-})
 
-POD_MONITOR: Schema = _object({
-    "apiVersion": {"const": "monitoring.coreos.com/v1"},
-    "kind": {"const": "PodMonitor"},
-    "metadata": _METADATA,
-    "spec": _object({
-        "selector": _LABEL_SELECTOR,
-        "namespaceSelector": _object({"any": {"type": "boolean"}, "matchNames": _STRINGS}),
-        "jobLabel": _STRING,
-        "podTargetLabels": _STRINGS,
-        "sampleLimit": {"type": "integer", "minimum": 0},
-        "podMetricsEndpoints": {"type": "array", "items": _object({
-            "port": _STRING, "portNumber": {"type": "integer"}, "path": _STRING,
-            "scheme": {"enum": ["http", "https"]}, "interval": _DURATION,
-            "scrapeTimeout": _DURATION, "honorLabels": {"type": "boolean"},
-            "honorTimestamps": {"type": "boolean"}, "relabelings": {"type": "array",
-                                                                     "items": _RELABEL},
-            "metricRelabelings": {"type": "array", "items": _RELABEL},
-            "params": {"type": "object", "additionalProperties": _STRINGS},
-        })},
-    }, ("selector",)),
-}, ("apiVersion", "kind", "metadata", "spec"))
 
-# GMP's relabeling is Prometheus' relabel_config in camelCase, a smaller action set.
-_GMP_RELABEL = _object({
-    "action": {"enum": ["replace", "lowercase", "uppercase", "keep", "drop", "keepequal",
-                        "dropequal", "hashmod", "labeldrop", "labelkeep"]},
-    "sourceLabels": _STRINGS, "separator": _STRING, "targetLabel": _STRING,
-    "regex": _STRING, "modulus": {"type": "integer"}, "replacement": _STRING,
-})
+def _relabel(actions: list[str]) -> Schema:
+    """A relabel_config in camelCase, as both APIs spell Prometheus' own."""
+    return _object({
+        "action": {"enum": actions}, "sourceLabels": {"type": "array", "items": {
+            "type": "string", "pattern": r"^[a-zA-Z_][a-zA-Z0-9_]*$"}},
+        "separator": _STRING, "targetLabel": _STRING, "regex": _STRING,
+        "modulus": {"type": "integer"}, "replacement": _STRING,
+    })
 
-POD_MONITORING: Schema = _object({
-    "apiVersion": {"const": "monitoring.googleapis.com/v1"},
-    "kind": {"const": "PodMonitoring"},
-    "metadata": _METADATA,
-    "spec": _object({
-        "selector": _LABEL_SELECTOR,
-        "endpoints": {"type": "array", "minItems": 1, "items": _object({
-            "port": {"anyOf": [_STRING, {"type": "integer"}]}, "path": _STRING,
-            "scheme": {"enum": ["http", "https"]}, "interval": _DURATION,
-            "timeout": _DURATION, "params": {"type": "object"},
-            "metricRelabeling": {"type": "array", "items": _GMP_RELABEL},
-            "proxyUrl": _STRING,
-        }, ("port",))},
-        "targetLabels": _object({
-            "metadata": {"type": "array", "items": {"enum": [
-                "pod", "container", "node", "top_level_controller_name",
-                "top_level_controller_type"]}},
-            "fromPod": {"type": "array", "items": _object({"from": _STRING, "to": _STRING},
-                                                           ("from",))},
-        }),
-        "limits": _object({"samples": {"type": "integer"}, "labels": {"type": "integer"},
-                           "labelNameLength": {"type": "integer"},
-                           "labelValueLength": {"type": "integer"}}),
-    }, ("selector", "endpoints")),
-}, ("apiVersion", "kind", "metadata", "spec"))
+
+def _resource(api_version: str, kind: str, spec: Schema, required: tuple[str, ...]) -> Schema:
+    """A namespaced custom resource: apiVersion, kind, metadata and this spec."""
+    return _object({"apiVersion": {"const": api_version}, "kind": {"const": kind},
+                    "metadata": _METADATA, "spec": _object(spec, required)},
+                   ("apiVersion", "kind", "metadata", "spec"))
+
+
+_ACTIONS = ["replace", "keep", "drop", "hashmod", "labelmap", "labeldrop", "labelkeep",
+            "lowercase", "uppercase", "keepequal", "dropequal"]
+# The operator also takes each action capitalised; GMP has no labelmap.
+_RELABEL = _relabel([*_ACTIONS, "Replace", "Keep", "Drop", "HashMod", "LabelMap", "LabelDrop",
+                     "LabelKeep", "Lowercase", "Uppercase", "KeepEqual", "DropEqual"])
+_GMP_RELABEL = _relabel([a for a in _ACTIONS if a != "labelmap"])
+
+POD_MONITOR: Schema = _resource("monitoring.coreos.com/v1", "PodMonitor", {
+    "selector": _LABEL_SELECTOR,
+    "namespaceSelector": _object({"any": {"type": "boolean"}, "matchNames": _STRINGS}),
+    "jobLabel": _STRING,
+    "podTargetLabels": _STRINGS,
+    "sampleLimit": {"type": "integer", "minimum": 0},
+    "podMetricsEndpoints": {"type": "array", "items": _object({
+        "port": _STRING, "portNumber": {"type": "integer"}, "path": _STRING,
+        "scheme": {"enum": ["http", "https"]}, "interval": _DURATION,
+        "scrapeTimeout": _DURATION, "honorLabels": {"type": "boolean"},
+        "honorTimestamps": {"type": "boolean"}, "relabelings": {"type": "array",
+                                                                 "items": _RELABEL},
+        "metricRelabelings": {"type": "array", "items": _RELABEL},
+        "params": {"type": "object", "additionalProperties": _STRINGS},
+    })},
+}, ("selector",))
+
+POD_MONITORING: Schema = _resource("monitoring.googleapis.com/v1", "PodMonitoring", {
+    "selector": _LABEL_SELECTOR,
+    "endpoints": {"type": "array", "minItems": 1, "items": _object({
+        "port": {"anyOf": [_STRING, {"type": "integer"}]}, "path": _STRING,
+        "scheme": {"enum": ["http", "https"]}, "interval": _DURATION,
+        "timeout": _DURATION, "params": {"type": "object"},
+        "metricRelabeling": {"type": "array", "items": _GMP_RELABEL},
+        "proxyUrl": _STRING,
+    }, ("port",))},
+    "targetLabels": _object({
+        "metadata": {"type": "array", "items": {"enum": [
+            "pod", "container", "node", "top_level_controller_name",
+            "top_level_controller_type"]}},
+        "fromPod": {"type": "array", "items": _object({"from": _STRING, "to": _STRING},
+                                                       ("from",))},
+    }),
+    "limits": _object({"samples": {"type": "integer"}, "labels": {"type": "integer"},
+                       "labelNameLength": {"type": "integer"},
+                       "labelValueLength": {"type": "integer"}}),
+}, ("selector", "endpoints"))

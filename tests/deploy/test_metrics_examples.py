@@ -45,9 +45,10 @@ METRICS = {
     "gpu_node_installer_gpu_memory_total_bytes", "gpu_node_installer_gpu_temperature_celsius",
     "gpu_node_installer_gpu_power_watts", "gpu_node_installer_gpu_ecc_errors_total",
     "gpu_node_installer_gpu_remapped_rows", "gpu_node_installer_collection_errors_total",
-    "gpu_node_installer_pod_resources_available",
+    "gpu_node_installer_pod_resources_available", "gpu_node_installer_metrics_age_seconds",
 }
-PROMQL_WORDS = {"max", "sum", "avg", "by", "increase", "rate", "without", "on", "ignoring"}
+PROMQL_WORDS = {"max", "sum", "avg", "count", "by", "increase", "rate", "without", "on",
+                "ignoring"}
 
 
 def _docs(name: str) -> list[dict]:
@@ -132,7 +133,7 @@ def test_dashboard_is_well_formed() -> None:
         assert grid["x"] + grid["w"] <= 24
     covered = " ".join(panel["title"].lower() for panel in panels(board))
     for topic in ("utilisation", "memory", "temperature", "power", "ecc", "xid", "ready",
-                  "daemons"):
+                  "daemons", "fabric"):
         assert topic in covered, topic
 
 

@@ -105,6 +105,14 @@ def test_a_file_that_is_not_a_socket(socket_dir: Path) -> None:
     assert "is not a socket" in _one_line(exc, socket_dir / "kubelet.sock")
 
 
+def test_socket_dir_that_is_a_file(tmp_path: Path) -> None:
+    (tmp_path / "pod-resources").write_text("")
+    with pytest.raises(PodResourcesUnavailable) as exc:
+        list_assignments(tmp_path / "pod-resources")
+    text = _one_line(exc, tmp_path / "pod-resources" / "kubelet.sock")
+    assert "Not a directory" in text and "POD_RESOURCES_DIR" in text
+
+
 def test_stale_socket_nobody_listens(socket_dir: Path) -> None:
     path = socket_dir / "kubelet.sock"
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as stale:
