@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 import pytest
+from helpers import http_get
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -205,17 +206,6 @@ class TestSettings:
 class TestServer:
     """The WSGI app on a real server in this process: /healthz follows the snapshot's age."""
 
-    @staticmethod
-    def get(url: str) -> tuple[int, str]:
-        import urllib.error
-        import urllib.request
-
-        try:
-            with urllib.request.urlopen(url, timeout=10) as reply:
-                return reply.status, reply.read().decode()
-        except urllib.error.HTTPError as exc:
-            return exc.code, exc.read().decode()
-
     @pytest.mark.parametrize("address", ["127.0.0.1", "::1"])
     def test_healthz_fresh_then_stale(self, address: str) -> None:
         import socket
@@ -231,12 +221,12 @@ class TestServer:
         host = f"[{address}]" if ":" in address else address
         base = f"http://{host}:{httpd.server_port}"
         try:
-            status, text = self.get(base + "/healthz")
+            status, text = http_get(base + "/healthz")
             assert status == 200 and text.startswith("ok"), text
             snap[0] = Snapshot(taken_at=time.time() - 60)  # no collection for a minute
-            status, text = self.get(base + "/healthz")
+            status, text = http_get(base + "/healthz")
             assert status == 503 and text.startswith("stale"), text
-            status, text = self.get(base + "/metrics")
+            status, text = http_get(base + "/metrics")
             assert status == 200 and "gpu_node_installer_metrics_age_seconds" in text
         finally:
             httpd.shutdown()
