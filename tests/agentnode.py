@@ -171,11 +171,13 @@ def make_node(tmp_path: Path, package: Package, *, sample: str = "gke-cos-a100x8
     (account / "token").write_text(TOKEN + "\n")
     buses = A100_BUSES if gpus == 8 else ("05",)
     node_env = {**{k: v for k, v in os.environ.items()
-                   if not k.startswith(("FAKE_", "NODE_NAME", "KUBE", "NVFM_CONFIG_"))},
+                   if not k.startswith(("FAKE_", "NODE_NAME", "KUBE", "NVFM_CONFIG_",
+                                        "METRICS_"))},
                 "FAKE_DAEMON_ROOT": str(root), "FAKE_NVML_GPUS": str(gpus),
                 "FAKE_CUDA_DEVICES": str(gpus), "FAKE_NVML_FABRIC_FILE": str(root / "fabric"),
                 "FAKE_NVML_BUS_IDS": ",".join(f"00000000:{b}:00.0" for b in buses),
                 "FAKE_NVML_EVENTS": "unsupported", "FAKE_FM_SECONDS": "2",
+                "METRICS_PORT": "0",  # a server only where a test asks for one
                 **(env or {})}
     node = AgentNode(root, node_env)
     write_fabric(node.fabric, [(3, 0)] * gpus)  # what verify sees: a trained fabric

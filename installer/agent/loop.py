@@ -6,7 +6,8 @@ daemons, the InfiniBand modules (NVLink5) and every GPU's fabric state (NVML); r
 withdrawn or restored on a change; the cluster hears of changes only. SIGTERM (the kubelet
 deleting the pod) is only noted by its handler (as `installer.node.interrupts` does); the
 loop then stops the daemons through their pid files and leaves readiness as the node really
-is: on a fabric node, without Fabric Manager, not ready.
+is: on a fabric node, without Fabric Manager, not ready. Beside the loop, for its whole
+life (not `--once`), the metrics server (`installer.agent.metrics`) collects and serves.
 """
 
 from __future__ import annotations
@@ -99,6 +100,7 @@ class Agent:
         self.plan: Plan | None = None
         self.supervisor: Supervisor | None = None
         self.no_install: str | None = None
+        self.health = health.Health(health.critical_set(self.config))  # Xid counts
 
     def prepare(self) -> Plan:
         """Refuse bad settings and packages (exit 2, 14) before anything starts."""
@@ -311,7 +313,7 @@ def run_forever(agent: Agent, stop: threading.Event) -> Verdict | None:
         health.clear_after_reboot(api, config.node_name or "", boot)
     except KubeError as exc:
         agent.log.warning("could not clear an earlier boot's Xid condition", detail=str(exc))
-    watched = health.Health(health.critical_set(config))
+    watched = agent.health
     source = health.open_xid_source(agent.host, use_nvml=agent.nvml_ready())
     verdict = None
     try:
@@ -369,6 +371,8 @@ def run_agent(ctx: Context, environ: Mapping[str, str], *, once: bool) -> Verdic
                                      remedy="see the agent's log and `status`; the node "
                                             "stays not ready until this is fixed")
         return verdict
-    with stop_on_signal() as stop:
+    from installer.agent import metrics
+
+    with stop_on_signal() as stop, metrics.serving(agent):
         last = run_forever(agent, stop)
     return last or Verdict(False, "AgentStopped", "stopped before its first round")

@@ -14,14 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from installer.config import agent, health, mig, upgrade, values
+from installer.config import agent, checks, health, mig, upgrade, values
 from installer.config.modparams import ModuleParam as ModuleParam
 from installer.config.modparams import parse_module_param as parse_module_param
 from installer.config.modparams import read_params_file
 from installer.config.values import VERSION_ALIASES as VERSION_ALIASES
 from installer.config.values import Invalid as _Invalid
-from installer.config.values import check_mirrors, pem_bundle
 from installer.config.values import parse_driver_version as parse_driver_version
+from installer.config.values import pem_bundle
 from installer.errors import ConfigError
 
 FLAVOURS = ("auto", "open", "proprietary")
@@ -243,12 +243,18 @@ SETTINGS: tuple[Setting, ...] = (
             "spec goes on the node (/etc/cdi persists)", "an absolute path on the node without "
             "'..'", values.host_abs_path),
     *(Setting(*row) for row in mig.ROWS),  # MIG partitioning (issue 26): config/mig.py
+    *(Setting(*row) for row in agent.METRICS_ROWS),  # the agent's /metrics (issue 25)
     # GPU health in the node agent (issue 24; parser in config/health.py)
     Setting("xid_critical", "--xid-critical", "XID_CRITICAL", health.DEFAULT,
             "Xids that set the node condition gpu-node-installer/XidCriticalError and post "
             "an XIDError Event (48 always; default: GKE's set)",
             "Xid numbers separated by commas or spaces, none of NVIDIA's application errors "
             "13, 31, 43, 45, 68, 109", health.xid_list),
+    # the agent's metrics: per-container GPUs from the kubelet (issue 25)
+    Setting("pod_resources_dir", "--pod-resources-dir", "POD_RESOURCES_DIR",
+            agent.POD_RESOURCES_DIR, "the container's read-only mount of the host's kubelet "
+            "pod-resources directory (its kubelet.sock labels GPU metrics per container)",
+            "an absolute path", values.abs_path),
 )
 
 SETTINGS_BY_NAME = {setting.name: setting for setting in SETTINGS}
@@ -310,9 +316,13 @@ class Config(mig.MigSettings):
     fabric_timeout: float = 600.0
     agent_interval: float = 5.0
     daemon_stop_timeout: float = 10.0
+    metrics_port: int = 9420
+    metrics_address: str = "0.0.0.0"  # noqa: S104 - Prometheus scrapes the pod IP
+    metrics_interval: float = 5.0
     xid_critical: tuple[int, ...] = health.GKE_CRITICAL
     cdi: str = "on"
     cdi_spec_dir: PurePosixPath = PurePosixPath("/var/run/cdi")
+    pod_resources_dir: Path = Path(agent.POD_RESOURCES_DIR)
 
 
 def _raw_value(setting: Setting, flags: Mapping[str, Any], environ: Mapping[str, str]
@@ -344,8 +354,8 @@ def load_config(flags: Mapping[str, Any], environ: Mapping[str, str]) -> Config:
             raise _refusal(setting, source, raw, exc) from None
     values.setdefault("dev_root", values["host_root"] / "dev")
     config = Config(**values)
-    _check_roots(config)
-    check_mirrors(config)
+    checks.roots(config, SETTINGS_BY_NAME)
+    checks.mirrors(config)
     upgrade.check(config)
     if (config.build_sign_key is None) != (config.build_sign_cert is None):
         raise ConfigError("--build-sign-key and --build-sign-cert go together",
@@ -385,16 +395,3 @@ def _refusal(setting: Setting, source: str, raw: str, exc: _Invalid) -> ConfigEr
     shown = values.shown_url(raw) if setting.name in _URL_SETTINGS else raw
     return ConfigError(f"{source}={shown!r} is invalid{why}",
                        remedy=f"{setting.flag.lstrip('-')} must be {setting.accepted}")
-
-
-def _check_roots(config: Config) -> None:
-    """The host mounts must exist before anything reads them."""
-    for name in ("host_root", "proc_root", "sys_root"):
-        path: Path = getattr(config, name)
-        if not path.is_dir():
-            setting = SETTINGS_BY_NAME[name]
-            raise ConfigError(
-                f"{setting.flag} {path} does not exist or is not a directory",
-                remedy=f"mount the node's filesystem there or pass {setting.flag}",
-            )
-

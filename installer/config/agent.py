@@ -1,4 +1,5 @@
-"""The node agent's settings: persistence daemon, Fabric Manager, deadlines, the loop's pace.
+"""The node agent's settings: persistence daemon, Fabric Manager, deadlines, the loop's pace,
+its /metrics endpoint.
 
 The rows live in the one table in `installer.config`; the parsers are here. Fabric Manager's
 own config overrides come as NVIDIA names them (`NVFM_CONFIG_<FIELD>=value` in the
@@ -6,6 +7,8 @@ environment) and are checked against the staged config file when the agent start
 """
 
 from __future__ import annotations
+
+import ipaddress
 
 from installer.config.values import Invalid, decimal
 
@@ -16,6 +19,8 @@ MAX_INTERVAL_S = 10.0  # a daemon's exit withdraws readiness within 10 s
 MAX_SECONDS = 86400.0
 SECONDS = "a number of seconds above 0, at most 86400"
 UVM_PERSISTENCE_MAJOR = 550  # `--uvm-persistence-mode` came with the R550 branch
+# The kubelet's PodResources socket directory, as the DaemonSet mounts it into the agent.
+POD_RESOURCES_DIR = "/var/lib/kubelet/pod-resources"
 
 
 def interval(value: str) -> float:
@@ -40,3 +45,45 @@ def uvm_persistence(setting: str, driver_version: str) -> bool:
         return setting == "on"
     major = driver_version.partition(".")[0]
     return major.isdigit() and int(major) >= UVM_PERSISTENCE_MAJOR
+
+
+METRICS_INTERVAL_S = (1.0, 60.0)  # one NVML pass per interval: never per scrape
+
+
+def metrics_port(value: str) -> int:
+    """The /metrics port: 1-65535, or 0 for no metrics server at all."""
+    text = value.strip()
+    if not (text.isascii() and text.isdigit()) or int(text) > 65535:
+        raise Invalid(value)
+    return int(text)
+
+
+def metrics_address(value: str) -> str:
+    """An IP address to bind (0.0.0.0 every IPv4 interface, :: every IPv6 one)."""
+    try:
+        return str(ipaddress.ip_address(value.strip()))
+    except ValueError:
+        raise Invalid(value) from None
+
+
+def metrics_interval(value: str) -> float:
+    """Seconds between the metrics' collections: 1 to 60."""
+    number = decimal(value)
+    low, high = METRICS_INTERVAL_S
+    if not low <= number <= high:
+        raise Invalid(value)
+    return number
+
+
+# the agent's /metrics (issue 25): rows of config.SETTINGS
+METRICS_ROWS = (
+    ("metrics_port", "--metrics-port", "METRICS_PORT", "9420",
+     "port of the agent's Prometheus /metrics and /healthz (0: no metrics server)",
+     "an integer from 0 to 65535", metrics_port),
+    ("metrics_address", "--metrics-address", "METRICS_ADDRESS", "0.0.0.0",  # noqa: S104
+     "address the metrics server binds (:: for IPv6)", "an IPv4 or IPv6 address",
+     metrics_address),
+    ("metrics_interval", "--metrics-interval", "METRICS_INTERVAL", "5",
+     "seconds between the metrics' collections (NVML, PodResources); a scrape only reads the "
+     "latest", "a number of seconds from 1 to 60", metrics_interval),
+)

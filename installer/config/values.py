@@ -16,9 +16,6 @@ import re
 import unicodedata
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
-from typing import Protocol
-
-from installer.errors import ConfigError
 
 # Cc: C0, DEL and C1 controls; Cf: format (bidi overrides, zero-width); Cs: lone surrogates
 # (non-UTF-8 bytes in the environment); Zl, Zp: line and paragraph separators.
@@ -252,24 +249,3 @@ def zone(value: str) -> str:
     if not _ZONE_RE.fullmatch(text) or len(text) > 63:
         raise Invalid(value)
     return text
-
-
-class Sources(Protocol):
-    """Where packages come from (a Config has these)."""
-
-    @property
-    def mirrors(self) -> tuple[str, ...]: ...
-    @property
-    def cos_tools_url(self) -> str | None: ...
-    @property
-    def nvidia_runfile_url(self) -> str | None: ...
-    @property
-    def allow_http(self) -> bool: ...
-
-
-def check_mirrors(config: Sources) -> None:
-    """Plain http:// lets an index or manifest be altered in transit: opt in explicitly."""
-    for url in (*config.mirrors, config.cos_tools_url or "", config.nvidia_runfile_url or ""):
-        if url.startswith("http://") and not config.allow_http:
-            raise ConfigError(f"mirror {shown_url(url)} uses plain http://",
-                              remedy="use https:// or pass --allow-http (DRIVER_ALLOW_HTTP=1)")

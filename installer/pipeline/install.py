@@ -15,6 +15,7 @@ from installer.context import Context
 from installer.errors import DiskFullError, InstallerError
 from installer.installdir import ownership, skipped
 from installer.installdir.daemons import package_daemons, require_daemons
+from installer.installdir.lastrun import LastInstall, write_last_install
 from installer.installdir.layout import lock_path, version_name
 from installer.installdir.readiness import ready_paths
 from installer.installdir.state import InstallState, read_state, write_state
@@ -82,11 +83,17 @@ def install(ctx: Context, *, paranoid: bool = False) -> InstallResult:
         readiness = {path: path.read_bytes() for path in ready_paths(ctx.config, roots)
                      if path.is_file()}
         try:
-            return _install_locked(ctx, previous, paranoid=paranoid)
+            result = _install_locked(ctx, previous, paranoid=paranoid)
         except InstallerError as exc:
             if exc.stage != "partition":  # a GPU not as configured is never made ready
                 _restore_previous(ctx, previous, readiness)
+            write_last_install(ctx.install_root, LastInstall(
+                exc.code, fast_path=False, stage=exc.stage or "",
+                timings_ms=dict(ctx.timings_ms)))
             raise
+        write_last_install(ctx.install_root, LastInstall(
+            0, fast_path=result.fast_path, timings_ms=dict(result.timings_ms)))
+        return result
 
 
 def _install_locked(ctx: Context, previous: InstallState | None, *,

@@ -34,7 +34,9 @@
  *                           event set registered for nvmlEventTypeXidCriticalError on that
  *                           GPU; Wait sleeps in 20 ms steps up to its timeout, then returns
  *                           NVML_ERROR_TIMEOUT (10)
- * The fabric and Xid event parts live in nvml_standin_fabric.c (compiled into the same library).
+ * The fabric and Xid event parts live in nvml_standin_fabric.c, the metrics' readings
+ * (FAKE_NVML_METRICS_FILE: UUIDs, utilisation samples, memory used, temperature, power, ECC
+ * counts, remapped rows) in nvml_standin_metrics.c (both compiled into the same library).
  * Built with -DOMIT_DRIVER_VERSION it lacks nvmlSystemGetDriverVersion (NVML error 13);
  * with -DOMIT_FABRIC_V it lacks nvmlDeviceGetGpuFabricInfoV (callers fall back).
  */
@@ -197,7 +199,8 @@ nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int *major,
 
 nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length) {
     char text[96];
-    snprintf(text, sizeof text, "GPU-5fa0c2d4-0000-4000-8000-%012d", device->index);
+    if (!metrics_value(device->index, "uuid", text, sizeof text))
+        snprintf(text, sizeof text, "GPU-5fa0c2d4-0000-4000-8000-%012d", device->index);
     return copy_out(uuid, length, text);
 }
 
@@ -228,8 +231,10 @@ nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *pci) {
 nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) {
     char item[32] = "40960";
     list_item("FAKE_NVML_MEMORY_MIB", device->index, item, sizeof item);
+    nvmlReturn_t error = metrics_error(device->index);
+    if (error) return error;
     memory->total = strtoull(item, NULL, 10) * 1024 * 1024;
-    memory->used = 512ULL * 1024 * 1024;
+    memory->used = metrics_number(device->index, "mem_used_mib", 512) * 1024 * 1024;
     memory->free = memory->total - memory->used;
     return 0;
 }
@@ -264,7 +269,11 @@ nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(nvmlDevice_t device, int *pe
 nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t device, unsigned int *corr,
                                        unsigned int *unc, unsigned int *pending,
                                        unsigned int *failure) {
-    (void)device;
-    *corr = 0; *unc = 0; *pending = 0; *failure = 0;
+    nvmlReturn_t error = metrics_error(device->index);
+    if (error) return error;
+    *corr = (unsigned int)metrics_number(device->index, "remap_corr", 0);
+    *unc = (unsigned int)metrics_number(device->index, "remap_unc", 0);
+    *pending = (unsigned int)metrics_number(device->index, "remap_pending", 0);
+    *failure = (unsigned int)metrics_number(device->index, "remap_failure", 0);
     return 0;
 }

@@ -13,5 +13,9 @@ SHARED extern int initialized;
 SHARED int env_int(const char *name, int fallback);
 SHARED const char *env_str(const char *name, const char *fallback);
 SHARED int gpu_count(void);
+/* nvml_standin_metrics.c: FAKE_NVML_METRICS_FILE's readings of one GPU */
+SHARED int metrics_value(int index, const char *key, char *out, unsigned long size);
+SHARED unsigned long long metrics_number(int index, const char *key, unsigned long long fallback);
+SHARED nvmlReturn_t metrics_error(int index);
 
 #endif

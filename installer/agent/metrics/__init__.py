@@ -1,0 +1,50 @@
+"""The agent's Prometheus metrics (issue 25): the install, the agent's verdict and daemons,
+each GPU through NVML, and each container's GPUs through the kubelet's PodResources API.
+
+`collect` reads on the agent's schedule into an immutable `snapshot`; `server` renders the
+latest one per scrape (`families`: GKE's drop-in names and our `gpu_node_installer_` family).
+`serving` ties both to the agent's life: started with it, stopped before it ends.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from installer.agent.loop import Agent
+
+
+@contextmanager
+def serving(agent: Agent) -> Iterator[None]:
+    """Collect and serve while the block runs (METRICS_PORT=0: neither)."""
+    config, log = agent.config, agent.log
+    if config.metrics_port == 0:
+        yield
+        return
+    from installer.agent.metrics import collect, server
+
+    collector = collect.Collector(agent)
+    stop = threading.Event()
+    app = server.make_app(lambda: collector.latest, config.metrics_interval, log)
+    try:
+        httpd, _ = server.serve(config.metrics_address, config.metrics_port, app)
+    except OSError as exc:  # the agent's readiness matters more than its metrics
+        log.error("metrics not served", address=config.metrics_address,
+                  port=config.metrics_port, reason=exc.strerror or str(exc))
+        yield
+        return
+    thread = threading.Thread(target=collect.run, name="metrics-collect", daemon=True,
+                              args=(collector, stop, config.metrics_interval, log))
+    thread.start()
+    log.info("metrics served", address=config.metrics_address, port=config.metrics_port,
+             interval_s=config.metrics_interval)
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=config.metrics_interval + 5)
+        httpd.shutdown()
+        httpd.server_close()

@@ -1,0 +1,190 @@
+"""A snapshot as Prometheus metric families: GKE's drop-in names and our own prefix.
+
+Pure: the same snapshot renders the same families, at any time, on any thread. GKE's
+device plugin (`--enable-container-gpu-metrics`) names the per-container series
+`duty_cycle`, `memory_used`, `memory_total`, `request` and the per-node ones
+`*_gpu_node`; their labels are kept exactly, so dashboards and HPAs built on them work.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from installer.agent.metrics.snapshot import GpuReading, Snapshot
+from installer.node.podresources import ContainerDevices
+
+PREFIX = "gpu_node_installer_"
+GPU_LABELS = ["gpu", "uuid", "model", "pci_bus_id"]
+CONTAINER_LABELS = ["namespace", "pod", "container", "make", "accelerator_id", "model"]
+NODE_LABELS = ["node_name", "make", "accelerator_index", "model"]
+MAKE = "nvidia"
+GPU_RESOURCES = ("nvidia.com/gpu",)
+
+
+def families(snap: Snapshot, now: float) -> Iterator[Metric]:
+    """Every family the snapshot has data for (a family with no series is still listed)."""
+    for section in sections(snap, now):
+        yield from section()
+
+
+def sections(snap: Snapshot, now: float) -> list[Callable[[], list[Metric]]]:
+    """The families in groups, each built whole or not at all (a bug costs its group)."""
+    return [lambda: list(_install(snap)), lambda: list(_agent(snap)),
+            lambda: list(_gpus(snap)), lambda: list(_gke_node(snap)),
+            lambda: list(_gke_containers(snap)), lambda: list(_collection(snap, now))]
+
+
+def _gauge(name: str, doc: str, labels: list[str] | None = None,
+           unit: str = "") -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, labels=labels, unit=unit)
+
+
+def _install(snap: Snapshot) -> Iterator[Metric]:
+    facts = snap.install
+    info = _gauge(PREFIX + "info", "The installed driver (value 1)",
+                  ["driver_version", "flavour", "kernel", "cuda_version", "package_digest"])
+    if facts.driver_version:
+        info.add_metric([facts.driver_version, facts.flavour, facts.kernel,
+                         facts.cuda_version, facts.package_digest], 1)
+    yield info
+    code = _gauge(PREFIX + "last_install_exit_code",
+                  "Exit code of the last install run on this node (0: success)")
+    fast = _gauge(PREFIX + "install_fast_path",
+                  "1 if the last install reused the cached, verified package (reboot fast path)")
+    if facts.exit_code is not None:
+        code.add_metric([], facts.exit_code)
+    if facts.fast_path is not None:
+        fast.add_metric([], int(facts.fast_path))
+    stages = _gauge(PREFIX + "install_stage_seconds",
+                    "Duration of each stage of the last install run", ["stage"])
+    for stage, seconds in sorted(facts.stage_seconds.items()):
+        stages.add_metric([stage], seconds)
+    yield from (code, fast, stages)
+
+
+def _agent(snap: Snapshot) -> Iterator[Metric]:
+    ready = _gauge(PREFIX + "ready", "1 while the agent holds the node ready for GPU pods")
+    if snap.ready is not None:
+        ready.add_metric([], int(snap.ready))
+    up = _gauge(PREFIX + "daemon_up", "1 while the supervised daemon runs", ["daemon"])
+    restarts = CounterMetricFamily(PREFIX + "daemon_restarts",
+                                   "Restarts of the supervised daemon since the agent started",
+                                   labels=["daemon"])
+    for name, running, count in snap.daemons:
+        up.add_metric([name], int(running))
+        restarts.add_metric([name], count)
+    fabric = _gauge(PREFIX + "gpu_fabric_state",
+                    "1 for the GPU's current NVLink fabric state (NVML)", [*GPU_LABELS, "state"])
+    by_index = {g.index: g for g in snap.gpus}
+    for index, state in snap.fabric:
+        fabric.add_metric([*_gpu_labels(by_index.get(index), index), state], 1)
+    xids = CounterMetricFamily(PREFIX + "xid_errors", "Xid errors seen since the agent "
+                               "started, by GPU (PCI address or index) and Xid",
+                               labels=["gpu", "xid"])
+    for gpu, code, count in snap.xids:
+        xids.add_metric([gpu, str(code)], count)
+    yield from (ready, up, restarts, fabric, xids)
+
+
+def _gpu_labels(gpu: GpuReading | None, index: int) -> list[str]:
+    if gpu is None:
+        return [str(index), "", "", ""]
+    return [str(gpu.index), gpu.uuid, gpu.model, gpu.pci_bus_id]
+
+
+def _gpus(snap: Snapshot) -> Iterator[Metric]:
+    duty = _gauge(PREFIX + "gpu_duty_cycle_ratio", "Fraction of the last collection interval "
+                  "the GPU was busy (NVML utilisation samples), 0..1",
+                  [*GPU_LABELS, "source"])
+    used = _gauge(PREFIX + "gpu_memory_used_bytes", "GPU memory allocated", GPU_LABELS)
+    total = _gauge(PREFIX + "gpu_memory_total_bytes", "GPU memory in total", GPU_LABELS)
+    temp = _gauge(PREFIX + "gpu_temperature_celsius", "GPU core temperature", GPU_LABELS)
+    power = _gauge(PREFIX + "gpu_power_watts", "GPU power draw", GPU_LABELS)
+    ecc = CounterMetricFamily(PREFIX + "gpu_ecc_errors", "Volatile ECC errors since the "
+                              "driver loaded", labels=[*GPU_LABELS, "type"])
+    rows = _gauge(PREFIX + "gpu_remapped_rows", "Remapped memory rows by cause (Ampere+)",
+                  [*GPU_LABELS, "cause"])
+    for gpu in snap.gpus:
+        labels = _gpu_labels(gpu, gpu.index)
+        if gpu.duty_cycle is not None:
+            duty.add_metric([*labels, gpu.utilization_source], gpu.duty_cycle / 100.0)
+        for family, value in ((used, gpu.memory_used), (total, gpu.memory_total),
+                              (temp, gpu.temperature), (power, gpu.power_watts)):
+            _add(family, labels, value)
+        for kind, count in sorted(gpu.ecc.items()):
+            ecc.add_metric([*labels, kind], count)
+        for cause, count in sorted(gpu.remapped.items()):
+            rows.add_metric([*labels, cause], count)
+    yield from (duty, used, total, temp, power, ecc, rows)
+
+
+def _gke_triple(suffix: str, labels: list[str]) -> tuple[GaugeMetricFamily, ...]:
+    """GKE's duty cycle, memory used and memory total, with its help texts."""
+    return (_gauge(f"duty_cycle{suffix}", "Percent of time when the GPU was actively "
+                   "processing", labels),
+            _gauge(f"memory_used{suffix}", "Allocated GPU memory in bytes", labels),
+            _gauge(f"memory_total{suffix}", "Total memory available on the GPU in bytes", labels))
+
+
+def _add_triple(triple: tuple[GaugeMetricFamily, ...], labels: list[str],
+                gpu: GpuReading) -> None:
+    for family, value in zip(triple, (gpu.duty_cycle, gpu.memory_used, gpu.memory_total),
+                             strict=True):
+        _add(family, labels, value)
+
+
+def _gke_node(snap: Snapshot) -> Iterator[Metric]:
+    triple = _gke_triple("_gpu_node", NODE_LABELS)
+    for gpu in snap.gpus:
+        _add_triple(triple, [snap.node_name, MAKE, str(gpu.index), gpu.model], gpu)
+    yield from triple
+
+
+def _gke_containers(snap: Snapshot) -> Iterator[Metric]:
+    triple = _gke_triple("", CONTAINER_LABELS)
+    request = _gauge("request", "Number of accelerator devices requested by the container",
+                     ["namespace", "pod", "container", "resource_name"])
+    for holder, gpus in assignments(snap):
+        request.add_metric([holder.namespace, holder.pod, holder.container, holder.resource],
+                           len(holder.device_ids))
+        for gpu in gpus:
+            _add_triple(triple, [holder.namespace, holder.pod, holder.container, MAKE,
+                                 gpu.uuid, gpu.model], gpu)
+    yield from (*triple, request)
+
+
+def assignments(snap: Snapshot) -> list[tuple[ContainerDevices, list[GpuReading]]]:
+    """Each container holding GPUs, with the GPUs its device ids name (UUID, nvidia<minor>
+    or index); an id matching no GPU read this pass is left out of the per-GPU series."""
+    names = {name: gpu for gpu in snap.gpus for name in gpu.device_ids()}
+    found = []
+    for holder in snap.containers or ():
+        if holder.resource not in GPU_RESOURCES or not holder.device_ids:
+            continue
+        gpus = [names[d] for d in holder.device_ids if d in names]
+        found.append((holder, gpus))
+    return found
+
+
+def _add(family: GaugeMetricFamily, labels: list[str], value: float | None) -> None:
+    """A known value (float() here: a bad one fails in `collect`, which drops only the
+    family, instead of in the exposition, which would fail the scrape)."""
+    if value is not None:
+        family.add_metric(labels, float(value))
+
+
+def _collection(snap: Snapshot, now: float) -> Iterator[Metric]:
+    errors = CounterMetricFamily(PREFIX + "collection_errors", "Failed reads since the agent "
+                                 "started, by source (nvml, nvml_gpu, podresources, install)",
+                                 labels=["source"])
+    for source, count in snap.errors:
+        errors.add_metric([source], count)
+    available = _gauge(PREFIX + "pod_resources_available",
+                       "1 when the kubelet's PodResources API answered the last collection")
+    available.add_metric([], int(snap.containers is not None))
+    age = _gauge(PREFIX + "metrics_age_seconds", "Seconds since the served values were "
+                 "collected")
+    age.add_metric([], max(0.0, now - snap.taken_at))
+    yield from (errors, available, age)

@@ -1,0 +1,66 @@
+"""What one collection saw, frozen: a scrape renders it and never asks NVML or the kubelet.
+
+The collector builds a new `Snapshot` every interval and swaps the reference in one
+assignment, so a scrape on the HTTP server's thread always sees one whole collection.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from installer.node.podresources import ContainerDevices
+
+
+@dataclass(frozen=True)
+class GpuReading:
+    """One GPU as NVML reported it this pass; a reading NVML refused is None (not shown)."""
+
+    index: int
+    uuid: str
+    model: str  # NVML's name, as GKE's device plugin labels `model`
+    pci_bus_id: str
+    minor: int | None = None  # /dev/nvidia<minor>
+    duty_cycle: float | None = None  # percent of the window the GPU was busy
+    utilization_source: str = "samples"  # or "instant" (nvmlDeviceGetUtilizationRates)
+    memory_used: int | None = None  # bytes
+    memory_total: int | None = None
+    temperature: float | None = None  # degrees C
+    power_watts: float | None = None
+    ecc: dict[str, int] = field(default_factory=dict)  # corrected|uncorrected, volatile
+    remapped: dict[str, int] = field(default_factory=dict)  # correctable|uncorrectable|...
+
+    def device_ids(self) -> tuple[str, ...]:
+        """The names a device plugin may give this GPU: its UUID, nvidia<minor>, its index."""
+        minor = self.minor if self.minor is not None else self.index
+        return (self.uuid, f"nvidia{minor}", str(self.index))
+
+
+@dataclass(frozen=True)
+class InstallFacts:
+    """What the install recorded on the node (`.state.json`, `.last-install.json`)."""
+
+    driver_version: str = ""
+    flavour: str = ""
+    kernel: str = ""
+    cuda_version: str = ""
+    package_digest: str = ""
+    exit_code: int | None = None
+    fast_path: bool | None = None
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One collection: the install, the agent's verdict, daemons, fabric, Xids, GPUs and
+    (when the kubelet answered) which container holds which GPU."""
+
+    taken_at: float  # time.time() of the collection
+    node_name: str = ""
+    install: InstallFacts = InstallFacts()
+    ready: bool | None = None  # None: the agent has not decided yet
+    daemons: tuple[tuple[str, bool, int], ...] = ()  # (name, up, restarts)
+    fabric: tuple[tuple[int, str], ...] = ()  # (GPU index, state)
+    xids: tuple[tuple[str, int, int], ...] = ()  # (GPU, Xid, count)
+    gpus: tuple[GpuReading, ...] = ()
+    containers: tuple[ContainerDevices, ...] | None = None  # None: PodResources unavailable
+    errors: tuple[tuple[str, int], ...] = ()  # (source, count since the agent started)

@@ -1,0 +1,234 @@
+"""The agent's metrics without a process: a snapshot rendered through prometheus-client's
+own registry and text format, the device-id mapping GKE's and NVIDIA's plugins need, the
+last-install record, and the settings' parsers."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+from helpers import http_get
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from installer.agent.metrics.families import assignments
+from installer.agent.metrics.server import SnapshotCollector
+from installer.agent.metrics.snapshot import GpuReading, InstallFacts, Snapshot
+from installer.config import agent as settings
+from installer.config.values import Invalid
+from installer.installdir.lastrun import (
+    LAST_INSTALL_FILE,
+    LastInstall,
+    read_last_install,
+    write_last_install,
+)
+from installer.node.podresources import ContainerDevices
+
+GIB = 1024**3
+
+
+def gpu(index: int, *, duty: float | None = 50.0, minor: int | None = None) -> GpuReading:
+    return GpuReading(index=index, uuid=f"GPU-{index:08d}-0000-4000-8000-000000000000",
+                      model="NVIDIA H100 80GB HBM3", pci_bus_id=f"00000000:{index + 16:02X}:00.0",
+                      minor=minor, duty_cycle=duty, memory_used=index * GIB,
+                      memory_total=80 * GIB)
+
+
+def holder(pod: str, *ids: str, resource: str = "nvidia.com/gpu") -> ContainerDevices:
+    return ContainerDevices("ml", pod, "trainer", resource, tuple(ids))
+
+
+class Log:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def error(self, event: str, **fields: object) -> None:
+        self.lines.append(f"{event} {fields}")
+
+
+def render(snap: Snapshot, log: Log | None = None) -> dict[tuple[str, frozenset[tuple[str, str]]],
+                                                         float]:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SnapshotCollector(lambda: snap, log or Log()))
+    text = generate_latest(registry).decode()
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def names(samples: dict[tuple[str, frozenset[tuple[str, str]]], float]) -> set[str]:
+    return {name for name, _ in samples}
+
+
+class TestContainers:
+    """GKE's per-container names for GPUs named by UUID, nvidia<minor> or index."""
+
+    def test_each_plugin_naming_maps_to_its_gpu(self) -> None:
+        gpus = (gpu(0, minor=4), gpu(1), gpu(2))
+        snap = Snapshot(taken_at=0, gpus=gpus, containers=(
+            holder("by-minor", "nvidia4"), holder("by-uuid", gpus[1].uuid),
+            holder("by-index", "2"), holder("unknown", "nvidia9")))
+        found = {h.pod: [g.index for g in gs] for h, gs in assignments(snap)}
+        assert found == {"by-minor": [0], "by-uuid": [1], "by-index": [2], "unknown": []}
+
+    def test_gke_labels_and_request(self) -> None:
+        gpus = (gpu(0, duty=25.0), gpu(1, duty=75.0))
+        snap = Snapshot(taken_at=0, gpus=gpus, containers=(
+            holder("train-0", "nvidia0", "nvidia1"), holder("other", "x", resource="foo/bar")))
+        samples = render(snap)
+        labels = {"namespace": "ml", "pod": "train-0", "container": "trainer", "make": "nvidia",
+                  "accelerator_id": gpus[1].uuid, "model": "NVIDIA H100 80GB HBM3"}
+        assert samples[("duty_cycle", frozenset(labels.items()))] == 75.0
+        assert samples[("memory_used", frozenset(labels.items()))] == GIB
+        assert samples[("memory_total", frozenset(labels.items()))] == 80 * GIB
+        request = {"namespace": "ml", "pod": "train-0", "container": "trainer",
+                   "resource_name": "nvidia.com/gpu"}
+        assert samples[("request", frozenset(request.items()))] == 2
+        assert not [k for k in samples if dict(k[1]).get("pod") == "other"]  # not a GPU
+        assert samples[("gpu_node_installer_pod_resources_available", frozenset())] == 1
+
+    def test_no_view_renders_the_node_only(self) -> None:
+        samples = render(Snapshot(taken_at=0, gpus=(gpu(0),), containers=None,
+                                  errors=(("podresources", 3),)))
+        assert "duty_cycle" not in names(samples) and "duty_cycle_gpu_node" in names(samples)
+        assert samples[("gpu_node_installer_pod_resources_available", frozenset())] == 0
+        key = ("gpu_node_installer_collection_errors_total",
+               frozenset({("source", "podresources")}))
+        assert samples[key] == 3
+
+
+class TestNode:
+    """Our own family from the install's and the agent's facts."""
+
+    def test_install_facts(self) -> None:
+        facts = InstallFacts("550.90.07", "open", "6.1.0-27-cloud-amd64", "12.4", "ab" * 32,
+                             exit_code=0, fast_path=True, stage_seconds={"load": 1.5})
+        samples = render(Snapshot(taken_at=0, install=facts, ready=True,
+                                  daemons=(("nv-fabricmanager", False, 3),),
+                                  xids=(("0000:3b:00", 79, 2),)))
+        info = {"driver_version": "550.90.07", "flavour": "open",
+                "kernel": "6.1.0-27-cloud-amd64", "cuda_version": "12.4",
+                "package_digest": "ab" * 32}
+        assert samples[("gpu_node_installer_info", frozenset(info.items()))] == 1
+        assert samples[("gpu_node_installer_install_fast_path", frozenset())] == 1
+        assert samples[("gpu_node_installer_install_stage_seconds",
+                        frozenset({("stage", "load")}))] == 1.5
+        assert samples[("gpu_node_installer_daemon_up",
+                        frozenset({("daemon", "nv-fabricmanager")}))] == 0
+        assert samples[("gpu_node_installer_daemon_restarts_total",
+                        frozenset({("daemon", "nv-fabricmanager")}))] == 3
+        assert samples[("gpu_node_installer_xid_errors_total",
+                        frozenset({("gpu", "0000:3b:00"), ("xid", "79")}))] == 2
+
+    def test_unknowns_are_absent_not_zero(self) -> None:
+        samples = render(Snapshot(taken_at=0, gpus=(gpu(0, duty=None),)))
+        assert "gpu_node_installer_ready" not in names(samples)
+        assert "gpu_node_installer_last_install_exit_code" not in names(samples)
+        assert "gpu_node_installer_gpu_duty_cycle_ratio" not in names(samples)
+        assert "gpu_node_installer_gpu_memory_used_bytes" in names(samples)
+
+    def test_a_rendering_bug_costs_the_families_not_the_scrape(self) -> None:
+        bad = GpuReading(0, "GPU-x", "m", "b", memory_used=object())  # type: ignore[arg-type]
+        log = Log()
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(SnapshotCollector(lambda: Snapshot(taken_at=0, gpus=(bad,)), log))
+        text = generate_latest(registry).decode()
+        assert "gpu_node_installer_info" in text  # the other groups are still served
+        assert "gpu_node_installer_ready" in text and "pod_resources_available" in text
+        assert "gpu_node_installer_gpu_memory_used_bytes" not in text
+        assert log.lines and "metrics rendering failed" in log.lines[0]
+
+    def test_age_is_time_since_the_collection(self) -> None:
+        from installer.agent.metrics.families import families
+
+        ages = [s.value for f in families(Snapshot(taken_at=100.0), 107.5) for s in f.samples
+                if f.name == "gpu_node_installer_metrics_age_seconds"]
+        assert ages == [7.5]
+
+
+class TestLastInstall:
+    """`.last-install.json`: written by `install`, read by the agent; malformed is absent."""
+
+    def test_round_trip(self, tmp_path: Path) -> None:
+        write_last_install(tmp_path, LastInstall(12, fast_path=False, stage="verify",
+                                                 timings_ms={"detect": 4.0}))
+        got = read_last_install(tmp_path)
+        assert got is not None and (got.exit_code, got.fast_path, got.stage) == (
+            12, False, "verify")
+        assert got.timings_ms == {"detect": 4.0} and got.finished_at > 0
+
+    @pytest.mark.parametrize("text", ['{"exit_code": "0", "fast_path": true}',
+                                      '{"exit_code": 0, "fast_path": 1}', "[]", "{",
+                                      '{"exit_code": 0, "fast_path": true, "stage": 3}'])
+    def test_malformed_is_absent(self, tmp_path: Path, text: str) -> None:
+        (tmp_path / LAST_INSTALL_FILE).write_text(text)
+        assert read_last_install(tmp_path) is None
+
+    def test_absent_and_unwritable(self, tmp_path: Path) -> None:
+        assert read_last_install(tmp_path) is None
+        (tmp_path / "file").write_text("not a directory")
+        write_last_install(tmp_path / "file", LastInstall(0, fast_path=True))  # no raise
+        (tmp_path / LAST_INSTALL_FILE).mkdir()  # a directory in its place: not replaced
+        write_last_install(tmp_path, LastInstall(0, fast_path=True))
+        assert (tmp_path / LAST_INSTALL_FILE).is_dir() and read_last_install(tmp_path) is None
+
+
+class TestSettings:
+    """METRICS_PORT, METRICS_ADDRESS, METRICS_INTERVAL."""
+
+    @pytest.mark.parametrize(("text", "port"), [("0", 0), ("9420", 9420), (" 65535 ", 65535)])
+    def test_ports(self, text: str, port: int) -> None:
+        assert settings.metrics_port(text) == port
+
+    @pytest.mark.parametrize("text", ["-1", "65536", "94 20", "", "²", "0x10", "9420.0"])
+    def test_bad_ports(self, text: str) -> None:
+        with pytest.raises(Invalid):
+            settings.metrics_port(text)
+
+    @pytest.mark.parametrize(("text", "address"), [("0.0.0.0", "0.0.0.0"), ("::", "::"),
+                                                   ("127.0.0.1", "127.0.0.1")])
+    def test_addresses(self, text: str, address: str) -> None:
+        assert settings.metrics_address(text) == address
+
+    @pytest.mark.parametrize("text", ["localhost", "0.0.0.0:9420", "", "1.2.3"])
+    def test_bad_addresses(self, text: str) -> None:
+        with pytest.raises(Invalid):
+            settings.metrics_address(text)
+
+    def test_interval_bounds(self) -> None:
+        assert settings.metrics_interval("5") == 5.0
+        for text in ("0.5", "61", "nan", "inf"):
+            with pytest.raises(Invalid):
+                settings.metrics_interval(text)
+        assert not math.isnan(settings.metrics_interval("60"))
+
+
+class TestServer:
+    """The WSGI app on a real server in this process: /healthz follows the snapshot's age."""
+
+    @pytest.mark.parametrize("address", ["127.0.0.1", "::1"])
+    def test_healthz_fresh_then_stale(self, address: str) -> None:
+        import socket
+        import time
+
+        from installer.agent.metrics import server
+
+        if ":" in address and not socket.has_ipv6:
+            pytest.skip("this machine has no IPv6")
+        snap = [Snapshot(taken_at=time.time())]
+        app = server.make_app(lambda: snap[0], interval_s=1.0, log=Log())
+        httpd, thread = server.serve(address, 0, app)
+        host = f"[{address}]" if ":" in address else address
+        base = f"http://{host}:{httpd.server_port}"
+        try:
+            status, text = http_get(base + "/healthz")
+            assert status == 200 and text.startswith("ok"), text
+            snap[0] = Snapshot(taken_at=time.time() - 60)  # no collection for a minute
+            status, text = http_get(base + "/healthz")
+            assert status == 503 and text.startswith("stale"), text
+            status, text = http_get(base + "/metrics")
+            assert status == 200 and "gpu_node_installer_metrics_age_seconds" in text
+        finally:
+            httpd.shutdown()
+            httpd.server_close()
+            thread.join(10)
