@@ -4,15 +4,15 @@ The kubelet serves `v1.PodResourcesLister/List` over gRPC on `<dir>/kubelet.sock
 DaemonSet mounts the host's `/var/lib/kubelet/pod-resources` read-only); the agent's metrics
 use it to label per-container GPU series with `namespace`, `pod` and `container`.
 
-The call goes through grpcio; its answer is decoded here, from the protobuf wire format, not
-by the protobuf library. We read five string fields of four messages (`_FIELDS`: the API's
-names and numbers), a decoder of them is 40 lines, and protobuf's runtime would cost the agent
-about 7 MB of RSS on top of grpc's 20 (the agent's budget with metrics on is 60 MB). No
-generated code either, so nothing to regenerate or exempt from the linters. Fields the kubelet
-adds later (topology, CPUs, memory, dynamic resources) are skipped by wire type, as protobuf
-parsers do. The test kubelet (tests/podresources.py) encodes its answers with the protobuf
-library, so the two implementations check each other. `grpc` is imported on the first call
-only, so an agent with metrics off never loads it.
+Neither grpcio nor protobuf's runtime: the agent's budget with metrics on is 60 MB of RSS, and
+they would take about 20 and 2.5 MB of it. The call is one unary gRPC call over HTTP/2
+(`installer.node.grpcunix`, on `h2`, loaded on the first call only, so an agent with metrics
+off never loads it); its answer is decoded here from the protobuf wire format: five string
+fields of four messages (`POD_RESOURCES`...: the API's numbers), unknown fields (topology,
+CPUs, memory, dynamic resources, whatever the kubelet adds) skipped by wire type as protobuf
+parsers do. No generated code, so nothing to regenerate or exempt from the linters. The test
+kubelet (tests/podresources.py) is a real grpcio server encoding with the protobuf library,
+so each side checks the other.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 SOCKET_NAME = "kubelet.sock"
 SERVICE = "v1.PodResourcesLister"
@@ -76,28 +75,17 @@ def _check_socket(socket: Path) -> None:
 
 
 def _call(socket: Path, timeout_s: float) -> bytes:
-    """One unary `List` (an empty request), the answer's bytes; a gRPC failure becomes
-    PodResourcesUnavailable."""
-    import grpc
+    """One unary `List` (an empty request) as gRPC over HTTP/2; the answer's message bytes,
+    or PodResourcesUnavailable naming the gRPC status (or the transport's failure)."""
+    from installer.node import grpcunix
 
-    options = [("grpc.max_receive_message_length", MAX_MESSAGE),
-               ("grpc.enable_retries", 0), ("grpc.default_authority", "localhost")]
-    with grpc.insecure_channel(f"unix://{socket}", options=options) as channel:
-        # no (de)serializers: bytes in, bytes out
-        call: grpc.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(LIST_METHOD)
-        try:
-            return bytes(call(b"", timeout=timeout_s))
-        except grpc.RpcError as exc:
-            raise PodResourcesUnavailable(_describe(socket, exc)) from exc
-
-
-def _describe(socket: Path, exc: Any) -> str:
-    """`<socket>: PodResources List failed: DEADLINE_EXCEEDED: <details>` on one line."""
-    code = exc.code() if hasattr(exc, "code") else None
-    name = code.name if code is not None else type(exc).__name__
-    details = (exc.details() if hasattr(exc, "details") else "") or ""
-    text = " ".join(str(details).split())[:200]
-    return f"{socket}: PodResources List failed: {name}: {text or 'no details'}"
+    try:
+        return grpcunix.unary_call(socket, LIST_METHOD, b"", timeout_s=timeout_s,
+                                   max_message=MAX_MESSAGE)
+    except grpcunix.GrpcError as exc:
+        text = " ".join(exc.details.split())[:200]
+        raise PodResourcesUnavailable(f"{socket}: PodResources List failed: {exc.status}: "
+                                      f"{text or 'no details'}") from None
 
 
 def parse_response(data: bytes) -> list[ContainerDevices]:

@@ -223,13 +223,13 @@ def test_kubelet_that_never_answers_times_out(socket_dir: Path) -> None:
     assert "DEADLINE_EXCEEDED" in _one_line(exc, socket_dir / "kubelet.sock")
 
 
-def test_grpc_is_imported_only_when_called_and_protobuf_never(socket_dir: Path) -> None:
-    """The agent with metrics off never pays for grpc; with them on, never for protobuf's
-    runtime (memory budget): a real call in a fresh interpreter."""
+def test_h2_is_imported_only_when_called_and_grpc_protobuf_never(socket_dir: Path) -> None:
+    """The agent with metrics off never pays for the HTTP/2 client; with them on, never for
+    grpcio or protobuf's runtime (memory budget): a real call in a fresh interpreter."""
     probe = ("import sys, pathlib, installer.node.podresources as p; loaded = lambda: sorted("
-             "m for m in ('grpc', 'google.protobuf') if m in sys.modules); print(loaded()); "
-             f"print(p.list_assignments(pathlib.Path({str(socket_dir)!r}))); print(loaded())")
+             "m for m in ('h2', 'grpc', 'google.protobuf') if m in sys.modules); print(loaded());"
+             f" print(p.list_assignments(pathlib.Path({str(socket_dir)!r}))); print(loaded())")
     with serve(socket_dir, [INFER]):
         out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                              check=True, timeout=60).stdout.splitlines()
-    assert out == ["[]", repr([INFER]), "['grpc']"]
+    assert out == ["[]", repr([INFER]), "['h2']"]
