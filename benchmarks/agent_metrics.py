@@ -16,8 +16,10 @@ samples, memory, temperature, power, ECC, remapped rows, UUID, name, PCI id) for
   RSS      VmRSS max over `--seconds` (sampled every second) and PSS at the end, MB (10^6 B);
            target: the agent with metrics on <= 60 MB
   pass     the baseline's own time for one 8-GPU pass, ms (what NVML costs, not the server)
-The PodResources socket is absent (a node without the kubelet's API mounted): grpc is
-never imported, as on such a node.
+Without `--kubelet` the PodResources socket is absent (a node without the kubelet's API
+mounted): grpc is never imported, as on such a node. With `--kubelet` a real gRPC
+PodResources server (tests/podresources.py) assigns one GPU to each of 8 containers, so the
+agent loads grpc and serves the per-container series too.
 """
 
 from __future__ import annotations
@@ -40,8 +42,11 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 sys.path.insert(0, str(REPO))
 
 import kubefake  # noqa: E402
+import podresources  # noqa: E402
 from agent_idle import pss_mb, rss_mb  # noqa: E402
 from agentnode import NODE, AgentNode, daemon_package, make_node  # noqa: E402
+
+from installer.node.podresources import ContainerDevices  # noqa: E402
 
 GPUS = 8
 BASELINE = r"""
@@ -76,14 +81,14 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def node_for(work: Path, package: object, env: dict[str, str]) -> AgentNode:
+def node_for(work: Path, package: object, env: dict[str, str], sockets: Path) -> AgentNode:
     readings = work / "nvml-metrics"
     work.mkdir(parents=True)
     readings.write_text("".join(f"util={10 * i},{10 * i + 5} mem_used_mib={2048 * i} temp=5{i} "
                                 f"power_mw={250000 + i} ecc_corrected={i}\n" for i in range(GPUS)))
     node = make_node(work, package, gpus=GPUS,  # type: ignore[arg-type]
                      env={"FAKE_NVML_METRICS_FILE": str(readings), "METRICS_INTERVAL": "5",
-                          "POD_RESOURCES_DIR": str(work / "no-kubelet"), **env})
+                          "POD_RESOURCES_DIR": str(sockets), **env})
     kmsg = node.root / "dev/kmsg"
     os.mkfifo(kmsg)
     return node
@@ -105,12 +110,12 @@ def scrape_ms(url: str) -> float:
     return 1000 * (time.perf_counter() - start)
 
 
-def wait_served(url: str, deadline_s: float = 120) -> bool:
+def wait_served(url: str, want: bytes, deadline_s: float = 120) -> bool:
     end = time.monotonic() + deadline_s
     while time.monotonic() < end:
         try:
             with urllib.request.urlopen(url, timeout=5) as response:
-                if b'duty_cycle_gpu_node{' in response.read():
+                if want in response.read():
                     return True
         except OSError:
             pass
@@ -123,7 +128,25 @@ def main() -> int:
     parser.add_argument("--scrapes", type=int, default=500)
     parser.add_argument("--seconds", type=float, default=60.0, help="RSS window")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--kubelet", action="store_true",
+                        help="serve PodResources: 8 containers with one GPU each")
     args = parser.parse_args()
+    sockets = podresources.short_dir()
+    holders = [ContainerDevices("bench", f"pod-{i}", "main", "nvidia.com/gpu", (f"nvidia{i}",))
+               for i in range(GPUS)]
+    with podresources.serve(sockets, holders if args.kubelet else []) as kubelet:
+        if not args.kubelet:
+            kubelet.socket.unlink()  # no socket: as a node without the kubelet's API mounted
+        try:
+            return measure(args, sockets)
+        finally:
+            import shutil
+
+            shutil.rmtree(sockets, ignore_errors=True)
+
+
+def measure(args: argparse.Namespace, sockets: Path) -> int:
+    """Start the agents and the baseline, scrape, sample RSS, report."""
     port = free_port()
     url = f"http://127.0.0.1:{port}/metrics"
     processes: dict[str, subprocess.Popen[bytes]] = {}
@@ -132,8 +155,8 @@ def main() -> int:
         work = Path(tmp)
         package = daemon_package(work / "pkg")
         on = node_for(work / "on", package, {"METRICS_PORT": str(port),
-                                             "METRICS_ADDRESS": "127.0.0.1"})
-        off = node_for(work / "off", package, {"METRICS_PORT": "0"})
+                                             "METRICS_ADDRESS": "127.0.0.1"}, sockets)
+        off = node_for(work / "off", package, {"METRICS_PORT": "0"}, sockets)
         writers = [silent_kmsg(on), silent_kmsg(off)]
         cluster = kubefake.Cluster(nodes={NODE: kubefake.node_doc(NODE)})
         launcher = [sys.executable, "-c", "import sys; sys.modules['rich'] = None; "
@@ -149,7 +172,8 @@ def main() -> int:
                 processes["pynvml-loop"] = subprocess.Popen(
                     [sys.executable, "-c", BASELINE, str(library)], env=on.env,
                     stdout=subprocess.PIPE)
-                if not wait_served(url):
+                if not wait_served(url, b"duty_cycle{" if args.kubelet
+                                   else b"duty_cycle_gpu_node{"):
                     print(on.log()[-3000:], file=sys.stderr)
                     return 1
                 latencies = [scrape_ms(url) for _ in range(args.scrapes)]
@@ -160,6 +184,8 @@ def main() -> int:
                     for name, p in processes.items():
                         peak[name] = max(peak[name], rss_mb(p.pid))
                 pss = {name: pss_mb(p.pid)[0] for name, p in processes.items()}
+                maps = Path(f"/proc/{processes['agent'].pid}/maps").read_text()
+                grpc_loaded = "cygrpc" in maps
         finally:
             for process in processes.values():
                 process.terminate()
@@ -174,21 +200,25 @@ def main() -> int:
         passes = baseline_out.read().decode().split() if baseline_out else []
     latencies.sort()
     report = {
-        "gpus": GPUS, "scrapes": args.scrapes, "load_average": os.getloadavg(),
+        "gpus": GPUS, "scrapes": args.scrapes, "kubelet": args.kubelet,
+        "load_average": os.getloadavg(),
         "scrape_ms": {"p50": round(statistics.median(latencies), 2),
                       "p99": round(latencies[int(0.99 * (len(latencies) - 1))], 2),
                       "max": round(latencies[-1], 2)},
         "rss_max_mb": {k: round(v, 1) for k, v in peak.items()}, "pss_mb": pss,
-        "baseline_pass_ms_median": float(passes[-1]) if passes else None}
+        "baseline_pass_ms_median": float(passes[-1]) if passes else None,
+        "grpc_loaded": grpc_loaded}
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
     s = report["scrape_ms"]
-    print(f"{GPUS} GPUs, {args.scrapes} scrapes (load average {os.getloadavg()[0]:.2f}): "
+    print(f"{GPUS} GPUs, kubelet PodResources: {args.kubelet}, {args.scrapes} scrapes "
+          f"(load average {os.getloadavg()[0]:.2f}): "
           f"p50 {s['p50']} ms, p99 {s['p99']} ms, max {s['max']} ms")  # type: ignore[index]
     for name in processes:
         print(f"{name:<18} RSS max {peak[name]:6.1f} MB  PSS {pss[name]:6.1f} MB")
-    print(f"baseline: one 8-GPU pynvml pass, median {report['baseline_pass_ms_median']} ms")
+    print(f"baseline: one 8-GPU pynvml pass, median {report['baseline_pass_ms_median']} ms; "
+          f"grpc loaded in the agent: {grpc_loaded}")
     return 0
 
 

@@ -20,3 +20,15 @@ def tree_listing(root: Path) -> dict[str, int]:
             path = Path(dirpath) / name
             listing[str(path.relative_to(root))] = 0 if path.is_dir() else path.lstat().st_size
     return listing
+
+
+def http_get(url: str, timeout: float = 10) -> tuple[int, str]:
+    """GET: (status, body), an HTTP error status included; URLError when nothing listens."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as reply:
+            return reply.status, reply.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()

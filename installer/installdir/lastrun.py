@@ -13,10 +13,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from installer.installdir.layout import LAST_INSTALL_FILE
 from installer.node.host import write_atomic
 from installer.packages.documents import DocumentError, read_document, read_file
 
-LAST_INSTALL_FILE = ".last-install.json"
 MAX_BYTES = 16 * 1024
 
 

@@ -33,6 +33,7 @@ PREVIOUS = ".previous"
 TOP_LINKS = ("lib64", "bin", "drivers", "firmware")
 STAGED_META = ".staged.json"
 STATE_FILE = ".state.json"
+LAST_INSTALL_FILE = ".last-install.json"  # how the last `install` ended (installdir/lastrun)
 READY_FILE = ".ready.json"
 SKIPPED_FILE = ".skipped.json"
 DEVNODES_FILE = ".devnodes.json"  # the /dev nodes the load stage made (stages/load/devnodes)

@@ -17,6 +17,7 @@ from pathlib import Path
 import podresources
 import pytest
 from agentnode import A100_BUSES, AgentNode, daemon_package, make_node, wait_for
+from helpers import http_get
 from prometheus_client.parser import text_string_to_metric_families
 
 from installer.installdir.lastrun import LastInstall, write_last_install
@@ -63,19 +64,11 @@ def metrics_node(tmp_path: Path, package: Package, lines: list[str], **env: str
     return node, f"http://127.0.0.1:{port}"
 
 
-def get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=10) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-
-
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
 def scrape(base: str) -> Samples:
-    status, text = get(base + "/metrics")
+    status, text = http_get(base + "/metrics")
     assert status == 200, text
     return {(s.name, frozenset(s.labels.items())): s.value
             for family in text_string_to_metric_families(text) for s in family.samples}
@@ -128,7 +121,7 @@ class TestScrape:
                                   state="completed", gpu="7"))
             samples = next(served(base, "gpu_node_installer_daemon_up",
                                   daemon="nv-fabricmanager"))
-            status, health = get(base + "/healthz")
+            status, health = http_get(base + "/healthz")
         assert status == 200 and health.startswith("ok"), health
         for i in range(GPUS):
             gpu = {"gpu": str(i), "uuid": f"GPU-aaaaaaaa-0000-4000-8000-00000000000{i}",
@@ -174,7 +167,7 @@ class TestScrape:
         node, base = metrics_node(tmp_path, package, [gpu_line(i) for i in range(GPUS)])
         with node.agent():
             next(served(base, "gpu_node_installer_gpu_memory_used_bytes", gpu="7"))
-            status, text = get(base + "/metrics")
+            status, text = http_get(base + "/metrics")
         assert status == 200
         done = subprocess.run([promtool, "check", "metrics"], input=text, text=True,
                               capture_output=True, timeout=60, check=False)
@@ -272,15 +265,19 @@ class TestServer:
     def test_unknown_path_is_404_and_port_0_serves_nothing(self, tmp_path: Path,
                                                            package: Package) -> None:
         node, base = metrics_node(tmp_path / "on", package, [gpu_line(0)])
-        with node.agent():
+        with node.agent() as process:
             next(served(base, "gpu_node_installer_ready"))
-            assert get(base + "/nothing")[0] == 404
+            assert http_get(base + "/nothing")[0] == 404
+            process.terminate()  # SIGTERM, as the kubelet: the server stops with the agent
+            assert process.wait(timeout=60) == 0
+        with pytest.raises(urllib.error.URLError):
+            http_get(base + "/metrics")
         off, off_base = metrics_node(tmp_path / "off", package, [gpu_line(0)],
                                      METRICS_PORT="0")
         with off.agent():
             wait_for(off.ready, timeout=60)
             with pytest.raises(urllib.error.URLError):
-                get(off_base + "/metrics")
+                http_get(off_base + "/metrics")
         assert "metrics served" not in off.log() and "metrics served" in node.log()
 
     def test_once_does_not_serve(self, tmp_path: Path, package: Package) -> None:

@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 import pytest
+from helpers import http_get
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -165,7 +166,11 @@ class TestLastInstall:
 
     def test_absent_and_unwritable(self, tmp_path: Path) -> None:
         assert read_last_install(tmp_path) is None
-        write_last_install(tmp_path / "missing", LastInstall(0, fast_path=True))  # no raise
+        (tmp_path / "file").write_text("not a directory")
+        write_last_install(tmp_path / "file", LastInstall(0, fast_path=True))  # no raise
+        (tmp_path / LAST_INSTALL_FILE).mkdir()  # a directory in its place: not replaced
+        write_last_install(tmp_path, LastInstall(0, fast_path=True))
+        assert (tmp_path / LAST_INSTALL_FILE).is_dir() and read_last_install(tmp_path) is None
 
 
 class TestSettings:
@@ -196,3 +201,34 @@ class TestSettings:
             with pytest.raises(Invalid):
                 settings.metrics_interval(text)
         assert not math.isnan(settings.metrics_interval("60"))
+
+
+class TestServer:
+    """The WSGI app on a real server in this process: /healthz follows the snapshot's age."""
+
+    @pytest.mark.parametrize("address", ["127.0.0.1", "::1"])
+    def test_healthz_fresh_then_stale(self, address: str) -> None:
+        import socket
+        import time
+
+        from installer.agent.metrics import server
+
+        if ":" in address and not socket.has_ipv6:
+            pytest.skip("this machine has no IPv6")
+        snap = [Snapshot(taken_at=time.time())]
+        app = server.make_app(lambda: snap[0], interval_s=1.0, log=Log())
+        httpd, thread = server.serve(address, 0, app)
+        host = f"[{address}]" if ":" in address else address
+        base = f"http://{host}:{httpd.server_port}"
+        try:
+            status, text = http_get(base + "/healthz")
+            assert status == 200 and text.startswith("ok"), text
+            snap[0] = Snapshot(taken_at=time.time() - 60)  # no collection for a minute
+            status, text = http_get(base + "/healthz")
+            assert status == 503 and text.startswith("stale"), text
+            status, text = http_get(base + "/metrics")
+            assert status == 200 and "gpu_node_installer_metrics_age_seconds" in text
+        finally:
+            httpd.shutdown()
+            httpd.server_close()
+            thread.join(10)

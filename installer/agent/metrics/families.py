@@ -120,38 +120,39 @@ def _gpus(snap: Snapshot) -> Iterator[Metric]:
     yield from (duty, used, total, temp, power, ecc, rows)
 
 
+def _gke_triple(suffix: str, labels: list[str]) -> tuple[GaugeMetricFamily, ...]:
+    """GKE's duty cycle, memory used and memory total, with its help texts."""
+    return (_gauge(f"duty_cycle{suffix}", "Percent of time when the GPU was actively "
+                   "processing", labels),
+            _gauge(f"memory_used{suffix}", "Allocated GPU memory in bytes", labels),
+            _gauge(f"memory_total{suffix}", "Total memory available on the GPU in bytes", labels))
+
+
+def _add_triple(triple: tuple[GaugeMetricFamily, ...], labels: list[str],
+                gpu: GpuReading) -> None:
+    for family, value in zip(triple, (gpu.duty_cycle, gpu.memory_used, gpu.memory_total),
+                             strict=True):
+        _add(family, labels, value)
+
+
 def _gke_node(snap: Snapshot) -> Iterator[Metric]:
-    duty = _gauge("duty_cycle_gpu_node", "Percent of time when the GPU was actively processing",
-                  NODE_LABELS)
-    used = _gauge("memory_used_gpu_node", "Allocated GPU memory in bytes", NODE_LABELS)
-    total = _gauge("memory_total_gpu_node", "Total memory available on the GPU in bytes",
-                   NODE_LABELS)
+    triple = _gke_triple("_gpu_node", NODE_LABELS)
     for gpu in snap.gpus:
-        labels = [snap.node_name, MAKE, str(gpu.index), gpu.model]
-        _add(duty, labels, gpu.duty_cycle)
-        _add(used, labels, gpu.memory_used)
-        _add(total, labels, gpu.memory_total)
-    yield from (duty, used, total)
+        _add_triple(triple, [snap.node_name, MAKE, str(gpu.index), gpu.model], gpu)
+    yield from triple
 
 
 def _gke_containers(snap: Snapshot) -> Iterator[Metric]:
-    duty = _gauge("duty_cycle", "Percent of time when the GPU was actively processing",
-                  CONTAINER_LABELS)
-    used = _gauge("memory_used", "Allocated GPU memory in bytes", CONTAINER_LABELS)
-    total = _gauge("memory_total", "Total memory available on the GPU in bytes",
-                   CONTAINER_LABELS)
+    triple = _gke_triple("", CONTAINER_LABELS)
     request = _gauge("request", "Number of accelerator devices requested by the container",
                      ["namespace", "pod", "container", "resource_name"])
     for holder, gpus in assignments(snap):
         request.add_metric([holder.namespace, holder.pod, holder.container, holder.resource],
                            len(holder.device_ids))
         for gpu in gpus:
-            labels = [holder.namespace, holder.pod, holder.container, MAKE, gpu.uuid,
-                      gpu.model]
-            _add(duty, labels, gpu.duty_cycle)
-            _add(used, labels, gpu.memory_used)
-            _add(total, labels, gpu.memory_total)
-    yield from (duty, used, total, request)
+            _add_triple(triple, [holder.namespace, holder.pod, holder.container, MAKE,
+                                 gpu.uuid, gpu.model], gpu)
+    yield from (*triple, request)
 
 
 def assignments(snap: Snapshot) -> list[tuple[ContainerDevices, list[GpuReading]]]:
