@@ -18,13 +18,15 @@ from pathlib import Path
 
 import grpc
 import pytest
-from podresources import serve, short_dir
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from podresources import encode, serve, short_dir
 
 from installer.node.podresources import (
     ContainerDevices,
     PodResourcesUnavailable,
     list_assignments,
-    message_classes,
+    parse_response,
 )
 
 GPU = "nvidia.com/gpu"
@@ -74,20 +76,66 @@ def _field(number: int, payload: bytes) -> bytes:
 
 def test_field_numbers_are_the_kubelets_v1() -> None:
     """Bytes laid out by hand from kubelet's api.proto (pod_resources=1; name=1, namespace=2,
-    containers=3; name=1, devices=2; resource_name=1, device_ids=2) decode as expected, and
-    unknown later fields (topology=3 in ContainerDevices) are skipped."""
-    devices = (_field(1, b"nvidia.com/gpu") + _field(2, b"nvidia1") + _field(2, b"nvidia2")
-               + _field(3, _field(1, b"")))
-    container = _field(1, b"main") + _field(2, devices)
+    containers=3; name=1, devices=2; resource_name=1, device_ids=2) decode as expected; fields
+    of every wire type the client does not know are skipped (topology=3, a varint 9, a
+    fixed64 10, a fixed32 11, a packed cpu_ids=3 in the container)."""
+    unknown = (_field(3, _field(1, b"\x08\x01")) + bytes([9 << 3, 0x96, 0x01])
+               + bytes([10 << 3 | 1]) + bytes(8) + bytes([11 << 3 | 5]) + bytes(4))
+    devices = (_field(1, b"nvidia.com/gpu") + _field(2, b"nvidia1") + unknown
+               + _field(2, b"nvidia2"))
+    container = _field(1, b"main") + _field(2, devices) + _field(3, b"\x02\x03")
     pod = _field(1, b"job-a") + _field(2, b"team") + _field(3, container)
-    wire = _field(1, pod)
-    response = message_classes()["ListPodResourcesResponse"].FromString(wire)
-    (decoded,) = response.pod_resources
-    assert (decoded.name, decoded.namespace) == ("job-a", "team")
-    (entry,) = decoded.containers
-    assert entry.name == "main"
-    assert list(entry.devices[0].device_ids) == ["nvidia1", "nvidia2"]
-    assert entry.devices[0].resource_name == "nvidia.com/gpu"
+    assert parse_response(_field(1, pod)) == [
+        ContainerDevices("team", "job-a", "main", "nvidia.com/gpu", ("nvidia1", "nvidia2"))]
+    assert parse_response(b"") == []
+
+
+NAMES = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=20)
+ENTRIES = st.lists(st.builds(ContainerDevices, NAMES, NAMES, NAMES, NAMES,
+                             st.lists(NAMES, max_size=4).map(tuple)), max_size=6)
+
+
+@settings(max_examples=200, deadline=None)
+@given(ENTRIES, st.one_of(st.none(), st.integers(0, 2**62)))
+def test_what_protobuf_encodes_the_client_decodes(entries: list[ContainerDevices],
+                                                  numa: int | None) -> None:
+    """The stand-in's encoder is the protobuf library; the client's decoder is its own."""
+    decoded = parse_response(encode(entries, numa_node=numa))
+    # grouped by pod and container as the kubelet answers; entries without devices dropped
+    order = list(dict.fromkeys((e.namespace, e.pod) for e in entries))
+    expected = sorted((e for e in entries if e.device_ids),
+                      key=lambda e: order.index((e.namespace, e.pod)))
+    assert sorted(decoded, key=repr) == sorted(expected, key=repr)
+    assert [(d.namespace, d.pod) for d in decoded] == [(e.namespace, e.pod) for e in expected]
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.binary(max_size=200))
+def test_any_bytes_decode_or_raise_value_error(data: bytes) -> None:
+    """Whatever a broken or hostile socket sends: entries with devices, or ValueError
+    (which list_assignments turns into one line), never another exception."""
+    try:
+        found = parse_response(data)
+    except ValueError as exc:
+        assert str(exc) and "\n" not in str(exc)
+        return
+    assert all(isinstance(entry, ContainerDevices) and entry.device_ids for entry in found)
+
+
+@pytest.mark.parametrize(("answer", "why"), [
+    (b"\x0a\x05abc", "runs past the end"),
+    (b"\x0a\x03\x0a\x01\xff", "not UTF-8"),
+    (b"\x08\x01", "wire type 0"),
+    (b"\x0b", "wire type 3"),
+])
+def test_an_answer_that_is_not_v1_is_one_line(socket_dir: Path, answer: bytes,
+                                              why: str) -> None:
+    with serve(socket_dir, [TRAIN]) as kubelet:
+        kubelet.raw = answer
+        with pytest.raises(PodResourcesUnavailable) as exc:
+            list_assignments(socket_dir)
+    text = _one_line(exc, socket_dir / "kubelet.sock")
+    assert "not a v1 ListPodResourcesResponse" in text and why in text
 
 
 def test_no_socket_directory(tmp_path: Path) -> None:
@@ -175,10 +223,13 @@ def test_kubelet_that_never_answers_times_out(socket_dir: Path) -> None:
     assert "DEADLINE_EXCEEDED" in _one_line(exc, socket_dir / "kubelet.sock")
 
 
-def test_grpc_is_imported_only_when_called() -> None:
-    """The agent with metrics off never pays for grpc and protobuf (memory budget)."""
-    probe = ("import sys, installer.node.podresources as p; "
-             "print(sorted(m for m in ('grpc', 'google.protobuf') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                         check=True).stdout.strip()
-    assert out == "[]"
+def test_h2_is_imported_only_when_called_and_grpc_protobuf_never(socket_dir: Path) -> None:
+    """The agent with metrics off never pays for the HTTP/2 client; with them on, never for
+    grpcio or protobuf's runtime (memory budget): a real call in a fresh interpreter."""
+    probe = ("import sys, pathlib, installer.node.podresources as p; loaded = lambda: sorted("
+             "m for m in ('h2', 'grpc', 'google.protobuf') if m in sys.modules); print(loaded());"
+             f" print(p.list_assignments(pathlib.Path({str(socket_dir)!r}))); print(loaded())")
+    with serve(socket_dir, [INFER]):
+        out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                             check=True, timeout=60).stdout.splitlines()
+    assert out == ["[]", repr([INFER]), "['h2']"]
