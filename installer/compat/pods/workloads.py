@@ -36,26 +36,49 @@ class WorkloadError(ConfigError):
 
 @dataclass(frozen=True)
 class Workload:
-    """One document's PodSpec and what names it in a report."""
+    """One PodSpec of a document and what names it in a report.
+
+    An object may hold several pod templates (a LeaderWorkerSet's leader and workers, each
+    worker group of a RayCluster): each is its own Workload, told apart by `path`.
+    """
 
     document: int
     kind: str
     name: str
     namespace: str | None
     spec: Mapping[str, Any]
+    path: str = ""                  # where the template is, e.g. "spec.template"; "" for a Pod
+    replicas: int | None = None     # how many pods of this template the object asks for
+    multiplicity: str = ""          # how the object says so, e.g. "parallelism 4"
 
     @property
     def title(self) -> str:
         where = f"{self.namespace}/" if self.namespace else ""
-        return f"{self.kind}/{where}{self.name}"
+        title = f"{self.kind}/{where}{self.name}"
+        if self.path:
+            title += f" {self.path}"
+        if self.multiplicity:
+            title += f" ({self.multiplicity})"
+        elif self.replicas is not None:
+            title += f" (x{self.replicas})"
+        return title
 
 
 @dataclass(frozen=True)
 class Documents:
-    """The workloads of an input, and the documents skipped as not workloads."""
+    """The workloads of an input, the documents skipped as not workloads, one line per
+    document that could not be read (`problems`), and every parsed document that is not a
+    workload (`others`: ResourceClaims, DeviceClasses, Nodes) for the rules that need them."""
 
     workloads: tuple[Workload, ...]
     skipped: tuple[str, ...]
+    problems: tuple[str, ...] = ()
+    others: tuple[Mapping[str, Any], ...] = ()
+
+    @property
+    def checkable(self) -> bool:
+        """Whether anything can be judged; when not, the command exits 2 (the input is bad)."""
+        return bool(self.workloads)
 
 
 def read_input(source: str) -> bytes:
