@@ -92,7 +92,7 @@ def limits_rule(spec: Mapping[str, Any], names: Sequence[str], *,
         shown = "; ".join(found) + (" in limits" if found else "")
         return RuleResult("limits", PASS, "; ".join(filter(None, (shown, *claims))) + note)
     wanted = names or (GPU,)
-    why = f", although it {'; '.join(intent)}" if intent else ""
+    why = f", although it shows GPU intent ({'; '.join(intent)})" if intent else ""
     return RuleResult("limits", FAIL, f"no container has {' or '.join(wanted)} in "
                       f"resources.limits{why}, so the pod gets no GPU",
                       f"set resources.limits: {{{wanted[0]}: 1}} on the container that "
