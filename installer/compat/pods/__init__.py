@@ -131,8 +131,9 @@ class PodReport:
         counts = f"{sum(r.status == FAIL for w in self.workloads for r in w.results)} " \
                  f"rule(s) fail, {warned} warn" + (" (--strict: warnings fail)"
                                                     if self.strict else "")
+        on = f" on {len(self.nodes)} nodes" if self.nodes else ""
         shown = f" ({', '.join(failed)})" if failed else \
-            f" in {len({w.workload.title for w in self.workloads})} workload(s)"
+            f" in {len({w.workload.title for w in self.workloads})} workload(s){on}"
         return f"result: {counts}{shown}"
 
     def raise_if_failed(self) -> None:

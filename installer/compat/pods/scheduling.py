@@ -13,7 +13,14 @@ from fractions import Fraction
 from typing import Any
 
 from installer.compat import nodelabels
-from installer.compat.pods.gpus import GPU, PARTITION, TYPE_KEYS, Demand, is_gpu_type_key
+from installer.compat.pods.gpus import (
+    GPU,
+    PARTITION,
+    TYPE_KEYS,
+    Demand,
+    is_gpu_resource,
+    is_gpu_type_key,
+)
 from installer.compat.pods.platform import Platform
 from installer.compat.pods.rules import (
     FAIL,
@@ -171,7 +178,10 @@ def gpu_type_rule(spec: Mapping[str, Any], node: NodeView, demand: Demand,
 
 
 def gpu_kind(node: NodeView) -> str:
-    """The GPU type a node's labels name ("" when none)."""
+    """The GPU type a node's labels name ("" when none, or when it offers no GPU)."""
+    if node.allocatable is not None and not any(
+            is_gpu_resource(k) and quantity(v) for k, v in node.allocatable.items()):
+        return ""
     shown = gpu_label(node.labels or {})
     return shown.split(": ", 1)[1] if shown else ""
 

@@ -1,0 +1,115 @@
+"""check-pod as a user runs it (issue 28): the real CLI in a subprocess with --strict,
+--platform, a List of Nodes, and JSON with both severities."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+CORPUS = Path(__file__).resolve().parents[1] / "workloads" / "corpus"
+DRIVER = "535.261.03"
+
+
+def run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "TERMINATION_LOG": str(tmp_path / "termination-log")}
+    return subprocess.run([sys.executable, "-m", "installer", "check-pod", *args],
+                          capture_output=True, text=True, env=env, timeout=120, check=False)
+
+
+def corpus(name: str) -> str:
+    return str(CORPUS / name)
+
+
+class TestSeverities:
+    def test_a_warning_exits_0_and_fails_with_strict(self, tmp_path: Path) -> None:
+        done = run(tmp_path, corpus("mig-pod.yaml"), "--driver", DRIVER)
+        assert done.returncode == 0, done.stderr
+        assert "  WARN  toleration     does not tolerate the taint nvidia.com/gpu:NoSchedule" \
+            in done.stdout
+        assert done.stdout.splitlines()[-1] == "result: 0 rule(s) fail, 1 warn in 1 workload(s)"
+        strict = run(tmp_path, corpus("mig-pod.yaml"), "--driver", DRIVER, "--strict")
+        assert strict.returncode == 14
+        assert strict.stderr.startswith("error(incompatible): 1 rule(s) fail or warn "
+                                        "(--strict): Pod/mig-1g: toleration")
+
+    def test_json_shows_both_severities_and_the_platform(self, tmp_path: Path) -> None:
+        done = run(tmp_path, corpus("gpu-intent-no-request.yaml"), "--output", "json")
+        assert done.returncode == 14
+        report = json.loads(done.stdout)
+        statuses = {r["rule"]: r["status"] for r in report["workloads"][0]["rules"]}
+        assert (statuses["limits"], statuses["toleration"]) == ("fail", "warn")
+        assert report["workloads"][0]["warnings"] == 1
+        assert report["platform"] == {
+            "name": "generic", "from": "no platform labels seen",
+            "taint": "nvidia.com/gpu:NoSchedule", "admission_adds_tolerations": False,
+            "text": report["platform"]["text"]}
+        assert report["passed"] is False and report["strict"] is False
+
+    def test_no_gpu_is_a_skip(self, tmp_path: Path) -> None:
+        done = run(tmp_path, corpus("nic-driver-daemonset.yaml"))
+        assert done.returncode == 0
+        assert "  SKIP  gpu            uses no GPU" in done.stdout
+
+
+class TestPlatform:
+    @pytest.mark.parametrize(("platform", "status", "taint"), [
+        ("gke", "pass", "nvidia.com/gpu=present:NoSchedule"),
+        ("aks", "warn", "sku=gpu:NoSchedule"),
+        ("eks", "warn", "nvidia.com/gpu:NoSchedule"),
+        ("generic", "warn", "nvidia.com/gpu:NoSchedule"),
+    ])
+    def test_each_platforms_taint(self, tmp_path: Path, platform: str, status: str,
+                                  taint: str) -> None:
+        done = run(tmp_path, corpus("gke-l4-deployment.yaml"), "--platform", platform,
+                   "--output", "json")
+        assert done.returncode == 0, done.stderr
+        report = json.loads(done.stdout)
+        (toleration,) = [r for r in report["workloads"][0]["rules"]
+                         if r["rule"] == "toleration"]
+        assert toleration["status"] == status
+        assert taint in toleration["why"]
+        assert report["platform"]["from"] == "--platform"
+
+    def test_auto_from_the_node(self, tmp_path: Path) -> None:
+        done = run(tmp_path, corpus("karpenter-job.yaml"), "--node-labels",
+                   corpus("node-eks-karpenter-a10g.yaml"), "--driver", DRIVER)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.startswith("platform: eks (from the node's labels): GPU nodes "
+                                      "usually tainted nvidia.com/gpu:NoSchedule")
+
+    def test_unknown_platform_exits_2(self, tmp_path: Path) -> None:
+        done = run(tmp_path, corpus("aks-pod.yaml"), "--platform", "openshift")
+        assert done.returncode == 2
+        assert "openshift" in done.stderr
+
+
+class TestNodes:
+    def test_a_list_of_nodes_answers_which_fit(self, tmp_path: Path) -> None:
+        done = run(tmp_path, corpus("two-gpu-job.yaml"), "--node-labels",
+                   corpus("nodes-gke-mixed.yaml"), "--output", "json")
+        assert done.returncode == 0, done.stderr
+        report = json.loads(done.stdout)
+        assert report["nodes"] == ["gke-ml-l4-pool-1a2b", "gke-ml-a100-pool-7c8d",
+                                   "gke-ml-default-pool-0000"]
+        assert report["fits"] == {"Job/ddp-2gpu": ["gke-ml-a100-pool-7c8d"]}
+        assert [w["node"] for w in report["workloads"]] == report["nodes"]
+
+    def test_fitting_no_node_exits_14(self, tmp_path: Path) -> None:
+        done = run(tmp_path, corpus("mig-pod.yaml"), "--node-labels",
+                   corpus("nodes-gke-mixed.yaml"))
+        assert done.returncode == 14
+        assert "fits: Pod/mig-1g -> no node" in done.stdout
+        assert "1 workload(s) fit no node: Pod/mig-1g: fits no node" in done.stderr
+
+    def test_a_list_of_other_things_exits_2(self, tmp_path: Path) -> None:
+        nodes = tmp_path / "nodes.yaml"
+        nodes.write_text("apiVersion: v1\nkind: List\nitems: [{kind: Pod}]\n")
+        done = run(tmp_path, corpus("aks-pod.yaml"), "--node-labels", str(nodes))
+        assert done.returncode == 2
+        (line,) = done.stderr.splitlines()
+        assert "is a List that holds more than Nodes" in line
