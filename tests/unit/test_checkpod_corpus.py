@@ -246,8 +246,8 @@ class TestProblem7Messages:
         assert "nodeSelector cloud.google.com/gke-spot=true, but this node has no " \
                "cloud.google.com/gke-spot label" in text
         assert "select cloud.google.com/gke-accelerator: nvidia-tesla-a100 (this node's)" in text
-        assert report.fits() == {"StatefulSet/embedder (x3)": ["gke-ml-l4-pool-1a2b"]} or \
-            list(report.fits().values()) == [["gke-ml-l4-pool-1a2b"]]
+        assert report.fits() == {"StatefulSet/embedder spec.template (replicas 3)":
+                                 ["gke-ml-l4-pool-1a2b"]}
 
     @pytest.mark.parametrize("key", [
         "karpenter.k8s.aws/instance-gpu-name", "node.kubernetes.io/instance-type",
@@ -315,3 +315,13 @@ class TestProblem9Cuda:
     ])
     def test_tag_patterns(self, image: str, version: str | None) -> None:
         assert image_cuda(image) == version
+
+
+def test_a_machine_type_selector_shows_no_gpu_intent() -> None:
+    """A CPU pod pinned to a machine type or compute class is no GPU pod (problem 8)."""
+    spec = {"nodeSelector": {"node.kubernetes.io/instance-type": "e2-standard-4",
+                             "cloud.google.com/compute-class": "Balanced"},
+            "containers": [{"name": "web", "image": "nginx:1.27"}]}
+    documents = pods.Documents((pods.Workload(1, "Pod", "web", None, spec),), ())
+    report = pods.check(documents, "p", node=pods.NodeView())
+    assert verdicts(report) == {"gpu": "skip"}

@@ -24,8 +24,9 @@ from installer.compat.pods.workloads import Documents, Workload, WorkloadError, 
 from installer.compat.toolkit import parse_cuda, parse_driver
 from installer.errors import IncompatibleError
 
-__all__ = ["NodeView", "PodCheckFailedError", "PodReport", "WorkloadError", "check",
-           "node_view_from_document", "node_views_from_document", "parse"]
+__all__ = ["Documents", "NodeView", "PodCheckFailedError", "PodReport", "Workload",
+           "WorkloadError", "check", "node_view_from_document", "node_views_from_document",
+           "parse"]
 _VENDOR_NOTE = {"amd": "AMD", "intel": "Intel"}
 
 

@@ -217,7 +217,7 @@ def intent(spec: Mapping[str, Any]) -> tuple[str, ...]:
         if isinstance(image, str) and _CUDA_IMAGE.search(image.rsplit("@", 1)[0]):
             signs.append(f"container {name} runs the CUDA image {image}")
     signs += [f"selects nodes by {key}" for key in sorted(selected_keys(spec))
-              if is_gpu_type_key(key) or key == PARTITION]
+              if key not in MACHINE_KEYS and (is_gpu_type_key(key) or key == PARTITION)]
     return tuple(signs)
 
 
@@ -231,6 +231,11 @@ TYPE_KEYS = (
     "beta.kubernetes.io/instance-type",
     "kubernetes.azure.com/accelerator",        # AKS GPU node pools
 )
+
+
+# keys that pick a GPU type only on GPU machines: selecting one shows no GPU intent
+MACHINE_KEYS = ("cloud.google.com/compute-class", "node.kubernetes.io/instance-type",
+                "beta.kubernetes.io/instance-type")
 
 
 def is_gpu_type_key(key: str) -> bool:
