@@ -8,11 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from installer.cli.commands import emit, lazy_node_options, output_option
-from installer.context import Context
+
+if TYPE_CHECKING:  # types only: the command loads the node context when it runs
+    from installer.context import Context
 
 
 @click.command(name="check-pod")
