@@ -21,16 +21,16 @@ if TYPE_CHECKING:  # types only: the command loads the node context when it runs
 @click.command(name="check-pod")
 @click.argument("source", metavar="FILE|-")
 @click.option("--resource", "resources", multiple=True, metavar="NAME",
-              help="another extended resource to check like nvidia.com/gpu "
-                   "(e.g. nvidia.com/mig-1g.5gb); repeatable")
+              help="another extended resource to check like nvidia.com/gpu (NVIDIA's, MIG, "
+                   "AMD's and Intel's GPU resources and DRA claims are known); repeatable")
 @click.option("--cuda", default=None, metavar="X.Y[.Z]",
               help="CUDA toolkit of every GPU container [default: each container's "
-                   "NVIDIA_REQUIRE_CUDA or CUDA_VERSION env]")
+                   "NVIDIA_REQUIRE_CUDA or CUDA_VERSION env, else its image tag]")
 @click.option("--driver", default=None, metavar="VERSION",
               help="the node's driver version [default with --here: the loaded driver]")
 @click.option("--node-labels", "node_labels", default=None, metavar="FILE",
-              help="the node's labels: `kubectl get node NAME -o yaml` (taints too) or a "
-                   "mapping of labels")
+              help="the node: `kubectl get node NAME -o yaml` (labels, taints, allocatable), "
+                   "`kubectl get nodes -o yaml` (which nodes fit), or a mapping of labels")
 @click.option("--platform", default="auto", show_default=True,
               type=click.Choice(["auto", "gke", "aks", "eks", "generic"]),
               help="the cluster's platform, for its GPU taint and admission "

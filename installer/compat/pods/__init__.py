@@ -100,7 +100,7 @@ class PodReport:
                               "admission_adds_tolerations": self.platform.admission,
                               "text": self.platform.describe()},
                  "node": {"labels_from": self.node.source or None, "driver": self.node.driver,
-                          "name": self.node.name or None},
+                          **({"name": self.node.name} if self.node.name else {})},
                  "workloads": [w.to_dict() for w in self.workloads],
                  "skipped": list(self.skipped), "problems": list(self.problems)}
         if len(self.nodes) > 1:
