@@ -113,3 +113,20 @@ class TestNodes:
         assert done.returncode == 2
         (line,) = done.stderr.splitlines()
         assert "is a List that holds more than Nodes" in line
+
+
+def test_the_readme_examples(tmp_path: Path) -> None:
+    """README.md's check-pod commands, run as written, print the output it shows."""
+    repo = Path(__file__).resolve().parents[2]
+    text = (repo / "README.md").read_text(encoding="utf-8")
+    start = text.index("# tested: tests/cli/test_checkpod_cli.py::test_the_readme_examples\n")
+    commands = text[start:text.index("```", start)].splitlines()[1:]
+    shown_at = text.index("```\n", text.index("```", start) + 3) + 4
+    shown = text[shown_at:text.index("```", shown_at)]
+    env = {**os.environ, "TERMINATION_LOG": str(tmp_path / "termination-log"),
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    printed = "".join(subprocess.run(["bash", "-c", command], cwd=repo, env=env, timeout=120,
+                                     capture_output=True, text=True, check=True).stdout
+                      for command in commands)
+    assert len(commands) == 2
+    assert printed == shown

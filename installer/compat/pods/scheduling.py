@@ -167,7 +167,7 @@ def gpu_type_rule(spec: Mapping[str, Any], node: NodeView, demand: Demand,
         return RuleResult("gpu-type", PASS, f"selects the GPU type by {', '.join(named)}")
     shown = gpu_label(node.labels or {})
     fix = f"add nodeSelector: {{{shown or 'gpu-node-installer/gpu.product: <product>'}}}"
-    if len(kinds) > 1:
+    if len(kinds) > 1 and gpu_kind(node) in kinds:
         return RuleResult("gpu-type", WARN, "selects no GPU type, and the nodes' GPUs differ "
                           f"({', '.join(sorted(kinds))}): it may land on any of them", fix)
     if node.labels is not None:
