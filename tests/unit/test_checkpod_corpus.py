@@ -71,7 +71,7 @@ class TestProblem1GpuType:
         assert "add nodeSelector: {cloud.google.com/gke-accelerator: nvidia-l4}" in \
             why(report, "gpu-type", node="gke-ml-l4-pool-1a2b")
         cpu = verdicts(report, node="gke-ml-default-pool-0000")
-        assert (cpu["gpu-count"], cpu["gpu-type"]) == ("fail", "warn")
+        assert (cpu["gpu-count"], cpu["gpu-type"]) == ("fail", "pass")  # no GPU: no advice
         assert report.fits() == {"Pod/cuda-vectoradd": ["gke-ml-l4-pool-1a2b",
                                                         "gke-ml-a100-pool-7c8d"]}
         assert report.passed
