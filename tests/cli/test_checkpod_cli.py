@@ -1,5 +1,6 @@
 """check-pod as a user runs it (issue 28): the real CLI in a subprocess with --strict,
---platform, a List of Nodes, and JSON with both severities."""
+--platform, a List of Nodes, custom resources' pod templates and DRA claims in the same file,
+JSON with both severities, and the README's examples."""
 
 from __future__ import annotations
 
@@ -113,6 +114,67 @@ class TestNodes:
         assert done.returncode == 2
         (line,) = done.stderr.splitlines()
         assert "is a List that holds more than Nodes" in line
+
+
+class TestShapes:
+    """Custom resources holding pod templates (read by workloads.py), judged per template."""
+
+    def test_leaderworkerset_on_an_h100_node(self, tmp_path: Path) -> None:
+        done = run(tmp_path, corpus("leaderworkerset.yaml"), "--node-labels",
+                   corpus("node-operator-h100.yaml"), "--driver", DRIVER, "--output", "json")
+        assert done.returncode == 0, done.stdout + done.stderr
+        paths = {w["path"]: w["passed"] for w in json.loads(done.stdout)["workloads"]}
+        assert paths == {"spec.leaderWorkerTemplate.leaderTemplate": True,
+                         "spec.leaderWorkerTemplate.workerTemplate": True}
+
+    def test_ray_worker_groups_and_cpu_heads(self, tmp_path: Path) -> None:
+        done = run(tmp_path, corpus("raycluster.yaml"), "--node-labels",
+                   corpus("node-gke-standard-l4.yaml"), "--output", "json")
+        report = json.loads(done.stdout)
+        found = {(w["kind"], w["path"]): {r["rule"]: r["status"] for r in w["rules"]}
+                 for w in report["workloads"]}
+        assert found[("RayCluster", "spec.headGroupSpec.template")] == {"gpu": "skip"}
+        assert found[("RayCluster", "spec.workerGroupSpecs[0].template")]["gpu-count"] \
+            == "pass"
+        assert found[("RayService", "spec.rayClusterConfig.workerGroupSpecs[0].template")][
+            "gpu-count"] == "fail"  # 2 GPUs per pod, the L4 node has 1
+        assert found[("RayJob", "spec.rayClusterSpec.workerGroupSpecs[0].template")][
+            "gpu-count"] == "pass"
+        assert done.returncode == 14
+
+    def test_pytorchjob_and_jobset(self, tmp_path: Path) -> None:
+        done = run(tmp_path, corpus("pytorchjob.yaml"), "--output", "json")
+        paths = [w["path"] for w in json.loads(done.stdout)["workloads"]]
+        assert paths == ["spec.pytorchReplicaSpecs.Master.template",
+                         "spec.pytorchReplicaSpecs.Worker.template"]
+        done = run(tmp_path, corpus("jobset.yaml"), "--node-labels",
+                   corpus("node-eks-karpenter-a10g.yaml"), "--output", "json")
+        (worker,) = json.loads(done.stdout)["workloads"]
+        rules = {r["rule"]: r["status"] for r in worker["rules"]}
+        assert rules["gpu-count"] == "fail"  # 4 GPUs per pod, a g5.xlarge has 1
+        assert done.returncode == 14
+
+    def test_dra_claims_in_the_same_file(self, tmp_path: Path) -> None:
+        done = run(tmp_path, corpus("dra-nic.yaml"), "--output", "json")
+        assert done.returncode == 0, done.stderr
+        (pod,) = json.loads(done.stdout)["workloads"]
+        assert [r["status"] for r in pod["rules"]] == ["skip"]
+
+
+def test_a_helm_template_beside_a_pod(tmp_path: Path) -> None:
+    """An unrendered document is one problem line and hides no other (problem 7)."""
+    source = tmp_path / "chart.yaml"
+    source.write_text("apiVersion: v1\nkind: Pod\nmetadata:\n  name: {{ .Values.name }}\n"
+                      "spec:\n  containers: [{name: c, image: x}]\n---\n"
+                      + (CORPUS / "nvidia-smoke-pod.yaml").read_text())
+    done = run(tmp_path, str(source), "--output", "json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert [w["name"] for w in report["workloads"]] == ["cuda-vectoradd"]
+    (problem,) = report["problems"]
+    assert "render it first (`helm template" in problem
+    text = run(tmp_path, str(source)).stdout
+    assert f"problem: {problem}" in text
 
 
 def test_the_readme_examples(tmp_path: Path) -> None:
