@@ -325,3 +325,20 @@ def test_a_machine_type_selector_shows_no_gpu_intent() -> None:
     documents = pods.Documents((pods.Workload(1, "Pod", "web", None, spec),), ())
     report = pods.check(documents, "p", node=pods.NodeView())
     assert verdicts(report) == {"gpu": "skip"}
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in CORPUS.glob("*.yaml")))
+def test_built_in_kinds_of_the_corpus_are_valid(name: str) -> None:
+    """The corpus is what the API server would take: built-in kinds against the 1.33 schema
+    (custom resources and resource.k8s.io/v1, new in 1.34, have no schema there)."""
+    import kubernetes_validate
+
+    checked = 0
+    for document in yaml.safe_load_all((CORPUS / name).read_text()):
+        items = document["items"] if document.get("kind") == "List" else [document]
+        for item in items:
+            if item["apiVersion"] in ("v1", "apps/v1", "batch/v1"):
+                kubernetes_validate.validate(item, "1.33.0", strict=True)
+                checked += 1
+    assert checked or name in {"leaderworkerset.yaml", "raycluster.yaml", "pytorchjob.yaml",
+                               "jobset.yaml"}
