@@ -27,7 +27,7 @@ def judge(name: str, node: str | None = None, *, driver: str | None = DRIVER,
     documents = pods.parse((CORPUS / name).read_bytes(), name)
     if not documents.others:  # the judgement's own test: the claims the reader hands over
         claims = [d for d in yaml.safe_load_all((CORPUS / name).read_text())
-                  if d.get("kind", "").startswith("ResourceClaim")]
+                  if d.get("kind", "").startswith(("ResourceClaim", "DeviceClass"))]
         documents = replace(documents, others=tuple(claims))
     views = pods.node_views_from_document((CORPUS / node).read_bytes(), node, driver) \
         if node else (pods.NodeView(driver=driver),)
@@ -156,6 +156,12 @@ class TestProblem4Dra:
         assert verdicts(report, "dra-shared-claim-pod")["limits"] == "pass"
         assert "ResourceClaim/team-gpu: not in this input, assumed a GPU" in \
             why(report, "limits", "dra-shared-claim-pod")
+
+    def test_a_device_class_of_its_own_selecting_nvidias_driver(self) -> None:
+        report = judge("dra.yaml")
+        assert verdicts(report, "dra-own-class-pod")["limits"] == "pass"
+        assert "DRA claim gpu (ResourceClaim/h100-claim: device class team-accelerators)" in \
+            why(report, "limits", "dra-own-class-pod")
 
     def test_a_claim_for_a_nic_is_no_gpu(self) -> None:
         report = judge("dra-nic.yaml")

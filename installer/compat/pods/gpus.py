@@ -28,6 +28,7 @@ PARTITION = "cloud.google.com/gke-gpu-partition-size"
 # DRA device classes of GPU drivers: NVIDIA's (`gpu.nvidia.com`, `mig.nvidia.com`), AMD's
 # and Intel's (`gpu.amd.com`, `gpu.intel.com`)
 _GPU_CLASS = re.compile(r"(^|\.)nvidia\.com$|^gpu\.(amd|intel)\.com$")
+_GPU_DRIVER = re.compile(r"[\"'](gpu\.nvidia\.com|gpu\.amd\.com|gpu\.intel\.com)[\"']")
 _CUDA_IMAGE = re.compile(r"(^|/)(cuda|cuda-[a-z]+)(:|$)|cuda|(?<![a-z])cu\d{2,3}(?!\d)",
                          re.IGNORECASE)
 _NO_DEVICES = ("void", "none", "")
@@ -62,10 +63,7 @@ class Claim:
     name: str
     source: str             # "ResourceClaimTemplate/gpu-template" or "ResourceClaim/x"
     device_class: str | None  # None: the claim or template is not in this input
-
-    @property
-    def is_gpu(self) -> bool:
-        return self.device_class is None or bool(_GPU_CLASS.search(self.device_class))
+    is_gpu: bool = True
 
     def describe(self) -> str:
         what = f"device class {self.device_class}" if self.device_class else \
@@ -135,6 +133,7 @@ def claims(spec: Mapping[str, Any], others: Iterable[Mapping[str, Any]]) -> list
     claim template is in the same input."""
     found = spec.get("resourceClaims")
     classes = _device_classes(others)
+    gpu_classes = _gpu_device_classes(others)
     result = []
     for entry in found if isinstance(found, list) else ():
         if not isinstance(entry, dict):
@@ -145,8 +144,10 @@ def claims(spec: Mapping[str, Any], others: Iterable[Mapping[str, Any]]) -> list
                             ("resourceClaimName", "ResourceClaim")):
             target = source.get(field)
             if isinstance(target, str):
-                result.append(Claim(str(entry.get("name")), f"{kind}/{target}",
-                                    classes.get((kind, target))))
+                device_class = classes.get((kind, target))
+                result.append(Claim(str(entry.get("name")), f"{kind}/{target}", device_class,
+                                    device_class is None or device_class in gpu_classes
+                                    or bool(_GPU_CLASS.search(device_class))))
                 break
     return result
 
@@ -170,6 +171,23 @@ def _device_classes(others: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str]
             if isinstance(name, str) and device_class:
                 found[(kind, name)] = device_class
                 break
+    return found
+
+
+def _gpu_device_classes(others: Iterable[Mapping[str, Any]]) -> set[str]:
+    """DeviceClasses in the input whose CEL selectors pick a GPU driver's devices (a class
+    of any name whose `device.driver == "gpu.nvidia.com"`)."""
+    found = set()
+    for document in others:
+        meta = document.get("metadata")
+        spec = document.get("spec")
+        if document.get("kind") != "DeviceClass" or not isinstance(meta, dict) \
+                or not isinstance(spec, dict) or not isinstance(spec.get("selectors"), list):
+            continue
+        expressions = [str(s.get("cel", {}).get("expression", "")) for s in spec["selectors"]
+                       if isinstance(s, dict) and isinstance(s.get("cel"), dict)]
+        if any(_GPU_DRIVER.search(e) for e in expressions):
+            found.add(str(meta.get("name")))
     return found
 
 
