@@ -104,6 +104,9 @@ KNOWN: dict[str, tuple[frozenset[str], Callable[[Mapping[str, Any]], list[Templa
         "Workflow", "WorkflowTemplate", "ClusterWorkflowTemplate", "CronWorkflow")},
 }
 KINDS_TEXT = ", ".join(KNOWN)
+# Kubernetes' own kinds: the API server validates their PodSpecs (container names included).
+BUILT_IN = frozenset(("Pod", "PodTemplate", "Deployment", "StatefulSet", "ReplicaSet",
+                      "ReplicationController", "DaemonSet", "Job", "CronJob"))
 
 
 def is_pod_spec(node: Any) -> bool:
@@ -139,10 +142,12 @@ def search(document: Mapping[str, Any]) -> Iterator[Template]:
 
 
 def _generic(spec: Mapping[str, Any], path: str, parent: Any, grandparent: Any) -> Template:
-    holder = parent
+    # a PodSpec inline may carry its counts itself (as KServe's components do)
+    holders: tuple[Any, ...] = (spec, parent)
     if path == "spec" or path.endswith(".spec"):
-        path, holder = path.removesuffix("spec").removesuffix("."), grandparent
-    counts = [(f, count(at(holder, f))) for f in COUNT_FIELDS]
+        path, holders = path.removesuffix("spec").removesuffix("."), (grandparent,)
+    counts = [(f, next((n for h in holders if (n := count(at(h, f))) is not None), None))
+              for f in COUNT_FIELDS]
     said = [f"{f} {v}" for f, v in counts if v is not None]
     replicas = next((v for f, v in counts if v is not None and f in (
         "replicas", "parallelism", "minReplicas")), None)

@@ -54,7 +54,7 @@ class Workload:
     spec: Mapping[str, Any]
     path: str = ""                  # where the template is, e.g. "spec.template"; "" for a Pod
     replicas: int | None = None     # how many pods of this template the object asks for
-    multiplicity: str = ""          # how the object says so, e.g. "parallelism 4"
+    multiplicity: str = ""          # how the object says so, e.g. "parallelism 4"; shown
 
     @property
     def title(self) -> str:
@@ -64,8 +64,6 @@ class Workload:
             title += f" {self.path}"
         if self.multiplicity:
             title += f" ({self.multiplicity})"
-        elif self.replicas is not None:
-            title += f" (x{self.replicas})"
         return title
 
 
@@ -209,7 +207,8 @@ class _Found:
 
     def _template(self, document: Mapping[str, Any], kind: str, number: int, where: str,
                   template: Template) -> None:
-        if not _named_containers(template.spec):
+        spec = _named_containers(template.spec, strict=kind in shapes.BUILT_IN)
+        if spec is None:
             inside = f" in {template.path}" if template.path else ""
             self.problems.append(Problem(
                 f"{where} ({kind}) has no list of named containers{inside}",
@@ -220,14 +219,31 @@ class _Found:
         name = metadata.get("name") or metadata.get("generateName") or "(unnamed)"
         namespace = metadata.get("namespace")
         self.workloads.append(Workload(
-            number, kind, str(name), str(namespace) if namespace else None, template.spec,
+            number, kind, str(name), str(namespace) if namespace else None, spec,
             template.path, template.replicas, template.multiplicity))
 
 
-def _named_containers(spec: Any) -> bool:
-    containers = spec.get("containers") if isinstance(spec, Mapping) else None
-    return isinstance(containers, list) and bool(containers) and all(
-        isinstance(c, Mapping) and isinstance(c.get("name"), str) for c in containers)
+def _named_containers(spec: Any, *, strict: bool) -> Mapping[str, Any] | None:
+    """The PodSpec with every container (init containers too) a mapping with a name, or
+    None. The API server demands names in its own kinds; custom resources may leave them out
+    (Knative, Argo), so there a container is named by its place (`containers[0]`)."""
+    if not isinstance(spec, Mapping):
+        return None
+    lists: dict[str, list[Mapping[str, Any]]] = {}
+    for field in ("initContainers", "containers"):
+        value = spec.get(field)
+        value = [] if value is None else value
+        if not isinstance(value, list) or not all(isinstance(c, Mapping) for c in value):
+            return None
+        lists[field] = value
+    if not lists["containers"]:
+        return None
+    if all(isinstance(c.get("name"), str) for v in lists.values() for c in v):
+        return spec
+    if strict:
+        return None
+    return {**spec, **{f: [c if isinstance(c.get("name"), str) else {**c, "name": f"{f}[{i}]"}
+                           for i, c in enumerate(v)] for f, v in lists.items() if f in spec}}
 
 
 def _text(data: bytes, source: str) -> str:
