@@ -97,7 +97,7 @@ class TestNodes:
         report = json.loads(done.stdout)
         assert report["nodes"] == ["gke-ml-l4-pool-1a2b", "gke-ml-a100-pool-7c8d",
                                    "gke-ml-default-pool-0000"]
-        assert report["fits"] == {"Job/ddp-2gpu spec.template (x1)": ["gke-ml-a100-pool-7c8d"]}
+        assert report["fits"] == {"Job/ddp-2gpu spec.template": ["gke-ml-a100-pool-7c8d"]}
         assert [w["node"] for w in report["workloads"]] == report["nodes"]
 
     def test_fitting_no_node_exits_14(self, tmp_path: Path) -> None:
