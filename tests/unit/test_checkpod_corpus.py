@@ -348,3 +348,21 @@ def test_built_in_kinds_of_the_corpus_are_valid(name: str) -> None:
                 checked += 1
     assert checked or name in {"leaderworkerset.yaml", "raycluster.yaml", "pytorchjob.yaml",
                                "jobset.yaml"}
+
+
+@pytest.mark.parametrize(("resource", "extra", "note"), [
+    ("gpu.intel.com/i915", (), "an Intel GPU"),
+    ("nvidia.com/gpu.shared", (), ""),
+    ("example.com/fpga", ("example.com/fpga",), ""),
+])
+def test_other_gpu_resources_and_their_taints(resource: str, extra: tuple[str, ...],
+                                              note: str) -> None:
+    """Each vendor's resource is a GPU without flags (problem 5), with its own taint."""
+    spec = {"containers": [{"name": "c", "image": "x", "resources": {"limits": {resource: 1}}}]}
+    documents = pods.Documents((pods.Workload(1, "Pod", "p", None, spec),), ())
+    report = pods.check(documents, "p", node=pods.NodeView(), resources=extra)
+    assert verdicts(report)["limits"] == "pass"
+    assert (note in why(report, "limits")) if note else "GPU:" not in why(report, "limits")
+    taint = "nvidia.com/gpu:NoSchedule" if resource.startswith("nvidia.com/") else \
+        f"{resource}:NoSchedule"
+    assert f"does not tolerate the taint {taint} " in why(report, "toleration")
