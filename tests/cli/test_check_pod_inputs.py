@@ -224,7 +224,7 @@ class TestStreams:
 
     def test_directives_comments_and_empty_documents(self, tmp_path: Path) -> None:
         path = tmp_path / "in.yaml"
-        path.write_text(f"# a header\n---\n---\n%YAML 1.1\n---\n{POD}...\n---\n# bye\n")
+        path.write_text(f"# a header\n%YAML 1.1\n---\n---\n{POD}...\n---\n# bye\n---\n")
         documents = read(path)
         assert documents.problems == ()
         assert [w.document for w in documents.workloads] == [1]

@@ -22,6 +22,7 @@ _SUFFIX = {"n": Fraction(1, 10**9), "u": Fraction(1, 10**6), "m": Fraction(1, 10
            "k": Fraction(10**3), "M": Fraction(10**6), "G": Fraction(10**9),
            "T": Fraction(10**12), "P": Fraction(10**15), "E": Fraction(10**18),
            **{f"{s}i": Fraction(1024 ** (i + 1)) for i, s in enumerate("KMGTPE")}}
+INF = float("inf")  # YAML's .inf and .nan are floats, and no quantity
 
 
 @dataclass(frozen=True)
@@ -50,14 +51,17 @@ def quantity(value: Any) -> Fraction | None:
     """A Kubernetes resource quantity (`1`, `500m`, `2k`, `1Gi`) as a number, or None."""
     if isinstance(value, bool) or value is None:
         return None
-    if isinstance(value, int | float):
-        return Fraction(str(value))
+    if isinstance(value, int):  # huge ints: no real quantity, and str() refuses them
+        return Fraction(value) if abs(value) <= 10**30 else None
+    if isinstance(value, float):
+        return Fraction(str(value)) if value == value and abs(value) != INF else None
     match = _QUANTITY.match(str(value).strip())
     if not match:
         return None
     number, suffix = Fraction(match.group(1)), match.group(2) or ""
     if suffix[:1] in ("e", "E") and suffix[1:].lstrip("+-").isdigit():
-        return number * Fraction(10) ** int(suffix[1:])
+        exponent = int(suffix[1:])  # `1e999999999` would take hours: no real quantity's
+        return number * Fraction(10) ** exponent if abs(exponent) <= 30 else None
     return number * _SUFFIX.get(suffix, Fraction(1))
 
 

@@ -258,22 +258,18 @@ def _text(data: bytes, source: str) -> str:
 
 
 def _chunks(text: str) -> Iterator[tuple[int, str]]:
-    """The text cut before each `---` line, with each piece's first line number; a piece
-    holding only comments or directives (`%YAML`) goes with the next."""
+    """The text cut before each `---` line, with each piece's first line number. What comes
+    before the first `---` goes with it when it holds only comments and directives
+    (`%YAML 1.1`), which belong to the document that follows."""
     starts = [m.start() for m in DOCUMENT_START.finditer(text) if m.start()]
-    line, pending, pending_line = 1, "", 1
-    for begin, end in zip([0, *starts], [*starts, len(text)], strict=True):
-        chunk = text[begin:end]
-        if not pending:
-            pending_line = line
-        pending += chunk
-        line += chunk.count("\n")
-        if any(s and not s.startswith(("#", "%")) and s != "---"
-               for s in (raw.strip() for raw in chunk.splitlines())):
-            yield pending_line, pending
-            pending = ""
-    if pending.strip():
-        yield pending_line, pending
+    bounds = list(zip([0, *starts], [*starts, len(text)], strict=True))
+    if len(bounds) > 1 and all(not s or s.startswith(("#", "%")) for s in (
+            line.strip() for line in text[:starts[0]].splitlines())):
+        bounds[:2] = [(0, bounds[1][1])]
+    line = 1
+    for begin, end in bounds:
+        yield line, text[begin:end]
+        line += text.count("\n", begin, end)
 
 
 def _unreadable(exc: BaseException, chunk: str, first_line: int, where: str) -> Problem:
