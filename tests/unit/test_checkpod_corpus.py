@@ -400,3 +400,15 @@ def test_any_node_shape_is_judged_or_refused_in_one_line(labels: dict[str, str],
         assert {r.status for w in report.workloads for r in w.results} <= {
             "pass", "warn", "fail", "skip"}
         json.loads(report.to_json())
+
+
+@pytest.mark.parametrize("value", ["abc", float("nan"), "1e999999999", 10**40])
+def test_a_gpu_with_a_bad_quantity_is_still_a_gpu(value: object) -> None:
+    """An unreadable GPU count is a `whole` failure, never "uses no GPU"."""
+    spec = {"containers": [{"name": "c", "image": "x",
+                            "resources": {"limits": {"nvidia.com/gpu": value}}}]}
+    documents = pods.Documents((pods.Workload(1, "Pod", "p", None, spec),), ())
+    report = pods.check(documents, "p", node=pods.NodeView())
+    found = verdicts(report)
+    assert (found["limits"], found["whole"], found["gpu-count"]) == ("pass", "fail", "skip")
+    assert not report.passed

@@ -79,30 +79,29 @@ class Demand:
     resources: Mapping[str, Fraction]
     claims: tuple[Claim, ...]
     intent: tuple[str, ...]
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        return tuple(self.resources)
+    names: tuple[str, ...] = ()   # every GPU resource named, valid quantity or not
 
     @property
     def uses_gpu(self) -> bool:
-        return bool(self.resources) or bool(self.claims)
+        return bool(self.names) or bool(self.claims)
 
     @property
     def vendors(self) -> set[str]:
-        found = {vendor(n) for n in self.resources}
+        found = {vendor(n) for n in self.names}
         found |= {vendor(c.device_class or "nvidia.com") for c in self.claims}
         return found - {""} or {"nvidia"}
 
     def mig_profiles(self) -> list[str]:
-        return [p for p in map(mig_profile, self.resources) if p]
+        return [p for p in map(mig_profile, self.names) if p]
 
 
 def demand(spec: Mapping[str, Any], others: Iterable[Mapping[str, Any]],
            extra: Sequence[str] = ()) -> Demand:
     """The pod's GPU resources, GPU claims and intent."""
+    named = {str(n) for c in containers(spec) for which in ("limits", "requests")
+             for n in resources(c, which) if is_gpu_resource(str(n), extra)}
     return Demand(pod_totals(spec, extra), tuple(c for c in claims(spec, others) if c.is_gpu),
-                  intent(spec))
+                  intent(spec), tuple(sorted(named)))
 
 
 def pod_totals(spec: Mapping[str, Any], extra: Sequence[str] = ()) -> dict[str, Fraction]:

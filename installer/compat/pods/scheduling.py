@@ -205,9 +205,10 @@ def gpu_count_rule(node: NodeView, demand: Demand) -> RuleResult:
     """The pod's GPUs (the sum over containers, as the scheduler counts) fit the node's
     allocatable (all of it: GPUs other pods hold are not counted off)."""
     if not demand.resources:
-        return RuleResult("gpu-count", SKIP, "DRA claims: the scheduler allocates devices "
-                          "from the driver's ResourceSlices" if demand.claims else
-                          "asks for no GPU")
+        why = "no GPU quantity to count (see `whole`)" if demand.names else \
+            "DRA claims: the scheduler allocates devices from the driver's ResourceSlices" \
+            if demand.claims else "asks for no GPU"
+        return RuleResult("gpu-count", SKIP, why)
     asked = ", ".join(f"{n}={_number(v)}" for n, v in demand.resources.items())
     short, known = [], []
     for name, want in demand.resources.items():
