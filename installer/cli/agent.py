@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 import click
 
 from installer.cli.commands import emit, node_options, output_option
-from installer.context import Context
+
+if TYPE_CHECKING:  # types only: the command loads the node context when it runs
+    from installer.context import Context
 
 
 @click.command()

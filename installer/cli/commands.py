@@ -8,25 +8,51 @@ the termination log and the class's exit code here and nowhere else.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
+import sys
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from installer import __version__
 from installer.cli import logs
 from installer.config import SETTINGS, SETTINGS_BY_NAME, Config, load_config
-from installer.context import Context
 from installer.errors import InstallerError, disk_full, error_table, printable
 from installer.node import interrupts
-from installer.node.host import Host, RealHost, Roots
-from installer.pipeline import commands as run
+
+if TYPE_CHECKING:  # start-up is a feature: `--help` and check-pod never load these
+    from installer.context import Context
+    from installer.node.host import Host, Roots
+    from installer.pipeline import commands as run
+
+    HostFactory = Callable[[Roots], Host]
 
 F = TypeVar("F", bound=Callable[..., Any])
-HostFactory = Callable[[Roots], Host]
+
+
+def lazy_module(name: str) -> ModuleType:
+    """The module `name`, loaded on its first attribute access rather than now: the
+    pipeline (and the stages it imports) costs only the commands that call it."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.loader is None:
+        raise ImportError(name)
+    loader = importlib.util.LazyLoader(spec.loader)
+    spec.loader = loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    loader.exec_module(module)
+    return module
+
+
+if not TYPE_CHECKING:
+    run = lazy_module("installer.pipeline.commands")
 
 
 def _epilog() -> str:
@@ -152,6 +178,9 @@ def make_context(flags: dict[str, Any]) -> Context:
     config = load_config(flags, os.environ)
     obj["config"] = config
     logs.configure(config.log_format, config.log_level)
+    from installer.context import Context
+    from installer.node.host import RealHost, Roots
+
     factory: HostFactory = obj.get("host_factory", RealHost)
     return Context(config=config, host=factory(Roots.from_config(config)),
                    log=logs.get_logger())

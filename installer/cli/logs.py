@@ -7,15 +7,14 @@ Each event carries `severity` (what Cloud Logging and most collectors read) and 
 
 from __future__ import annotations
 
-import logging
 import sys
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-import structlog
-from structlog.typing import EventDict, WrappedLogger
+if TYPE_CHECKING:  # structlog is imported when logs are configured: `--help` and the
+    from structlog.typing import EventDict, WrappedLogger  # look-only commands never pay it
 
-_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO,
-           "warning": logging.WARNING, "error": logging.ERROR}
+# the standard library's numeric levels (logging.DEBUG...), without importing logging
+_LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
 
 
 def _add_severity(_logger: WrappedLogger, method: str, event: EventDict) -> EventDict:
@@ -25,6 +24,8 @@ def _add_severity(_logger: WrappedLogger, method: str, event: EventDict) -> Even
 
 def configure(fmt: str = "auto", level: str = "info", stream: TextIO | None = None) -> None:
     """Configure structlog once per process (tests call it again freely)."""
+    import structlog
+
     out = stream if stream is not None else sys.stderr
     use_json = fmt == "json" or (fmt == "auto" and not out.isatty())
     renderer: Any = (structlog.processors.JSONRenderer(sort_keys=False) if use_json
@@ -45,4 +46,6 @@ def configure(fmt: str = "auto", level: str = "info", stream: TextIO | None = No
 
 def get_logger(**context: Any) -> Any:
     """A bound logger; `stage=` and other context ride along on every event."""
+    import structlog
+
     return structlog.get_logger(**context)

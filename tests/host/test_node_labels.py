@@ -259,7 +259,7 @@ class TestCheckPodHere:
         pod.write_text(_pod("NVIDIA-A100-SXM4-40GB", "13.0"))
         done = CliRunner().invoke(cli, ["check-pod", str(pod), "--here", *flags])
         assert done.exit_code == 14
-        assert "FAIL  gpu-type    nodeSelector gpu-node-installer/gpu.product=NVIDIA-A100-" \
+        assert "FAIL  node-selector  nodeSelector gpu-node-installer/gpu.product=NVIDIA-A100-" \
                "SXM4-40GB, but this node has gpu-node-installer/gpu.product=NVIDIA-L4" \
                in done.stdout
         assert "FAIL  cuda" in done.stdout
