@@ -64,7 +64,7 @@ class Workload:
             title += f" {self.path}"
         if self.multiplicity:
             title += f" ({self.multiplicity})"
-        return title
+        return printable(title)  # names come from the document: no control characters
 
 
 @dataclass(frozen=True)
