@@ -57,7 +57,7 @@ EXPECTED: dict[str, list[tuple[int, str, str, int | None, str]]] = {
         (2, "InferenceService", "spec.predictor", 1, ""),
         (2, "InferenceService", "spec.predictor.workerSpec", None,
          "pipelineParallelSize 2, tensorParallelSize 4"),
-        (3, "Service", "spec.template", None, "")],
+        (3, "Service", "spec.template", 1, "min-scale 1")],
     "argo.yaml": [
         (1, "Workflow", "spec.templates[1]", None, "template prep"),
         (1, "Workflow", "spec.templates[2]", None, "template train"),

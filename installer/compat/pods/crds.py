@@ -164,6 +164,20 @@ def kserve(document: Mapping[str, Any]) -> list[Template]:
     return found
 
 
+def knative(document: Mapping[str, Any]) -> list[Template]:
+    """Knative Service and Configuration: spec.template, scaled by its autoscaling
+    annotations (`autoscaling.knative.dev/min-scale`; Knative's default minimum is 0)."""
+    template = at(document, "spec", "template")
+    if not isinstance(template, Mapping):
+        return []
+    notes = at(template, "metadata", "annotations")
+    scale = {key: int(value) for key in ("min-scale", "max-scale", "initial-scale")
+             if isinstance(value := at(notes, f"autoscaling.knative.dev/{key}"), str)
+             and value.isascii() and value.isdecimal() and len(value) < 10}
+    return [Template("spec.template", at(template, "spec"), scale.get("min-scale"),
+                     ", ".join(f"{key} {value}" for key, value in scale.items()))]
+
+
 # Argo: a template that runs a pod gives one container (`container`, `script`) or several
 # (`containerSet`), plus sidecars; scheduling fields come from the template, else from the
 # workflow (a template's nodeSelector adds to and overrides the workflow's).

@@ -129,8 +129,7 @@ def parse(data: bytes, source: str) -> Documents:
         [f"{len(documents.skipped) - 5} more"] if len(documents.skipped) > 5 else [])
     what = f" (found {', '.join(found)})" if found else ""
     raise WorkloadError(f"{source} holds no workload{what}",
-                        remedy=f"give a manifest with a pod template ({shapes.KINDS_TEXT}, "
-                               "or any kind whose spec holds one)")
+                        remedy=f"give a manifest that holds a pod template: {shapes.KINDS_TEXT}")
 
 
 def read_documents(data: bytes, source: str) -> Documents:
