@@ -103,6 +103,7 @@ KNOWN: dict[str, tuple[frozenset[str], Callable[[Mapping[str, Any]], list[Templa
     "InferenceService": (frozenset({"serving.kserve.io"}), crds.kserve),
     **{kind: (frozenset({"serving.knative.dev"}), crds.knative) for kind in (
         "Service", "Configuration")},
+    "NIMService": (frozenset({"apps.nvidia.com"}), crds.nim_service),
     **{kind: (frozenset({"argoproj.io"}), crds.argo) for kind in (
         "Workflow", "WorkflowTemplate", "ClusterWorkflowTemplate", "CronWorkflow")},
 }
@@ -150,7 +151,9 @@ def _generic(spec: Mapping[str, Any], path: str, parent: Any, grandparent: Any) 
     # a PodSpec inline may carry its counts itself (as KServe's components do)
     holders: tuple[Any, ...] = (spec, parent)
     if path == "spec" or path.endswith(".spec"):
-        path, holders = path.removesuffix("spec").removesuffix("."), (grandparent,)
+        # the template itself (Seldon's `{replicas, spec}`) or what holds it (`{replicas,
+        # template}`) says how many
+        path, holders = path.removesuffix("spec").removesuffix("."), (parent, grandparent)
     counts = [(f, next((n for h in holders if (n := count(at(h, f))) is not None), None))
               for f in COUNT_FIELDS]
     said = [f"{f} {v}" for f, v in counts if v is not None]
