@@ -237,6 +237,15 @@ class TestStreams:
         assert documents.skipped == ("Service/s",)
         assert [w.document for w in documents.workloads] == [2]
 
+    def test_windows_line_ends(self, tmp_path: Path) -> None:
+        """A file saved on Windows is cut into documents too: the broken one stays alone."""
+        path = tmp_path / "in.yaml"
+        path.write_bytes(f"{POD}---\nkind: [\n---\n{POD}".replace("\n", "\r\n").encode())
+        documents = read(path)
+        assert [w.document for w in documents.workloads] == [1, 3]
+        (problem,) = documents.problems
+        assert f"{path} document 2 is not valid YAML or JSON at line " in problem
+
     def test_utf16_with_its_byte_order_mark(self, tmp_path: Path) -> None:
         path = tmp_path / "in.yaml"
         path.write_bytes(POD.encode("utf-16"))

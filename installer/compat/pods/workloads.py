@@ -21,7 +21,7 @@ from installer.errors import ConfigError, printable
 
 MAX_BYTES = 4 * 1024 * 1024
 # A line that starts a YAML document; no document's content can start with it at column 0.
-DOCUMENT_START = re.compile(r"^---(?=[ \t]|$)", re.MULTILINE)
+DOCUMENT_START = re.compile(r"^---(?=[ \t\r]|$)", re.MULTILINE)
 # Go-template actions as Helm charts write them (`{{ .Values.x }}`, `{{- if }}`, `{{ include }}`);
 # Argo's `{{inputs.parameters.x}}` is not one of them: it is the workflow's own syntax.
 HELM_ACTION = re.compile(
