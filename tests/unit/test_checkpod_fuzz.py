@@ -77,7 +77,8 @@ yaml_text = st.lists(st.sampled_from([
     "metadata: {name: x}", "spec:", "  containers:", "  - name: c", "    image: {{ .Values.i }}",
     "{{- if .Values.gpu }}", "{{ end }}", "  token: %TOKEN%", "  x: @y@", "a: &a [*a]",
     "b: *nope", "c: !!binary ===", "d: 2020-13-45", "e: !!int x", "[", "]", "{", "}", ":",
-    "- ", "  - ", "\t", "#", "\x00", "\ufeff", "é", "key: 'unterminated", 'k: "\\q"',
+    "- ", "  - ", "\t", "\r", "---\r", "#", "\x00", "\ufeff", "é", "key: 'unterminated",
+    'k: "\\q"',
     "  resources: {limits: {nvidia.com/gpu: 1}}", "containers: []", "template:",
     "apiVersion: ray.io/v1", "kind: RayCluster", "workerGroupSpecs: [{template: {}}]",
 ]) | st.text(max_size=10), max_size=25).map("\n".join)
