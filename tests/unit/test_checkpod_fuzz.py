@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
@@ -135,6 +136,38 @@ class TestAnyInput:
         run(text, "--driver", "535.261.03")
         documents = read_documents(text.encode("utf-8", "surrogatepass"), "-")
         assert "cuda-vector-add" in [w.name for w in documents.workloads]
+
+
+NODES = [d for p in sorted(WORKLOADS.rglob("*.yaml")) for d in yaml.safe_load_all(p.read_text())
+         if isinstance(d, dict) and d.get("kind") in ("Node", "List")]
+
+
+@st.composite
+def broken_nodes(draw: st.DrawFn) -> Any:
+    """One of our Nodes (or Lists of them) with up to four parts replaced by junk, or junk."""
+    if not draw(st.integers(0, 3)):
+        return draw(junk)
+    document = copy.deepcopy(draw(st.sampled_from(NODES)))
+    for _ in range(draw(st.integers(0, 4))):
+        container, key = draw(st.sampled_from(list(places(document))))
+        container[key] = draw(junk)
+    return document
+
+
+class TestAnyNode:
+    """`--node-labels FILE` is input too: any document there gives the same promise."""
+
+    @FAST
+    @given(broken_nodes(), st.sampled_from(sorted(WORKLOADS.rglob("*.yaml"))), st.booleans())
+    def test_our_nodes_with_junk_in_them(self, tmp_path_factory: pytest.TempPathFactory,
+                                         node: Any, workload: Path, as_json: bool) -> None:
+        path = tmp_path_factory.mktemp("node") / "node.yaml"
+        path.write_text(dump([node], as_json))
+        done = CliRunner().invoke(cli, ["check-pod", str(workload), "--node-labels",
+                                        str(path), "--output", "json"])
+        assert done.exit_code in (0, 2, 14), (done.exit_code, done.output, done.exception)
+        assert "error(internal)" not in done.stderr
+        assert len(done.stderr.splitlines()) == (0 if done.exit_code == 0 else 1)
 
 
 class TestWholeProcess:
