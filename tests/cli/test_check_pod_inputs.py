@@ -116,6 +116,27 @@ spec:
         assert documents.problems == ()
         assert [w.path for w in documents.workloads] == ["spec.templates[0]"]
 
+    def test_a_commands_own_go_template_is_not_helm(self, tmp_path: Path) -> None:
+        job = """\
+apiVersion: batch/v1
+kind: Job
+metadata: {name: list-gpu-nodes}
+spec:
+  template:
+    metadata:
+      annotations: {note: "{{ .Values.x }} is not ours to render"}
+    spec:
+      restartPolicy: Never
+      containers:
+        - name: kubectl
+          image: bitnami/kubectl:1.31
+          command: ["kubectl", "get", "nodes", "-o",
+                    "go-template={{range .items}}{{.metadata.name}} {{end}}"]
+"""
+        documents = read(write(tmp_path, job))
+        assert documents.problems == ()
+        assert [w.name for w in documents.workloads] == ["list-gpu-nodes"]
+
     def test_templates_in_objects_that_run_nothing_are_left_alone(
             self, tmp_path: Path) -> None:
         rule = """\
