@@ -60,7 +60,11 @@ def places(node: Any) -> Iterator[tuple[Any, Any]]:
 @st.composite
 def broken_manifests(draw: st.DrawFn) -> Any:
     """One of our examples with up to four of its parts replaced by junk."""
-    document = copy.deepcopy(draw(st.sampled_from(CORPUS)))
+    return with_junk(draw, copy.deepcopy(draw(st.sampled_from(CORPUS))))
+
+
+def with_junk(draw: st.DrawFn, document: Any) -> Any:
+    """The document with up to four of its parts replaced by junk."""
     for _ in range(draw(st.integers(0, 4))):
         container, key = draw(st.sampled_from(list(places(document))))
         container[key] = draw(junk)
@@ -147,11 +151,7 @@ def broken_nodes(draw: st.DrawFn) -> Any:
     """One of our Nodes (or Lists of them) with up to four parts replaced by junk, or junk."""
     if not draw(st.integers(0, 3)):
         return draw(junk)
-    document = copy.deepcopy(draw(st.sampled_from(NODES)))
-    for _ in range(draw(st.integers(0, 4))):
-        container, key = draw(st.sampled_from(list(places(document))))
-        container[key] = draw(junk)
-    return document
+    return with_junk(draw, copy.deepcopy(draw(st.sampled_from(NODES))))
 
 
 class TestAnyNode:
