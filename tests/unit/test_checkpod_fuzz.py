@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 from click.testing import CliRunner
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from installer.cli import cli
@@ -159,6 +159,10 @@ class TestAnyNode:
 
     @FAST
     @given(broken_nodes(), st.sampled_from(sorted(WORKLOADS.rglob("*.yaml"))), st.booleans())
+    @example({"apiVersion": "v1", "kind": "Node", "spec": {  # a taint with a list as key
+        "taints": [{"key": [], "value": "present", "effect": "NoSchedule"}]}, "metadata": {
+            "name": "n", "labels": {"cloud.google.com/gke-accelerator": "nvidia-l4"}}},
+        WORKLOADS / "pod.yaml", False)
     def test_our_nodes_with_junk_in_them(self, tmp_path_factory: pytest.TempPathFactory,
                                          node: Any, workload: Path, as_json: bool) -> None:
         path = tmp_path_factory.mktemp("node") / "node.yaml"
