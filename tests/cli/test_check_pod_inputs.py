@@ -116,6 +116,27 @@ spec:
         assert documents.problems == ()
         assert [w.path for w in documents.workloads] == ["spec.templates[0]"]
 
+    def test_a_commands_own_go_template_is_not_helm(self, tmp_path: Path) -> None:
+        job = """\
+apiVersion: batch/v1
+kind: Job
+metadata: {name: list-gpu-nodes}
+spec:
+  template:
+    metadata:
+      annotations: {note: "{{ .Values.x }} is not ours to render"}
+    spec:
+      restartPolicy: Never
+      containers:
+        - name: kubectl
+          image: bitnami/kubectl:1.31
+          command: ["kubectl", "get", "nodes", "-o",
+                    "go-template={{range .items}}{{.metadata.name}} {{end}}"]
+"""
+        documents = read(write(tmp_path, job))
+        assert documents.problems == ()
+        assert [w.name for w in documents.workloads] == ["list-gpu-nodes"]
+
     def test_templates_in_objects_that_run_nothing_are_left_alone(
             self, tmp_path: Path) -> None:
         rule = """\
@@ -236,6 +257,15 @@ class TestStreams:
         documents = read(path)
         assert documents.skipped == ("Service/s",)
         assert [w.document for w in documents.workloads] == [2]
+
+    def test_windows_line_ends(self, tmp_path: Path) -> None:
+        """A file saved on Windows is cut into documents too: the broken one stays alone."""
+        path = tmp_path / "in.yaml"
+        path.write_bytes(f"{POD}---\nkind: [\n---\n{POD}".replace("\n", "\r\n").encode())
+        documents = read(path)
+        assert [w.document for w in documents.workloads] == [1, 3]
+        (problem,) = documents.problems
+        assert f"{path} document 2 is not valid YAML or JSON at line " in problem
 
     def test_utf16_with_its_byte_order_mark(self, tmp_path: Path) -> None:
         path = tmp_path / "in.yaml"

@@ -1,7 +1,7 @@
 """`check-pod` finds every pod template of the objects people write (issue 28): each named by
 its path, with the pod count its object asks for, for the built-in kinds, the common custom
-resources (LeaderWorkerSet, JobSet, Ray, Kubeflow, KServe, Knative, Argo) and any other kind
-with a pod-template shape. The examples in tests/workloads/shapes/ are our own."""
+resources (LeaderWorkerSet, JobSet, Ray, Kubeflow, KServe, Knative, NIMService, Argo) and any
+other kind with a pod-template shape. The examples in tests/workloads/shapes/ are our own."""
 
 from __future__ import annotations
 
@@ -57,7 +57,9 @@ EXPECTED: dict[str, list[tuple[int, str, str, int | None, str]]] = {
         (2, "InferenceService", "spec.predictor", 1, ""),
         (2, "InferenceService", "spec.predictor.workerSpec", None,
          "pipelineParallelSize 2, tensorParallelSize 4"),
-        (3, "Service", "spec.template", None, "")],
+        (3, "Service", "spec.template", 1, "min-scale 1"),
+        (4, "NIMService", "spec", 2, "replicas 2"),
+        (5, "SeldonDeployment", "spec.predictors[0].componentSpecs[0]", 3, "replicas 3")],
     "argo.yaml": [
         (1, "Workflow", "spec.templates[1]", None, "template prep"),
         (1, "Workflow", "spec.templates[2]", None, "template train"),
@@ -117,6 +119,15 @@ class TestKnownShapes:
         assert predictor.spec["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-L4"}
         assert "minReplicas" not in predictor.spec
 
+    def test_nim_service_builds_its_container(self) -> None:
+        nim = read_documents((SHAPES / "serving.yaml").read_bytes(), "s").workloads[5]
+        assert nim.kind == "NIMService"
+        assert nim.spec == {
+            "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+            "containers": [{"name": "llama-nim",
+                            "image": "nvcr.io/nim/meta/llama-3.1-8b-instruct:1.3.3",
+                            "resources": {"limits": {"nvidia.com/gpu": 1}}}]}
+
     def test_argo_pods_take_the_workflows_scheduling(self) -> None:
         prep, train, _eval = read_documents((SHAPES / "argo.yaml").read_bytes(),
                                             "a").workloads
@@ -128,7 +139,8 @@ class TestKnownShapes:
         assert "source" not in prep.spec["containers"][0]
 
     def test_unnamed_containers_of_a_custom_resource_are_named_by_place(self) -> None:
-        knative = read_documents((SHAPES / "serving.yaml").read_bytes(), "s").workloads[-1]
+        knative = read_documents((SHAPES / "serving.yaml").read_bytes(), "s").workloads[4]
+        assert knative.kind == "Service"
         assert [c["name"] for c in knative.spec["containers"]] == ["containers[0]"]
 
     def test_a_policy_is_not_a_workload(self) -> None:

@@ -14,9 +14,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from click.testing import CliRunner
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from installer.cli import cli
@@ -59,7 +60,11 @@ def places(node: Any) -> Iterator[tuple[Any, Any]]:
 @st.composite
 def broken_manifests(draw: st.DrawFn) -> Any:
     """One of our examples with up to four of its parts replaced by junk."""
-    document = copy.deepcopy(draw(st.sampled_from(CORPUS)))
+    return with_junk(draw, copy.deepcopy(draw(st.sampled_from(CORPUS))))
+
+
+def with_junk(draw: st.DrawFn, document: Any) -> Any:
+    """The document with up to four of its parts replaced by junk."""
     for _ in range(draw(st.integers(0, 4))):
         container, key = draw(st.sampled_from(list(places(document))))
         container[key] = draw(junk)
@@ -77,7 +82,8 @@ yaml_text = st.lists(st.sampled_from([
     "metadata: {name: x}", "spec:", "  containers:", "  - name: c", "    image: {{ .Values.i }}",
     "{{- if .Values.gpu }}", "{{ end }}", "  token: %TOKEN%", "  x: @y@", "a: &a [*a]",
     "b: *nope", "c: !!binary ===", "d: 2020-13-45", "e: !!int x", "[", "]", "{", "}", ":",
-    "- ", "  - ", "\t", "#", "\x00", "\ufeff", "é", "key: 'unterminated", 'k: "\\q"',
+    "- ", "  - ", "\t", "\r", "---\r", "#", "\x00", "\ufeff", "é", "key: 'unterminated",
+    'k: "\\q"',
     "  resources: {limits: {nvidia.com/gpu: 1}}", "containers: []", "template:",
     "apiVersion: ray.io/v1", "kind: RayCluster", "workerGroupSpecs: [{template: {}}]",
 ]) | st.text(max_size=10), max_size=25).map("\n".join)
@@ -134,6 +140,38 @@ class TestAnyInput:
         run(text, "--driver", "535.261.03")
         documents = read_documents(text.encode("utf-8", "surrogatepass"), "-")
         assert "cuda-vector-add" in [w.name for w in documents.workloads]
+
+
+NODES = [d for p in sorted(WORKLOADS.rglob("*.yaml")) for d in yaml.safe_load_all(p.read_text())
+         if isinstance(d, dict) and d.get("kind") in ("Node", "List")]
+
+
+@st.composite
+def broken_nodes(draw: st.DrawFn) -> Any:
+    """One of our Nodes (or Lists of them) with up to four parts replaced by junk, or junk."""
+    if not draw(st.integers(0, 3)):
+        return draw(junk)
+    return with_junk(draw, copy.deepcopy(draw(st.sampled_from(NODES))))
+
+
+class TestAnyNode:
+    """`--node-labels FILE` is input too: any document there gives the same promise."""
+
+    @FAST
+    @given(broken_nodes(), st.sampled_from(sorted(WORKLOADS.rglob("*.yaml"))), st.booleans())
+    @example({"apiVersion": "v1", "kind": "Node", "spec": {  # a taint with a list as key
+        "taints": [{"key": [], "value": "present", "effect": "NoSchedule"}]}, "metadata": {
+            "name": "n", "labels": {"cloud.google.com/gke-accelerator": "nvidia-l4"}}},
+        WORKLOADS / "pod.yaml", False)
+    def test_our_nodes_with_junk_in_them(self, tmp_path_factory: pytest.TempPathFactory,
+                                         node: Any, workload: Path, as_json: bool) -> None:
+        path = tmp_path_factory.mktemp("node") / "node.yaml"
+        path.write_text(dump([node], as_json))
+        done = CliRunner().invoke(cli, ["check-pod", str(workload), "--node-labels",
+                                        str(path), "--output", "json"])
+        assert done.exit_code in (0, 2, 14), (done.exit_code, done.output, done.exception)
+        assert "error(internal)" not in done.stderr
+        assert len(done.stderr.splitlines()) == (0 if done.exit_code == 0 else 1)
 
 
 class TestWholeProcess:

@@ -1,9 +1,10 @@
 """Where the common custom resources keep their pod templates (multi-GPU work mostly lives in
-these): LeaderWorkerSet, JobSet, Ray, the Kubeflow training jobs, KServe and Argo Workflows.
+these): LeaderWorkerSet, JobSet, Ray, the Kubeflow training jobs, KServe, Knative, NVIDIA's
+NIMService and Argo Workflows.
 
-KServe and Argo hold no complete pod template: the PodSpec their controllers will build is put
-together here from the parts the object gives (a model's container, the template's container,
-the scheduling fields), so the same rules can judge it.
+KServe, NIMService and Argo hold no complete pod template: the PodSpec their controllers will
+build is put together here from the parts the object gives (a model's container, the
+template's container, the scheduling fields), so the same rules can judge it.
 """
 
 from __future__ import annotations
@@ -162,6 +163,47 @@ def kserve(document: Mapping[str, Any]) -> list[Template]:
                 if k not in ("pipelineParallelSize", "tensorParallelSize")},
                 None, ", ".join(sizes) or "workers"))
     return found
+
+
+def knative(document: Mapping[str, Any]) -> list[Template]:
+    """Knative Service and Configuration: spec.template, scaled by its autoscaling
+    annotations (`autoscaling.knative.dev/min-scale`; Knative's default minimum is 0)."""
+    template = at(document, "spec", "template")
+    if not isinstance(template, Mapping):
+        return []
+    notes = at(template, "metadata", "annotations")
+    scale = {key: int(value) for key in ("min-scale", "max-scale", "initial-scale")
+             if isinstance(value := at(notes, f"autoscaling.knative.dev/{key}"), str)
+             and value.isascii() and value.isdecimal() and len(value) < 10}
+    return [Template("spec.template", at(template, "spec"), scale.get("min-scale"),
+                     ", ".join(f"{key} {value}" for key, value in scale.items()))]
+
+
+# NVIDIA's NIM Operator: the container is described field by field in the spec.
+NIM_POD_FIELDS = ("nodeSelector", "tolerations", "affinity", "runtimeClassName",
+                  "schedulerName", "priorityClassName")
+
+
+def nim_service(document: Mapping[str, Any]) -> list[Template]:
+    """NIMService: one container from spec.image, resources, env, command and args, with the
+    spec's scheduling fields; spec.replicas (default 1) pods, or what its autoscaler allows."""
+    spec = at(document, "spec")
+    if not isinstance(spec, Mapping):
+        return []
+    name = at(document, "metadata", "name")
+    container: dict[str, Any] = {"name": name if isinstance(name, str) else "nim"}
+    repository, tag = at(spec, "image", "repository"), at(spec, "image", "tag")
+    if isinstance(repository, str):
+        container["image"] = f"{repository}:{tag}" if isinstance(tag, str | int) else repository
+    container.update({f: spec[f] for f in ("resources", "env", "command", "args") if f in spec})
+    pod = {f: spec[f] for f in NIM_POD_FIELDS if f in spec}
+    replicas = count(spec.get("replicas"))
+    said = [f"replicas {replicas}"] if replicas is not None else []
+    if at(spec, "scale", "enabled") is True:
+        said += [f"{f} {v}" for f in ("minReplicas", "maxReplicas")
+                 if (v := count(at(spec, "scale", "hpa", f))) is not None]
+    return [Template("spec", {**pod, "containers": [container]},
+                     1 if replicas is None else replicas, ", ".join(said))]
 
 
 # Argo: a template that runs a pod gives one container (`container`, `script`) or several

@@ -31,9 +31,10 @@ def templates(document: Mapping[str, Any]) -> list[Template]:
     """Every pod template of an object; [] for one that holds none (a Service, a Node)."""
     kind = str(document.get("kind"))
     group = str(document.get("apiVersion", "")).rpartition("/")[0]
-    finder = KNOWN.get(kind)
-    if finder is not None and (not group or group in finder[0] or "" in finder[0]):
-        return finder[1](document)
+    groups, finder = KNOWN.get(kind, (frozenset(), None))
+    if finder is not None and (group in groups or "" in groups
+                               or (not group and kind in BUILT_IN)):
+        return finder(document)
     if group in PATTERN_GROUPS:
         return []
     return list(search(document))
@@ -100,10 +101,15 @@ KNOWN: dict[str, tuple[frozenset[str], Callable[[Mapping[str, Any]], list[Templa
     **{kind: (frozenset({"kubeflow.org"}), crds.kubeflow) for kind in (
         "PyTorchJob", "TFJob", "MPIJob", "XGBoostJob", "PaddleJob", "MXJob", "JAXJob")},
     "InferenceService": (frozenset({"serving.kserve.io"}), crds.kserve),
+    **{kind: (frozenset({"serving.knative.dev"}), crds.knative) for kind in (
+        "Service", "Configuration")},
+    "NIMService": (frozenset({"apps.nvidia.com"}), crds.nim_service),
     **{kind: (frozenset({"argoproj.io"}), crds.argo) for kind in (
         "Workflow", "WorkflowTemplate", "ClusterWorkflowTemplate", "CronWorkflow")},
 }
-KINDS_TEXT = ", ".join(KNOWN)
+KINDS_TEXT = ("a Pod, a workload (Deployment, StatefulSet, DaemonSet, Job, CronJob...) or a "
+              "custom resource holding one (LeaderWorkerSet, JobSet, RayCluster, PyTorchJob, "
+              "InferenceService, Workflow...)")
 # Kubernetes' own kinds: the API server validates their PodSpecs (container names included).
 BUILT_IN = frozenset(("Pod", "PodTemplate", "Deployment", "StatefulSet", "ReplicaSet",
                       "ReplicationController", "DaemonSet", "Job", "CronJob"))
@@ -145,7 +151,9 @@ def _generic(spec: Mapping[str, Any], path: str, parent: Any, grandparent: Any) 
     # a PodSpec inline may carry its counts itself (as KServe's components do)
     holders: tuple[Any, ...] = (spec, parent)
     if path == "spec" or path.endswith(".spec"):
-        path, holders = path.removesuffix("spec").removesuffix("."), (grandparent,)
+        # the template itself (Seldon's `{replicas, spec}`) or what holds it (`{replicas,
+        # template}`) says how many
+        path, holders = path.removesuffix("spec").removesuffix("."), (parent, grandparent)
     counts = [(f, next((n for h in holders if (n := count(at(h, f))) is not None), None))
               for f in COUNT_FIELDS]
     said = [f"{f} {v}" for f, v in counts if v is not None]

@@ -21,7 +21,7 @@ from installer.errors import ConfigError, printable
 
 MAX_BYTES = 4 * 1024 * 1024
 # A line that starts a YAML document; no document's content can start with it at column 0.
-DOCUMENT_START = re.compile(r"^---(?=[ \t]|$)", re.MULTILINE)
+DOCUMENT_START = re.compile(r"^---(?=[ \t\r]|$)", re.MULTILINE)
 # Go-template actions as Helm charts write them (`{{ .Values.x }}`, `{{- if }}`, `{{ include }}`);
 # Argo's `{{inputs.parameters.x}}` is not one of them: it is the workflow's own syntax.
 HELM_ACTION = re.compile(
@@ -64,7 +64,7 @@ class Workload:
             title += f" {self.path}"
         if self.multiplicity:
             title += f" ({self.multiplicity})"
-        return title
+        return printable(title)  # names come from the document: no control characters
 
 
 @dataclass(frozen=True)
@@ -129,8 +129,7 @@ def parse(data: bytes, source: str) -> Documents:
         [f"{len(documents.skipped) - 5} more"] if len(documents.skipped) > 5 else [])
     what = f" (found {', '.join(found)})" if found else ""
     raise WorkloadError(f"{source} holds no workload{what}",
-                        remedy=f"give a manifest with a pod template ({shapes.KINDS_TEXT}, "
-                               "or any kind whose spec holds one)")
+                        remedy=f"give a manifest that holds a pod template: {shapes.KINDS_TEXT}")
 
 
 def read_documents(data: bytes, source: str) -> Documents:
@@ -153,12 +152,10 @@ def _read(data: bytes, source: str) -> tuple[Documents, list[Problem]]:
             found.problems.append(_unreadable(exc, chunk, first_line,
                                               f"{source} document {number}"))
             continue
-        helm = HELM_ACTION.search(chunk)
-        helm_line = first_line + chunk.count("\n", 0, helm.start()) if helm else None
         for document in loaded:
             number += 1
             for where, item in _flatten(document, f"{source} document {number}"):
-                found.add(item, number, where, helm_line)
+                found.add(item, number, where, (first_line, chunk))
     return found.documents(), found.problems
 
 
@@ -176,8 +173,9 @@ class _Found:
         return Documents(tuple(self.workloads), tuple(self.skipped),
                          tuple(p.line for p in self.problems), tuple(self.others))
 
-    def add(self, document: Any, number: int, where: str, helm_line: int | None) -> None:
-        """One object: its workloads, or why not (a problem), or kept as another object."""
+    def add(self, document: Any, number: int, where: str, text: tuple[int, str]) -> None:
+        """One object: its workloads, or why not (a problem), or kept as another object.
+        `text` is its document's first line number and text, to point at a Helm action."""
         if not isinstance(document, dict):
             self.problems.append(Problem(
                 f"{where} is a {type(document).__name__}, not a Kubernetes object",
@@ -194,13 +192,14 @@ class _Found:
         except ShapeError as exc:
             self.problems.append(Problem(f"{where} {exc.message}", exc.remedy))
             return
+        helm = _helm_action(document) if found else None
         if not found:
             self.skipped.append(_describe(document))
             self.others.append(document)
-        elif helm_line is not None:
+        elif helm is not None:
             self.problems.append(Problem(
-                f"{where} ({kind}) is a Helm template ({{{{ at line {helm_line}), not a "
-                "manifest yet", RENDER))
+                f"{where} ({kind}) is a Helm template ({{{{ at line {_line_of(helm, *text)}), "
+                "not a manifest yet", RENDER))
         else:
             for template in found:
                 self._template(document, kind, number, where, template)
@@ -221,6 +220,38 @@ class _Found:
         self.workloads.append(Workload(
             number, kind, str(name), str(namespace) if namespace else None, spec,
             template.path, template.replicas, template.multiplicity))
+
+
+# Where a workload may hold Go templates of its own (`kubectl -o go-template=...` in a
+# container's command, a script's source, an annotation for another tool): not Helm's.
+OWN_TEMPLATES = frozenset({"command", "args", "source", "annotations"})
+
+
+def _helm_action(document: Mapping[str, Any]) -> str | None:
+    """The first value of a workload that holds a Helm action, outside OWN_TEMPLATES: a
+    template whose actions are quoted parses as YAML but is not a manifest yet."""
+    stack: list[Any] = [document]
+    for _ in range(shapes.MAX_NODES):
+        if not stack:
+            break
+        node = stack.pop()
+        if isinstance(node, str) and HELM_ACTION.search(node):
+            return node
+        if isinstance(node, Mapping):  # reversed: the first in document order is named
+            stack.extend(reversed([v for k, v in node.items() if k not in OWN_TEMPLATES]))
+        elif isinstance(node, list):
+            stack.extend(reversed(node))
+    return None
+
+
+def _line_of(value: str, first_line: int, chunk: str) -> int:
+    """The line of the document's text where `value` (or, quoted another way, its first
+    Helm action) is."""
+    at = chunk.find(value)
+    if at < 0:
+        action = HELM_ACTION.search(value)
+        at = max(chunk.find(action.group(0)) if action else 0, 0)
+    return first_line + chunk.count("\n", 0, at)
 
 
 def _named_containers(spec: Any, *, strict: bool) -> Mapping[str, Any] | None:
