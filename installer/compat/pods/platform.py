@@ -47,8 +47,9 @@ class Platform:
 
     def adds_toleration(self, taint: Mapping[str, object], requested: Iterable[str]) -> bool:
         """Would admission add a toleration for this taint (a requested resource's name)?"""
+        key = taint.get("key")  # a Node from a file: anything YAML allows
         return self.admission and taint.get("effect") == "NoSchedule" \
-            and taint.get("key") in set(requested)
+            and isinstance(key, str) and key in set(requested)
 
     def describe(self) -> str:
         shown = _taint_text(self.taint)
