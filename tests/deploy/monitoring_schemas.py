@@ -3,7 +3,8 @@
 Debian ships neither the Prometheus Operator's CRDs nor Google's Managed Prometheus CRDs,
 and we copy no other project's files, so these are written here, by hand, from the two
 APIs' published reference docs (Prometheus Operator `monitoring.coreos.com/v1` PodMonitor;
-GKE Managed Service for Prometheus `monitoring.googleapis.com/v1` PodMonitoring). They are
+GKE Managed Service for Prometheus `monitoring.googleapis.com/v1` PodMonitoring and
+ClusterPodMonitoring). They are
 a strict SUBSET: every field our examples use, plus their documented siblings, with
 `additionalProperties: false`, so a misspelt or invented field fails as the API server's
 structural schema would prune or reject it. They do not prove the full CRDs accept every
@@ -80,23 +81,33 @@ POD_MONITOR: Schema = _resource("monitoring.coreos.com/v1", "PodMonitor", {
     })},
 }, ("selector",))
 
-POD_MONITORING: Schema = _resource("monitoring.googleapis.com/v1", "PodMonitoring", {
-    "selector": _LABEL_SELECTOR,
-    "endpoints": {"type": "array", "minItems": 1, "items": _object({
-        "port": {"anyOf": [_STRING, {"type": "integer"}]}, "path": _STRING,
-        "scheme": {"enum": ["http", "https"]}, "interval": _DURATION,
-        "timeout": _DURATION, "params": {"type": "object"},
-        "metricRelabeling": {"type": "array", "items": _GMP_RELABEL},
-        "proxyUrl": _STRING,
-    }, ("port",))},
-    "targetLabels": _object({
-        "metadata": {"type": "array", "items": {"enum": [
-            "pod", "container", "node", "top_level_controller_name",
-            "top_level_controller_type"]}},
-        "fromPod": {"type": "array", "items": _object({"from": _STRING, "to": _STRING},
-                                                       ("from",))},
-    }),
-    "limits": _object({"samples": {"type": "integer"}, "labels": {"type": "integer"},
-                       "labelNameLength": {"type": "integer"},
-                       "labelValueLength": {"type": "integer"}}),
-}, ("selector", "endpoints"))
+_POD_LABELS = ["pod", "container", "node", "top_level_controller_name",
+               "top_level_controller_type"]
+
+
+def _managed(kind: str, metadata: list[str]) -> Schema:
+    """GMP's PodMonitoring and ClusterPodMonitoring: the same spec, except which of the
+    scraped pod's labels `targetLabels.metadata` may name (the cluster-wide one may also
+    leave out, or name, `namespace`)."""
+    return _resource("monitoring.googleapis.com/v1", kind, {
+        "selector": _LABEL_SELECTOR,
+        "endpoints": {"type": "array", "minItems": 1, "items": _object({
+            "port": {"anyOf": [_STRING, {"type": "integer"}]}, "path": _STRING,
+            "scheme": {"enum": ["http", "https"]}, "interval": _DURATION,
+            "timeout": _DURATION, "params": {"type": "object"},
+            "metricRelabeling": {"type": "array", "items": _GMP_RELABEL},
+            "proxyUrl": _STRING,
+        }, ("port",))},
+        "targetLabels": _object({
+            "metadata": {"type": "array", "items": {"enum": metadata}},
+            "fromPod": {"type": "array", "items": _object({"from": _STRING, "to": _STRING},
+                                                           ("from",))},
+        }),
+        "limits": _object({"samples": {"type": "integer"}, "labels": {"type": "integer"},
+                           "labelNameLength": {"type": "integer"},
+                           "labelValueLength": {"type": "integer"}}),
+    }, ("selector", "endpoints"))
+
+
+POD_MONITORING = _managed("PodMonitoring", _POD_LABELS)
+CLUSTER_POD_MONITORING = _managed("ClusterPodMonitoring", ["namespace", *_POD_LABELS])

@@ -30,7 +30,7 @@ from metricexamples import (
 from prometheus import binary
 
 from deploy.manifests import OVERLAYS, one, pod_spec, render
-from deploy.monitoring_schemas import POD_MONITOR, POD_MONITORING
+from deploy.monitoring_schemas import CLUSTER_POD_MONITORING, POD_MONITOR, POD_MONITORING
 
 KUBERNETES_VERSIONS = ("1.28.0", "1.33.0")
 # The names the agent exports (docs/metrics.md); the dashboard and rule may use only these.
@@ -47,6 +47,7 @@ METRICS = {
     "gpu_node_installer_gpu_remapped_rows", "gpu_node_installer_collection_errors_total",
     "gpu_node_installer_pod_resources_available", "gpu_node_installer_metrics_age_seconds",
 }
+MONITORS = ["podmonitor.yaml", "podmonitoring.yaml", "clusterpodmonitoring.yaml"]
 PROMQL_WORDS = {"max", "sum", "avg", "count", "by", "increase", "rate", "without", "on",
                 "ignoring"}
 
@@ -62,8 +63,9 @@ def test_kubernetes_objects_strictly_valid(name: str, version: str) -> None:
         kubernetes_validate.validate(doc, version, strict=True)
 
 
-@pytest.mark.parametrize(("name", "schema"), [("podmonitor.yaml", POD_MONITOR),
-                                              ("podmonitoring.yaml", POD_MONITORING)])
+@pytest.mark.parametrize(("name", "schema"), [
+    ("podmonitor.yaml", POD_MONITOR), ("podmonitoring.yaml", POD_MONITORING),
+    ("clusterpodmonitoring.yaml", CLUSTER_POD_MONITORING)])
 def test_monitors_match_their_crd_schema(name: str, schema: dict) -> None:
     (monitor,) = _docs(name)
     jsonschema.validate(monitor, schema)
@@ -78,7 +80,7 @@ def _endpoints(monitor: dict) -> list[dict]:
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
-@pytest.mark.parametrize("name", ["podmonitor.yaml", "podmonitoring.yaml"])
+@pytest.mark.parametrize("name", MONITORS)
 def test_monitors_select_the_agent_and_its_metrics_port(name: str, overlay: str) -> None:
     (monitor,) = _docs(name)
     template = one(render(f"overlays/{overlay}"), "DaemonSet", "gpu-node-installer")
@@ -97,6 +99,10 @@ def test_podmonitor_keeps_the_workloads_labels() -> None:
     assert endpoint["honorLabels"] is True
     (managed,) = _docs("podmonitoring.yaml")
     assert not {"pod", "container"} & set(managed["spec"]["targetLabels"]["metadata"])
+    (cluster,) = _docs("clusterpodmonitoring.yaml")
+    assert not {"namespace", "pod", "container"} & set(
+        cluster["spec"]["targetLabels"]["metadata"])
+    assert "namespace" not in cluster["metadata"]  # cluster-scoped
 
 
 def test_hpa_asks_for_the_metric_the_adapter_serves() -> None:

@@ -68,6 +68,15 @@ def test_answer_follows_the_kubelet(socket_dir: Path) -> None:
         assert list_assignments(socket_dir) == [INFER]
 
 
+def test_a_large_answer_crosses_http2_flow_control_windows(socket_dir: Path) -> None:
+    """Far over HTTP/2's initial 64 KiB window: the client must grant more as it reads."""
+    many = [ContainerDevices(f"ns-{i % 7}", f"pod-{i}", "main", GPU,
+                             tuple(f"GPU-{i:08d}-{j}-{'x' * 40}" for j in range(8)))
+            for i in range(1000)]
+    with serve(socket_dir, many):
+        assert list_assignments(socket_dir, timeout_s=30) == many
+
+
 def _field(number: int, payload: bytes) -> bytes:
     """A length-delimited protobuf field (wire type 2), lengths below 128."""
     assert len(payload) < 128
