@@ -17,9 +17,11 @@ samples, memory, temperature, power, ECC, remapped rows, UUID, name, PCI id) for
            target: the agent with metrics on <= 60 MB
   pass     the baseline's own time for one 8-GPU pass, ms (what NVML costs, not the server)
 Without `--kubelet` the PodResources socket is absent (a node without the kubelet's API
-mounted): grpc is never imported, as on such a node. With `--kubelet` a real gRPC
-PodResources server (tests/podresources.py) assigns one GPU to each of 8 containers, so the
-agent loads grpc and serves the per-container series too.
+mounted), as on such a node. With `--kubelet` a real gRPC PodResources server
+(tests/podresources.py, grpcio) assigns one GPU to each of 8 containers, so the agent's client
+(one unary gRPC call over HTTP/2 through h2, installer/node/grpcunix.py) runs every collection
+and the per-container series are served too; "grpcio loaded" checks the agent's memory maps
+for grpcio's extension, which the agent must never load.
 """
 
 from __future__ import annotations
@@ -185,7 +187,7 @@ def measure(args: argparse.Namespace, sockets: Path) -> int:
                         peak[name] = max(peak[name], rss_mb(p.pid))
                 pss = {name: pss_mb(p.pid)[0] for name, p in processes.items()}
                 maps = Path(f"/proc/{processes['agent'].pid}/maps").read_text()
-                grpc_loaded = "cygrpc" in maps
+                grpcio_loaded = "cygrpc" in maps
         finally:
             for process in processes.values():
                 process.terminate()
@@ -207,7 +209,7 @@ def measure(args: argparse.Namespace, sockets: Path) -> int:
                       "max": round(latencies[-1], 2)},
         "rss_max_mb": {k: round(v, 1) for k, v in peak.items()}, "pss_mb": pss,
         "baseline_pass_ms_median": float(passes[-1]) if passes else None,
-        "grpc_loaded": grpc_loaded}
+        "grpcio_loaded": grpcio_loaded}
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
@@ -218,7 +220,7 @@ def measure(args: argparse.Namespace, sockets: Path) -> int:
     for name in processes:
         print(f"{name:<18} RSS max {peak[name]:6.1f} MB  PSS {pss[name]:6.1f} MB")
     print(f"baseline: one 8-GPU pynvml pass, median {report['baseline_pass_ms_median']} ms; "
-          f"grpc loaded in the agent: {grpc_loaded}")
+          f"grpcio loaded in the agent: {grpcio_loaded}")
     return 0
 
 
