@@ -10,11 +10,13 @@ MIG `config` and `monitor` caps (those repartition or watch every GPU).
 
 A GPU in MIG mode is not offered whole: `/dev/nvidia<minor>` alone reaches no instance, and
 a name for it would read as the whole GPU. An instance whose nodes are not on /dev (made by
-the partition stage) is left out rather than offered without them.
+the partition stage) is left out rather than offered without them; one whose UUID is not
+of the `MIG-<uuid>` form is named by index only.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from pathlib import PurePosixPath
 from typing import Any
@@ -23,6 +25,9 @@ from installer.installdir import cdi, migrecord
 from installer.node.host import Host
 from installer.node.kmod import mig_minors
 from installer.node.pci import bus_key
+
+# NVIDIA's MIG UUID (`MIG-<uuid>`); an R450-era `MIG-GPU-<uuid>/<gi>/<ci>` is no CDI name
+_MIG_UUID = re.compile(r"MIG-[0-9A-Fa-f][0-9A-Fa-f-]{0,63}")
 
 
 def node_spec(host: Host, install_dir: PurePosixPath, version: str,
@@ -53,9 +58,9 @@ def _mig_rows(record: dict[str, Any] | None, gpus: Sequence[cdi.CdiGpu]
 
 
 def _well_formed(device: object) -> bool:
+    """A record entry we can name: whole numbers from 0 for the index and the ids."""
     return isinstance(device, dict) and all(
-        isinstance(device.get(k), int) and not isinstance(device.get(k), bool)
-        for k in ("index", "gi", "ci")) and isinstance(device.get("uuid", ""), str)
+        type(device.get(k)) is int and device[k] >= 0 for k in ("index", "gi", "ci"))
 
 
 def devices(host: Host, gpus: Sequence[tuple[cdi.CdiGpu, list[dict[str, Any]]]]
@@ -64,17 +69,20 @@ def devices(host: Host, gpus: Sequence[tuple[cdi.CdiGpu, list[dict[str, Any]]]]
     minors = cdi.gpu_minors(host)
     table = mig_minors(host)
     entries: list[dict[str, Any]] = []
+    named: set[str] = set()  # a doctored record's repeated name would void the whole spec
     for gpu, migs in gpus:
         minor = minors.get(bus_key(gpu.pci_bus_id), gpu.index)
         parent = cdi.dev_node(host, f"nvidia{minor}")
         for mig in sorted(migs, key=lambda m: int(m["index"])):
             nodes = [parent, *(_cap(host, table, key) for key in _cap_keys(minor, mig))]
-            if any(node is None for node in nodes):
+            names = [f"{gpu.index}:{mig['index']}"]
+            if _MIG_UUID.fullmatch(str(mig.get("uuid", ""))):
+                names.append(str(mig["uuid"]))
+            if any(node is None for node in nodes) or named & set(names):
                 continue
+            named.update(names)
             edits = {"deviceNodes": [n.entry() for n in nodes if n is not None]}
-            entries.append({"name": f"{gpu.index}:{mig['index']}", "containerEdits": edits})
-            if str(mig.get("uuid", "")).startswith("MIG-"):
-                entries.append({"name": mig["uuid"], "containerEdits": edits})
+            entries += [{"name": name, "containerEdits": edits} for name in names]
     return entries
 
 

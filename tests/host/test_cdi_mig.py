@@ -10,13 +10,20 @@ Scenes (host tree, stand-in state, simulated kernel) come from test_partition.py
 from __future__ import annotations
 
 import json
+import os
 import re
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
+import pytest
+from e2e import NODE
 from host.test_cdi import SPEC, validate
 from host.test_partition import A100_40, H100, MigNode, device_plugin_view, mig_node
 from migconfigs import MIG_PARTED
+
+from installer.installdir import cdi, cdimig, migrecord
+from installer.node.host import RealHost, Roots
+from installer.testing import SAMPLE_NODES, build_node
 
 MIG_UUID = re.compile(r"^MIG-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
@@ -150,3 +157,85 @@ def test_repartition_rewrites_the_spec_and_mig_off_offers_whole_gpus(tmp_path: P
     assert [d["name"] for d in whole["devices"]] == [
         "0", uuids[0], "1", uuids[1], "2", uuids[2], "all"]
     assert by_name(whole)["all"] == [(f"/dev/nvidia{g}", 195, g) for g in range(3)]
+
+
+def real_node(tmp_path: Path) -> tuple[RealHost, list[cdi.CdiGpu], Path]:
+    """Two H100s on real character devices whose driver minors are the reverse of NVML's
+    indexes, the driver's mig-minors for gpu0..1, and the cap nodes of GI 1 / CI 0 on each
+    (the partition stage's work); returns the host, the verified GPUs and the install root."""
+    if os.geteuid() != 0:
+        pytest.skip("mknod of character devices needs root")
+    root = tmp_path / "node"
+    build_node(root, SAMPLE_NODES[NODE])
+    buses = ["0000:10:00.0", "0000:11:00.0"]
+    for minor, bus in zip((1, 0), buses, strict=True):
+        info = root / "proc/driver/nvidia/gpus" / bus / "information"
+        info.parent.mkdir(parents=True, exist_ok=True)
+        info.write_text(f"Model: \t\t NVIDIA H100 80GB HBM3\nDevice Minor: \t {minor}\n")
+    table = root / "proc/driver/nvidia-caps/mig-minors"
+    table.parent.mkdir(parents=True)
+    table.write_text("config 1\nmonitor 2\n" + "".join(
+        f"gpu{g}/gi{i}/access {3 + 135 * g + 9 * i}\n" + "".join(
+            f"gpu{g}/gi{i}/ci{c}/access {4 + 135 * g + 9 * i + c}\n" for c in range(8))
+        for g in range(2) for i in range(15)))
+    dev = root / "dev"
+    (dev / "nvidia-caps").mkdir(parents=True, exist_ok=True)
+    numbers = {"nvidia0": (195, 0), "nvidia1": (195, 1), "nvidiactl": (195, 255),
+               **{f"nvidia-caps/nvidia-cap{m}": (237, m) for m in (1, 2, 12, 13, 147, 148)}}
+    for name, (major, minor) in numbers.items():
+        if (dev / name).exists():
+            (dev / name).unlink()
+        os.mknod(dev / name, 0o20666, os.makedev(major, minor))
+    host = RealHost(Roots(root, root / "proc", root / "sys", dev))
+    gpus = [cdi.CdiGpu(i, f"GPU-{i:08x}-0000-4000-8000-000000000000", f"0000{bus}".upper())
+            for i, bus in enumerate(buses)]
+    install_root = root / INSTALL_DIR.lstrip("/")
+    (install_root / ".versions/v").mkdir(parents=True)
+    return host, gpus, install_root
+
+
+INSTALL_DIR = "/home/kubernetes/bin/nvidia"
+
+
+def row(gpu: cdi.CdiGpu, devices: list[Any], enabled: bool = True) -> dict[str, Any]:
+    """A `.mig.json` row as the partition stage writes it."""
+    return {"index": gpu.index, "name": "NVIDIA H100 80GB HBM3", "uuid": gpu.uuid,
+            "memory_mib": 81559, "pci_bus_id": gpu.pci_bus_id, "mig_enabled": enabled,
+            "devices": [["3g.40gb", 1]], "mig_devices": devices}
+
+
+def test_minors_follow_the_driver_and_a_doctored_record_names_nothing_false(
+        tmp_path: Path) -> None:
+    host, gpus, install_root = real_node(tmp_path)
+    good = {"index": 0, "uuid": "MIG-0b7c3a4e-8d2f-5e61-9a0b-1c2d3e4f5a6b", "gi": 1, "ci": 0}
+    migrecord.write(install_root, "test", [
+        row(gpus[0], [good,
+                      {**good, "uuid": "MIG-0b7c3a4e-8d2f-5e61-9a0b-1c2d3e4f5a6c"},  # index 0 again
+                      {"index": 1, "uuid": "MIG-../../etc", "gi": 1, "ci": 0},  # no CDI name
+                      {"index": 2, "uuid": "MIG-aa", "gi": 2, "ci": 0},  # no cap node on /dev
+                      {"index": 3, "uuid": "MIG-bb", "gi": "1", "ci": 0},
+                      {"index": -1, "uuid": "MIG-cc", "gi": 1, "ci": 0}, "junk"]),
+        row(gpus[1], [{"index": 0, "uuid": "MIG-GPU-x/1/0", "gi": 1, "ci": 0}]),
+        row(cdi.CdiGpu(7, "GPU-not-verified", "0000:99:00.0"), [good])])
+    spec = cdimig.node_spec(host, PurePosixPath(INSTALL_DIR), "v", gpus)
+    assert spec is not None
+    validate(spec)
+    devices = by_name(spec)
+    # NVML's GPU 0 is the driver's minor 1: its node and its caps are gpu1's (3+135+9, +1)
+    assert devices["0:0"] == devices[good["uuid"]] == [
+        ("/dev/nvidia1", 195, 1), ("/dev/nvidia-caps/nvidia-cap147", 237, 147),
+        ("/dev/nvidia-caps/nvidia-cap148", 237, 148)]
+    assert devices["0:1"] == [("/dev/nvidia1", 195, 1), *devices["0:0"][1:]]
+    # GPU 1 (minor 0): gpu0/gi1 = 12, ci0 = 13; an old-form UUID names nothing
+    assert devices["1:0"] == [("/dev/nvidia0", 195, 0), ("/dev/nvidia-caps/nvidia-cap12", 237, 12),
+                              ("/dev/nvidia-caps/nvidia-cap13", 237, 13)]
+    assert list(devices) == ["0:0", good["uuid"], "0:1", "1:0", "all"]
+    no_control_caps(spec)
+
+    # the record says MIG off: whole GPUs; no record at all: the same
+    migrecord.write(install_root, "test", [row(g, [], enabled=False) for g in gpus])
+    whole = cdimig.node_spec(host, PurePosixPath(INSTALL_DIR), "v", gpus)
+    assert whole is not None and list(by_name(whole)) == [
+        "0", gpus[0].uuid, "1", gpus[1].uuid, "all"]
+    migrecord.forget(install_root)
+    assert cdimig.node_spec(host, PurePosixPath(INSTALL_DIR), "v", gpus) == whole
