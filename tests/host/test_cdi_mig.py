@@ -120,9 +120,8 @@ def test_gke_a100_install_offers_each_mig_device(tmp_path: Path) -> None:
 
 def test_repartition_rewrites_the_spec_and_mig_off_offers_whole_gpus(tmp_path: Path) -> None:
     node = mig_node(tmp_path, H100, 3)
-    config = tmp_path / "mig.yaml"
-    config.write_text(MIG_PARTED)
-    args = ("--mig-config-file", str(config))
+    (tmp_path / "mig.yaml").write_text(MIG_PARTED)  # NVIDIA's shapes + `custom`
+    args = ("--mig-config-file", str(tmp_path / "mig.yaml"))
     done = node.install(*args, "--mig-config", "all-1g.10gb")
     assert done.returncode == 0, done.stderr
     first = spec_of(node)
