@@ -26,7 +26,8 @@ configured) from injecting a second set.
 
 Not in the spec: the MIG capability nodes `nvidia-caps/nvidia-cap1` (config) and `cap2`
 (monitor), which would let any GPU container repartition or watch every GPU; MIG devices
-come in through `extra_devices` (the partition stage's seam), each with its own caps.
+come in through `extra_devices` (`cdimig`, from the partition stage's record), each with
+its own GPU instance and compute instance caps.
 NVSwitch nodes are Fabric Manager's, never a container's.
 
 `cdiVersion` is the lowest whose features the spec uses (`minimum_version`): device names

@@ -22,7 +22,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from installer.config import Config
-from installer.installdir import cdi
+from installer.installdir import cdi, cdimig
 from installer.installdir.layout import CDI_RECORD
 from installer.installdir.versions import current_name
 from installer.node.host import Host, Roots, write_atomic
@@ -96,7 +96,8 @@ def refresh(config: Config, host: Host) -> Published | None:
         return None
     version = current_name(install)
     gpus = cdi.gpus_from(record.get("gpus"))
-    spec = None if version is None else cdi.node_spec(host, config.install_dir, version, gpus)
+    spec = None if version is None else cdimig.node_spec(host, config.install_dir, version,
+                                                         gpus)
     return publish(config, host.roots, spec, version, gpus)
 
 

@@ -1,8 +1,9 @@
 """`.mig.json`: the MIG layout the partition stage left on the node, per GPU.
 
 Written by the partition stage after it applied (or found) the configured layout, removed
-when MIG is no longer configured; the signal stage labels the slices from it and `status`
-shows it, neither of them asking NVML again.
+when MIG is no longer configured; the signal stage labels the slices and names the MIG
+devices in the CDI spec from it (`cdimig`), and `status` shows it, none of them asking
+NVML again.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ _MAX_BYTES = 256 * 1024
 
 
 def read(install_root: Path) -> dict[str, Any] | None:
-    """`{"source": ..., "gpus": [{index, name, memory_mib, mig_enabled, devices}]}` or None
+    """`{"source": ..., "gpus": [{index, name, uuid, memory_mib, pci_bus_id, mig_enabled,
+    devices, mig_devices: [{index, uuid, gi, ci}]}]}` or None
     (absent or unreadable: the node's MIG is not ours to describe)."""
     try:
         with open(install_root / MIG_RECORD, "rb") as handle:

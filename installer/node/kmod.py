@@ -146,6 +146,18 @@ def char_majors(host: Host) -> dict[str, int]:
     return parse_char_majors(text)
 
 
+def mig_minors(host: Host) -> dict[str, int]:
+    """The driver's MIG capability table, /proc/driver/nvidia-caps/mig-minors:
+    `gpu0/gi1/access` (and `gpu0/gi1/ci0/access`, `config`, `monitor`) -> its minor."""
+    table: dict[str, int] = {}
+    for line in (host.read_text(host.roots.proc / "driver/nvidia-caps/mig-minors") or ""
+                 ).splitlines():
+        key, _, number = line.strip().rpartition(" ")
+        if key and number.isdigit():
+            table[key] = int(number)
+    return table
+
+
 def parse_char_majors(text: str) -> dict[str, int]:
     majors: dict[str, int] = {}
     in_char = False

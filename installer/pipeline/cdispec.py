@@ -8,7 +8,7 @@ from typing import Any
 
 from installer.context import Context
 from installer.errors import VerificationError
-from installer.installdir import cdi, cdifile
+from installer.installdir import cdi, cdifile, cdimig
 from installer.installdir.readiness import read_ready
 from installer.installdir.versions import current_name
 
@@ -42,7 +42,7 @@ def current_spec(ctx: Context) -> CdiSpec:
         missing = "nothing is staged" if version is None else "no verified GPU"
         raise NoSpecError(f"no CDI spec to show: {missing} in {ctx.config.install_dir}",
                           remedy="run `install` (or `signal`) on this node first")
-    spec = cdi.node_spec(ctx.host, ctx.config.install_dir, version, gpus)
+    spec = cdimig.node_spec(ctx.host, ctx.config.install_dir, version, gpus)
     if spec is None:
         raise NoSpecError(f"no CDI spec to show: no GPU device node (/dev/nvidia<N>) under "
                           f"{ctx.host.roots.dev}", remedy="run `load` (or `install`) first")

@@ -9,7 +9,8 @@ machine's /etc below, a tmpfs above) whose `cdi/` is the host tree's spec direct
 /home/kubernetes is the host tree's: the spec's paths are the real node paths, and nothing
 of the machine's /etc, /var/run/cdi or /home is written. The device nodes inside the
 container are made by runc from the spec's numbers. One image (the deploy tests' local
-bookworm base, imported without a registry), four container runs in all."""
+bookworm base, imported without a registry), four container runs in all; then one more on
+a MIG node (`--device nvidia.com/gpu=0:1`): that instance's GPU and capability nodes only."""
 
 from __future__ import annotations
 
@@ -34,11 +35,13 @@ SPEC = "var/run/cdi/gpu-node-installer-nvidia.json"
 PROBE = r"""
 import ctypes, errno, json, os, stat
 out = {"nodes": {}, "mount": None}
-for name in sorted(os.listdir("/dev")):
-    if name.startswith("nvidia"):
-        info = os.lstat("/dev/" + name)
-        out["nodes"][name] = [stat.S_ISCHR(info.st_mode), os.major(info.st_rdev),
-                              os.minor(info.st_rdev)]
+names = [n for n in os.listdir("/dev") if n.startswith("nvidia") and n != "nvidia-caps"]
+if os.path.isdir("/dev/nvidia-caps"):
+    names += ["nvidia-caps/" + n for n in os.listdir("/dev/nvidia-caps")]
+for name in sorted(names):
+    info = os.lstat("/dev/" + name)
+    out["nodes"][name] = [stat.S_ISCHR(info.st_mode), os.major(info.st_rdev),
+                          os.minor(info.st_rdev)]
 for line in open("/proc/self/mountinfo"):
     fields = line.split()
     if fields[4] == "/usr/local/nvidia/lib64":
@@ -72,16 +75,18 @@ def base() -> str:
     return podman.base_image()[0]
 
 
-def realize_device_nodes(dev: Path) -> dict[str, tuple[int, int]]:
-    """The simulated kernel writes `char MAJ:MIN` files; make them real character devices.
+def realize_device_nodes(dev: Path, caps: bool = False) -> dict[str, tuple[int, int]]:
+    """The simulated kernel writes `char MAJ:MIN` files; make them real character devices
+    (`caps`: the MIG capability nodes too; a later simulated load could not read those back).
     Returns every node's numbers as the host tree has them now."""
-    for path in sorted(dev.glob("nvidia*")):
+    paths = sorted([*dev.glob("nvidia*"), *(dev.glob("nvidia-caps/*") if caps else ())])
+    for path in paths:
         if path.is_file() and not path.is_symlink():
             major, minor = map(int, path.read_text().split()[1].split(":"))
             path.unlink()
             os.mknod(path, 0o20666, os.makedev(major, minor))
             os.chmod(path, 0o666)
-    nodes = {p.name: p.lstat() for p in dev.glob("nvidia*") if not p.is_dir()}  # not caps/
+    nodes = {str(p.relative_to(dev)): p.lstat() for p in paths if not p.is_dir()}
     assert all(stat.S_ISCHR(info.st_mode) for info in nodes.values())
     return {name: (os.major(i.st_rdev), os.minor(i.st_rdev)) for name, i in nodes.items()}
 
@@ -151,3 +156,30 @@ def test_podman_runs_gpu_containers_from_our_spec(base: str, tmp_path: Path) -> 
     assert after["loaded"] == [f"/usr/local/nvidia/lib64/libcuda.so.{V2}",
                                f"/usr/local/nvidia/lib64/libnvidia-ml.so.{V2}"]
     assert not list((scene.root / "home/kubernetes/bin/nvidia").rglob("written-by-a-*"))
+
+
+def test_podman_runs_a_mig_device_from_our_spec(base: str, tmp_path: Path) -> None:
+    """An H100 split into 2x3g.40gb by a real `install` (the MIG stand-in, the simulated
+    kernel); `signal` (RealHost) rewrites the spec from real nodes; a container asking for
+    MIG device 0:1 gets /dev/nvidia0 and exactly GI 2's and its CI 0's capability nodes."""
+    from host.test_partition import H100, mig_node
+
+    node = mig_node(tmp_path, H100, 1)
+    done = node.install("--mig-profile", "3g.40gb")
+    assert done.returncode == 0, done.stderr[-3000:]
+    made = realize_device_nodes(node.scene.root / "dev", caps=True)
+    signal = subprocess.run([sys.executable, "-m", "installer", "signal", *node.scene.args()],
+                            env=node.env, capture_output=True, text=True, timeout=120,
+                            check=False, cwd=Path(__file__).resolve().parents[2])
+    assert signal.returncode == 0, signal.stderr[-3000:]
+    spec = json.loads((node.scene.root / SPEC).read_text())
+    names = [d["name"] for d in spec["devices"]]
+    assert names[:4:2] == ["0:0", "0:1"] and names[3].startswith("MIG-")
+    (seen,) = containers(node.scene, base, ["nvidia.com/gpu=0:1"], tmp_path)
+
+    gi, ci = 3 + 9 * 2, 4 + 9 * 2  # mig-minors: gpu0/gi2/access, gpu0/gi2/ci0/access
+    wanted = ["nvidia0", "nvidiactl", "nvidia-uvm", "nvidia-uvm-tools",
+              f"nvidia-caps/nvidia-cap{gi}", f"nvidia-caps/nvidia-cap{ci}"]
+    assert seen["nodes"] == {name: [True, *made[name]] for name in sorted(wanted)}
+    assert seen["nvmlInit"] == 0 and seen["nvmlDriver"] == [0, V1]
+    assert {"nvidia-caps/nvidia-cap1", "nvidia-caps/nvidia-cap2"} <= set(made)  # not given

@@ -199,6 +199,8 @@ nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int *major,
 
 nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length) {
     char text[96];
+    nvmlReturn_t mig;
+    if (mig_uuid(device, uuid, length, &mig)) return mig; /* nvml_standin_mig_devices.c */
     if (!metrics_value(device->index, "uuid", text, sizeof text))
         snprintf(text, sizeof text, "GPU-5fa0c2d4-0000-4000-8000-%012d", device->index);
     return copy_out(uuid, length, text);

@@ -17,5 +17,7 @@ SHARED int gpu_count(void);
 SHARED int metrics_value(int index, const char *key, char *out, unsigned long size);
 SHARED unsigned long long metrics_number(int index, const char *key, unsigned long long fallback);
 SHARED nvmlReturn_t metrics_error(int index);
+/* nvml_standin_mig_devices.c: 1 (and NVML's answer in *r) when `device` is a MIG handle */
+SHARED int mig_uuid(nvmlDevice_t device, char *out, unsigned int length, nvmlReturn_t *r);
 
 #endif

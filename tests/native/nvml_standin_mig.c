@@ -1,7 +1,9 @@
 /* The NVML stand-in's MIG: mode switching, GPU and compute instances, placements, and the
  * capability files a driver publishes (compiled into the same library as nvml_standin.c).
  * This file holds the models, the state and the files, and the mode calls; the instance
- * calls are in nvml_standin_mig_instances.c, the shared types in nvml_standin_mig.h.
+ * calls are in nvml_standin_mig_instances.c, the MIG device handles (index, UUID
+ * `MIG-...`, GI/CI ids) in nvml_standin_mig_devices.c, the shared types in
+ * nvml_standin_mig.h.
  *
  * Which GPUs have MIG, and with which sizes, comes from each GPU's FAKE_NVML_NAME(S) and
  * FAKE_NVML_MEMORY_MIB (see nvml_standin.c): a name with A100 (under 60 GiB: the 40GB sizes

@@ -249,8 +249,9 @@ def _sysfs_address(gpu: GpuNow) -> str:
 
 def _gpu_rows(gpus: Sequence[GpuNow]) -> tuple[dict[str, Any], ...]:
     return tuple({"index": g.index, "name": g.name, "uuid": g.uuid, "memory_mib": g.memory_mib,
-                  "mig_enabled": g.layout.mig_enabled,
-                  "devices": [list(d) for d in g.layout.devices]} for g in gpus)
+                  "pci_bus_id": g.pci_bus_id, "mig_enabled": g.layout.mig_enabled,
+                  "devices": [list(d) for d in g.layout.devices],
+                  "mig_devices": [asdict(d) for d in g.mig_devices]} for g in gpus)
 
 
 def _planned(change: GpuChange) -> str:

@@ -4,8 +4,9 @@ A process may use a MIG instance only through the capability device of its GPU i
 of its compute instance; GKE's device plugin reads each instance's `access` file under
 `/proc/driver/nvidia/capabilities/gpu<N>/mig/gi<G>[/ci<C>]/access` and mounts the node the
 minor names. The driver makes no nodes itself: the minors come from
-`/proc/driver/nvidia-caps/mig-minors` (`gpu0/gi1/access 12`), the major from `/proc/devices`
-(`nvidia-caps`). Nodes are made by the caller (the load stage's recorded `ensure_nodes`).
+`/proc/driver/nvidia-caps/mig-minors` (`gpu0/gi1/access 12`, `kmod.mig_minors`), the major
+from `/proc/devices` (`nvidia-caps`). Nodes are made by the caller (the load stage's
+recorded `ensure_nodes`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from installer.node import kmod
 from installer.node.host import Host
 
 CAPS_MAJOR_NAME = "nvidia-caps"
-MIG_MINORS = Path("driver/nvidia-caps/mig-minors")
 CAPABILITIES = Path("driver/nvidia/capabilities")
 _MODE_RE = re.compile(r"^DeviceFileMode:\s*(\d+)", re.M)
 _MINOR_RE = re.compile(r"^DeviceFileMinor:\s*(\d+)", re.M)
@@ -35,23 +35,13 @@ class CapNode:
     mode: int
 
 
-def mig_minors(host: Host) -> dict[str, int]:
-    """The driver's table: `gpu0/gi1/access` (and `config`, `monitor`) -> minor."""
-    table: dict[str, int] = {}
-    for line in (host.read_text(host.roots.proc / MIG_MINORS) or "").splitlines():
-        key, _, number = line.strip().rpartition(" ")
-        if key and number.isdigit():
-            table[key] = int(number)
-    return table
-
-
 def plan(host: Host) -> list[CapNode]:
     """A node for each instance's access file that exists now, and for MIG config/monitor;
     empty when the driver has no nvidia-caps device (nothing to make)."""
     major = kmod.char_majors(host).get(CAPS_MAJOR_NAME)
     if major is None:
         return []
-    minors = mig_minors(host)
+    minors = kmod.mig_minors(host)
     base = host.roots.proc / CAPABILITIES
     nodes: dict[int, CapNode] = {}
     for relative in [Path("mig/config"), Path("mig/monitor"), *_access_files(host, base)]:

@@ -20,7 +20,7 @@ import pynvml  # type: ignore[import-untyped]
 
 from installer.compat.mig import MigModel, mig_model
 from installer.errors import MigInUseError, MigLayoutError, MigNvmlError
-from installer.stages.partition.plan import GpuChange, GpuNow, layout
+from installer.stages.partition.plan import GpuChange, GpuNow, MigDevice, layout
 
 T = TypeVar("T")
 
@@ -101,7 +101,28 @@ def _read(index: int) -> GpuNow:
             counts[gi.label] = counts.get(gi.label, 0) + 1
     return GpuNow(index=index, uuid=uuid, name=name, memory_mib=memory_mib,
                   pci_bus_id=_text(pci.busId), layout=layout(bool(current), counts),
-                  mode_pending=current != pending)
+                  mode_pending=current != pending,
+                  mig_devices=_mig_devices(handle, where) if current else ())
+
+
+def _mig_devices(handle: Any, where: str) -> tuple[MigDevice, ...]:
+    """The GPU's MIG devices by NVML's MIG index, as nvidia-ctk enumerates them: every index
+    below the maximum, an unused one answering NOT_FOUND."""
+    most = _call(where, "nvmlDeviceGetMaxMigDeviceCount", pynvml.nvmlDeviceGetMaxMigDeviceCount,
+                 handle)
+    found = []
+    for index in range(int(most)):
+        mig = _call(where, "nvmlDeviceGetMigDeviceHandleByIndex", _optional,
+                    pynvml.nvmlDeviceGetMigDeviceHandleByIndex, handle, index)
+        if mig is None:
+            continue
+        found.append(MigDevice(
+            index, _text(_call(where, "nvmlDeviceGetUUID", pynvml.nvmlDeviceGetUUID, mig)),
+            int(_call(where, "nvmlDeviceGetGpuInstanceId", pynvml.nvmlDeviceGetGpuInstanceId,
+                      mig)),
+            int(_call(where, "nvmlDeviceGetComputeInstanceId",
+                      pynvml.nvmlDeviceGetComputeInstanceId, mig))))
+    return tuple(found)
 
 
 def _mode(handle: Any, where: str) -> tuple[int, int]:

@@ -22,6 +22,17 @@ class GpuLayout:
 
 
 @dataclass(frozen=True)
+class MigDevice:
+    """One MIG device (a compute instance) as NVML enumerates it under its GPU: `index` is
+    NVML's MIG device index, the one nvidia-ctk's CDI names use (`<gpu>:<index>`)."""
+
+    index: int
+    uuid: str
+    gi: int
+    ci: int
+
+
+@dataclass(frozen=True)
 class GpuNow:
     """One GPU as NVML reports it now."""
 
@@ -32,6 +43,7 @@ class GpuNow:
     pci_bus_id: str
     layout: GpuLayout
     mode_pending: bool  # MIG mode switched but a reset is pending (A100)
+    mig_devices: tuple[MigDevice, ...] = ()  # MIG mode on: what containers may be given
 
 
 @dataclass(frozen=True)

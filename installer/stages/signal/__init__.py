@@ -8,7 +8,8 @@ Labels and an Event on the Node are a courtesy: failing to post them is a warnin
 labels describe the GPUs too (`installer.compat.nodelabels`), so pods can select a GPU type;
 they are also kept in `.ready.json`, where `check-pod --here` reads them.
 Before readiness, the CDI spec for the version in service is written (or ours removed:
-CDI=off, no GPU device node), so a runtime that reads CDI has it once the node is ready.
+CDI=off, no GPU device node), so a runtime that reads CDI has it once the node is ready;
+after a repartition (`partition` signals again) it names the new MIG devices.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from installer.compat import nodelabels
 from installer.compat.toolkit import max_cuda_for_driver, minor_compat_major
 from installer.context import Context, Verified
 from installer.errors import VerificationError
-from installer.installdir import cdi, cdifile, migrecord
+from installer.installdir import cdi, cdifile, cdimig, migrecord
 from installer.installdir.layout import READY_FILE, VALIDATION_NODE_PATH
 from installer.installdir.readiness import clear_readiness, ready_paths
 from installer.installdir.versions import current_name
@@ -89,13 +90,13 @@ def run(ctx: Context) -> SignalResult:
 
 
 def write_cdi(ctx: Context, verified: Verified) -> cdifile.Published:
-    """The CDI spec for the version in service and the GPUs verification saw (MIG devices
-    join through `cdi.node_spec(extra_devices=...)` once the partition stage hands them)."""
+    """The CDI spec for the version in service and the GPUs verification saw; a GPU the
+    partition stage left in MIG mode is offered as its MIG devices (`cdimig`)."""
     version = current_name(ctx.install_root)
     spec = None
     gpus = [cdi.CdiGpu(g.index, g.uuid, g.pci_bus_id) for g in verified.gpus]
     if ctx.config.cdi == "on" and version is not None:
-        spec = cdi.node_spec(ctx.host, ctx.config.install_dir, version, gpus)
+        spec = cdimig.node_spec(ctx.host, ctx.config.install_dir, version, gpus)
     published = cdifile.publish(ctx.config, ctx.host.roots, spec, version,
                                 gpus if spec is not None else ())
     for warning in published.warnings:
