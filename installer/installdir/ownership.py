@@ -36,8 +36,10 @@ SYSTEM_DIRS = frozenset(PurePosixPath(p) for p in (
 OWN_DIRS = (layout.VERSIONS, layout.CACHE_DIR, layout.DRIVER_ROOT_DIR, BACKUP_DIR)
 OWN_NAMES = frozenset({*OWN_DIRS, *layout.TOP_LINKS, layout.CURRENT, layout.PREVIOUS,
                        layout.STATE_FILE, layout.READY_FILE, layout.DEVNODES_FILE,
-                       layout.CDI_RECORD,
+                       layout.CDI_RECORD, layout.LAST_INSTALL_FILE,
                        layout.LOCK_FILE, MARKER})
+# Written by any run that took the node lock, even one that failed before the dir was marked.
+RUN_NAMES = frozenset({layout.LOCK_FILE, layout.LAST_INSTALL_FILE})
 # What GKE's installers (container-engine-accelerators' COS/Ubuntu installer, COS's
 # cos_gpu_installer) leave in /home/kubernetes/bin/nvidia: the driver tree, the overlay
 # work dirs of its bind mounts, its download cache and log.
@@ -57,7 +59,7 @@ def guard(config: Config, roots: Roots) -> None:
     install = roots.node(config.install_dir)
     _refuse_system("--install-dir", config.install_dir, install, roots)
     _refuse_file("--install-dir", config.install_dir, install, roots)
-    names = _names(install) - {layout.LOCK_FILE}
+    names = _names(install) - RUN_NAMES
     if names and MARKER not in names and not _adoptable(install, names) and not _gke(
             config, install, names):
         raise ConfigError(
@@ -85,8 +87,8 @@ def claim(config: Config, roots: Roots, log: Log) -> None:
     """Under the node lock: move a GKE installer's files aside, and mark the dir ours."""
     install = roots.node(config.install_dir)
     names = _names(install)
-    if MARKER not in names and _gke(config, install, names - {BACKUP_DIR}):
-        moved = move_aside(install, sorted(names - {layout.LOCK_FILE, BACKUP_DIR}))
+    if MARKER not in names and _gke(config, install, names - RUN_NAMES - {BACKUP_DIR}):
+        moved = move_aside(install, sorted(names - RUN_NAMES - {BACKUP_DIR}))
         log("moved the files of GKE's driver installer aside", install_dir=str(
             config.install_dir), backup=f"{config.install_dir}/{BACKUP_DIR}", entries=moved)
         write_atomic(install / MARKER, MARKER_TEXT)

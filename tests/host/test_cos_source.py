@@ -135,7 +135,7 @@ def _failing(tmp_path: Path, server: CosServer) -> tuple[int, str, Path]:
     written = set(tree_listing(root / "home")) - set(before)
     work_area = {"kubernetes", "kubernetes/bin", INSTALL.removeprefix("home/")}
     assert written <= work_area | {f"kubernetes/bin/nvidia/{p}" for p in (
-        ".cache", ".cache/tmp", ".lock")}, written  # the lock and an empty work dir only
+        ".cache", ".cache/tmp", ".lock", ".last-install.json")}, written  # lock, record, empty dir
     return code, last, root
 
 
