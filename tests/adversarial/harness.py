@@ -186,8 +186,10 @@ def assert_untouched(before: Mapping[str, Entry], after: Mapping[str, Entry],
 
 
 # The installer's own work area on the node: what a refused run may leave (the lock file,
-# and the cache's per-run temp area, emptied when the run ends).
-WORK_AREA = (f"node/{INSTALL_DIR}/.lock", f"node/{INSTALL_DIR}/.cache/tmp")
+# the record of how the run ended that the agent's metrics read, and the cache's per-run temp
+# area, emptied when the run ends).
+WORK_AREA = (f"node/{INSTALL_DIR}/.lock", f"node/{INSTALL_DIR}/.last-install.json",
+             f"node/{INSTALL_DIR}/.cache/tmp")
 
 
 def assert_no_trace(result: Result, *secrets: str, paths: Iterable[Path] = ()) -> None:

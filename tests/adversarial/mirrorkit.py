@@ -18,7 +18,9 @@ PKG = f"{KERNEL}/{VERSION}/proprietary"
 LIB = f"{PKG}/lib64/libcuda.so.{VERSION}"
 PARENTS = ("node/home", "node/home/kubernetes", "node/home/kubernetes/bin", f"node/{INSTALL_DIR}",
            f"node/{INSTALL_DIR}/.cache")
-CACHE = (f"node/{INSTALL_DIR}/.cache/", f"node/{INSTALL_DIR}/.lock")
+# the cache, the lock and the record of how the run ended (installdir/lastrun.py)
+CACHE = (f"node/{INSTALL_DIR}/.cache/", f"node/{INSTALL_DIR}/.lock",
+         f"node/{INSTALL_DIR}/.last-install.json")
 # the simulated kernel's own state (FakeKernelHost keeps it in the tree), not the installer's
 SIMULATED = ("node/proc/.fake-kernel.json", "node/proc/devices")
 
