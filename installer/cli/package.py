@@ -6,6 +6,7 @@ refusal live there.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +85,16 @@ _OUT = click.Path(path_type=Path)
 @click.option("--out-dir", "output_dir", type=_OUT, help="write the package directory here")
 @click.option("--repo", type=_OUT,
               help="write into this repository (<kernel>/<driver>/<flavour>/, index.json)")
+@click.option("--shard", envvar="GNI_SHARD", metavar="INDEX/COUNT",
+              help="with --repo: build only this share (0-based) of the sorted kernel x "
+                   "flavour matrix, writing packages and receipts but no index.json (then "
+                   "run `package index`); see docs/build-farm.md")
+@click.option("--shard-count", type=click.IntRange(min=1), envvar="GNI_SHARD_COUNT",
+              help="the number of shards; the index is taken from JOB_COMPLETION_INDEX "
+                   "(a Kubernetes Indexed Job)")
+@click.option("--shard-costs", type=_IN_FILE,
+              help="with --shard: JSON {\"<release> <flavour>\": seconds} of an earlier "
+                   "build, to balance the shards by expected cost")
 @click.option("--alias", "aliases", multiple=True,
               help="with --repo: point default, latest or a branch (535) at this version")
 @click.option("--tarball", type=_OUT, help="also write the package as this .tar.gz")
@@ -118,6 +129,7 @@ def package_build(output: str, os_id: str | None, os_version_id: str | None,
     """Make a driver package from .debs/.run and built or compiled kernel modules."""
     from installer.packages.build import BuildRequest, SigningOptions
     from installer.packages.build.matrix import MatrixResult, build_packages
+    from installer.packages.build.shard import build_shard, parse_shard
 
     logs.configure()  # compile progress: JSON events on stderr, readable lines on a terminal
     cos = {key: options.pop(key) for key in ("cos_build", "cos_board", "cos_tools_url",
@@ -139,8 +151,31 @@ def package_build(output: str, os_id: str | None, os_version_id: str | None,
         ("nv-fabricmanager", options.pop("fabricmanager")), ("nvlsm", options.pop("nvlsm")),
         ("nvidia-persistenced", options.pop("persistenced"))) if path is not None)
     sources = tuple(options.pop("nvidia_sources"))
-    result = build_packages(BuildRequest(os=os_match or None, output=output_dir,
-                                         signing=signing, **options), sources)
+    shard = parse_shard(options.pop("shard"), options.pop("shard_count"),
+                        os.environ.get("JOB_COMPLETION_INDEX"), options.pop("shard_costs"))
+    request = BuildRequest(os=os_match or None, output=output_dir, signing=signing, **options)
+    result = (build_shard(request, sources, shard) if shard is not None
+              else build_packages(request, sources))
     emit(result, output)
     if isinstance(result, MatrixResult) and (failed := result.error()) is not None:
         raise failed  # after the report: what was built is published and listed
+
+
+@package.command(name="index")
+@click.argument("repo", type=_IN_DIR)
+@click.option("--alias", "aliases", multiple=True, metavar="NAME=VERSION",
+              help="point default, latest or a branch (535) at a version or branch; "
+                   "repeatable; wins over --aliases-from and the old index's aliases")
+@click.option("--aliases-from", type=_IN_FILE,
+              help="take aliases from this file: an index.json or a JSON object of "
+                   "name -> version")
+@output_option
+def package_index(output: str, repo: Path, aliases: tuple[str, ...],
+                  aliases_from: Path | None) -> None:
+    """Write REPO/index.json from the packages the shards of a build farm wrote.
+
+    Every package's manifest is checked against the digest its build recorded and every
+    file against the manifest; run it once, after all shards (docs/build-farm.md)."""
+    from installer.packages.index import index_repository, parse_aliases
+
+    emit(index_repository(repo, parse_aliases(aliases, aliases_from)), output)
