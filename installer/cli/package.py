@@ -7,6 +7,7 @@ refusal live there.
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,17 @@ _OUT = click.Path(path_type=Path)
               help="with --nvidia-source: linux-headers .debs (with their -common and "
                    "linux-kbuild .debs), a tarball or a build directory; repeatable, and "
                    "headers of several releases build one package per release (--repo)")
+@click.option("--kernel-headers-from-apt", "apt_headers", multiple=True,
+              metavar="linux-headers-RELEASE",
+              help="with --nvidia-source: download this headers package (and its -common and "
+                   "linux-kbuild) from --debian-mirror, verified by the archive's signed "
+                   "InRelease; repeatable")
+@click.option("--debian-keyring", type=_IN_FILE,
+              help="the keyring that signs --debian-mirror's archive [default: "
+                   "/usr/share/keyrings/debian-archive-keyring.gpg]")
+@click.option("--debian-suite",
+              help="the suite --kernel-headers-from-apt reads [default: trixie for "
+                   "+deb13 releases, else bookworm]")
 @click.option("--patch", "patches", multiple=True, type=_IN_FILE,
               help="with --nvidia-source: apply this patch (-p1, in the module tree) first; "
                    "repeatable, in order")
@@ -153,12 +165,28 @@ def package_build(output: str, os_id: str | None, os_version_id: str | None,
     sources = tuple(options.pop("nvidia_sources"))
     shard = parse_shard(options.pop("shard"), options.pop("shard_count"),
                         os.environ.get("JOB_COMPLETION_INDEX"), options.pop("shard_costs"))
-    request = BuildRequest(os=os_match or None, output=output_dir, signing=signing, **options)
-    result = (build_shard(request, sources, shard) if shard is not None
-              else build_packages(request, sources))
+    with tempfile.TemporaryDirectory(prefix="gni-apt-headers-") as downloads:
+        options["kernel_headers"] += _apt_headers(options, Path(downloads))
+        request = BuildRequest(os=os_match or None, output=output_dir, signing=signing,
+                               **options)
+        result = (build_shard(request, sources, shard) if shard is not None
+                  else build_packages(request, sources))
     emit(result, output)
     if isinstance(result, MatrixResult) and (failed := result.error()) is not None:
         raise failed  # after the report: what was built is published and listed
+
+
+def _apt_headers(options: dict[str, Any], work: Path) -> tuple[Path, ...]:
+    """`--kernel-headers-from-apt`: the verified .debs (popping its options)."""
+    names = tuple(options.pop("apt_headers"))
+    keyring, suite = options.pop("debian_keyring"), options.pop("debian_suite")
+    if not names:
+        return ()
+    from installer.packages.build.aptheaders import fetch_headers
+    from installer.packages.build.buildroot import DEFAULT_MIRROR
+
+    return fetch_headers(names, options["debian_mirror"] or DEFAULT_MIRROR, work,
+                         arch=options["arch"], suite=suite, keyring=keyring)
 
 
 @package.command(name="index")

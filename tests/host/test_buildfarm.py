@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 
 import pytest
-from nvsources import fake_kbuild, mini_source, proprietary_source
+from buildfarm import finish, matrix_args, package_files, run_tree, start_shard
+from nvsources import fake_kbuild
 
 CLI = (sys.executable, "-m", "installer")
 VERSION = "535.261.03"
@@ -44,34 +45,19 @@ def _error(done: subprocess.CompletedProcess[str], code: int) -> str:
     return errors[0]
 
 
-def _tree(root: Path) -> dict[str, bytes]:
-    """Every package file (not the hidden locks and receipts), by path."""
-    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*"))
-            if p.is_file() and not any(part.startswith(".") for part in
-                                       p.relative_to(root).parts) and p.name != "index.json"}
-
-
 @pytest.fixture
 def farm(tmp_path: Path) -> list[str]:
     """The inputs of a 3 kernels x 2 flavours matrix, as `package build` arguments."""
-    run = tmp_path / "NVIDIA-Linux-x86_64-535.261.03"
-    proprietary_source(run / "kernel")
-    mini_source(run / "kernel-open")
     headers = [fake_kbuild(tmp_path / f"h-{r}", r, sleep=0.2) for r in RELEASES]
-    return [f"--nvidia-source={run}", "--flavour=both", "--jobs=1",
-            *(f"--kernel-headers={h}" for h in headers)]
+    return matrix_args(run_tree(tmp_path), headers, jobs=1)
 
 
 def _shard(args: list[str], repo: Path, spec: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([*CLI, "package", "build", *args, f"--repo={repo}",
-                             f"--shard={spec}", "--output=json"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return start_shard(args, repo, spec)
 
 
 def _finish(process: subprocess.Popen[str]) -> dict[str, object]:
-    out, err = process.communicate(timeout=300)
-    assert process.returncode == 0, err[-3000:]
-    result: dict[str, object] = json.loads(out)
+    result: dict[str, object] = json.loads(finish(process, timeout=300))
     return result
 
 
@@ -91,7 +77,7 @@ def test_three_concurrent_shards_join_into_the_single_build(tmp_path: Path,
     out = _ok(_cli("index", str(shared), f"--alias=latest={VERSION}"))
     assert out.startswith(f"index {shared / 'index.json'}: 6 packages")
     assert (shared / "index.json").read_bytes() == (single / "index.json").read_bytes()
-    assert _tree(shared) == _tree(single)
+    assert package_files(shared) == package_files(single)
     first = (shared / "index.json").stat()
     _ok(_cli("index", str(shared)))  # the aliases are kept, the bytes the same
     assert (shared / "index.json").read_bytes() == (single / "index.json").read_bytes()
