@@ -52,6 +52,10 @@ _OUT = click.Path(path_type=Path)
               help="with --nvidia-source: download this headers package (and its -common and "
                    "linux-kbuild) from --debian-mirror, verified by the archive's signed "
                    "InRelease; repeatable")
+@click.option("--nvidia-source-from-apt", "apt_sources", multiple=True,
+              metavar="nvidia[-open]-kernel-source[=VERSION]",
+              help="like --nvidia-source, downloaded from --debian-mirror (non-free, "
+                   "contrib), verified by the archive's signed InRelease; repeatable")
 @click.option("--debian-keyring", type=_IN_FILE,
               help="the keyring that signs --debian-mirror's archive [default: "
                    "/usr/share/keyrings/debian-archive-keyring.gpg]")
@@ -166,7 +170,9 @@ def package_build(output: str, os_id: str | None, os_version_id: str | None,
     shard = parse_shard(options.pop("shard"), options.pop("shard_count"),
                         os.environ.get("JOB_COMPLETION_INDEX"), options.pop("shard_costs"))
     with tempfile.TemporaryDirectory(prefix="gni-apt-headers-") as downloads:
-        options["kernel_headers"] += _apt_headers(options, Path(downloads))
+        headers, fetched = _from_apt(options, Path(downloads))
+        options["kernel_headers"] += headers
+        sources += fetched
         request = BuildRequest(os=os_match or None, output=output_dir, signing=signing,
                                **options)
         result = (build_shard(request, sources, shard) if shard is not None
@@ -176,17 +182,22 @@ def package_build(output: str, os_id: str | None, os_version_id: str | None,
         raise failed  # after the report: what was built is published and listed
 
 
-def _apt_headers(options: dict[str, Any], work: Path) -> tuple[Path, ...]:
-    """`--kernel-headers-from-apt`: the verified .debs (popping its options)."""
-    names = tuple(options.pop("apt_headers"))
+def _from_apt(options: dict[str, Any], work: Path) -> tuple[tuple[Path, ...],
+                                                             tuple[Path, ...]]:
+    """`--kernel-headers-from-apt`, `--nvidia-source-from-apt`: the verified .debs
+    (headers, sources), popping their options."""
+    names, specs = tuple(options.pop("apt_headers")), tuple(options.pop("apt_sources"))
     keyring, suite = options.pop("debian_keyring"), options.pop("debian_suite")
-    if not names:
-        return ()
-    from installer.packages.build.aptheaders import fetch_headers
+    if not names and not specs:
+        return (), ()
+    from installer.packages.build.aptheaders import fetch_headers, fetch_sources
     from installer.packages.build.buildroot import DEFAULT_MIRROR
 
-    return fetch_headers(names, options["debian_mirror"] or DEFAULT_MIRROR, work,
-                         arch=options["arch"], suite=suite, keyring=keyring)
+    mirror, arch = options["debian_mirror"] or DEFAULT_MIRROR, options["arch"]
+    return (fetch_headers(names, mirror, work / "headers", arch=arch, suite=suite,
+                          keyring=keyring),
+            fetch_sources(specs, mirror, work / "sources", arch=arch, suite=suite,
+                          keyring=keyring) if specs else ())
 
 
 @package.command(name="index")

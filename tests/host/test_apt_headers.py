@@ -31,6 +31,7 @@ VERSION = "6.1.192-3"
 HEADERS = f"linux-headers-{RELEASE}"
 COMMON = "linux-headers-6.1.0-57-common"
 KBUILD = "linux-kbuild-6.1"
+NVIDIA_DEB_VERSION = "535.261.03-1"
 
 
 @dataclass(frozen=True)
@@ -41,12 +42,12 @@ class Archive:
     gnupg: Path
 
 
-def _deb(tree: Path, name: str, depends: str, pool: Path) -> Path:
+def _deb(tree: Path, name: str, depends: str, pool: Path, version: str = VERSION) -> Path:
     (tree / "DEBIAN").mkdir(parents=True, exist_ok=True)
     (tree / "DEBIAN" / "control").write_text(
-        f"Package: {name}\nVersion: {VERSION}\nArchitecture: amd64\n"
+        f"Package: {name}\nVersion: {version}\nArchitecture: amd64\n"
         f"Maintainer: tests <tests@example.invalid>\n{depends}Description: test\n")
-    target = pool / f"{name}_{VERSION}_amd64.deb"
+    target = pool / f"{name}_{version}_amd64.deb"
     subprocess.run(["dpkg-deb", "--root-owner-group", "-Zxz", "--build", str(tree),
                     str(target)], check=True, capture_output=True)
     return target
@@ -54,8 +55,8 @@ def _deb(tree: Path, name: str, depends: str, pool: Path) -> Path:
 
 def _stanza(deb: Path, root: Path, depends: str) -> str:
     data = deb.read_bytes()
-    name = deb.name.split("_")[0]
-    return (f"Package: {name}\nVersion: {VERSION}\nArchitecture: amd64\n{depends}"
+    name, version = deb.name.split("_")[:2]
+    return (f"Package: {name}\nVersion: {version}\nArchitecture: amd64\n{depends}"
             f"Filename: {deb.relative_to(root).as_posix()}\nSize: {len(data)}\n"
             f"SHA256: {hashlib.sha256(data).hexdigest()}\nDescription: test\n")
 
@@ -75,13 +76,13 @@ def _key(gnupg: Path, name: str) -> Path:
 
 
 def sign_release(root: Path, gnupg: Path) -> None:
-    """Release (SHA256 of Packages.xz, as it is now) clear-signed into InRelease."""
+    """Release (SHA256 of each Packages.xz, as it is now) clear-signed into InRelease."""
     dists = root / "dists" / "bookworm"
-    packages = (dists / "main" / "binary-amd64" / "Packages.xz").read_bytes()
+    lines = "".join(f" {hashlib.sha256(p.read_bytes()).hexdigest()} {p.stat().st_size} "
+                    f"{p.relative_to(dists).as_posix()}\n"
+                    for p in sorted(dists.glob("*/binary-amd64/Packages.xz")))
     release = ("Origin: Debian\nSuite: stable\nCodename: bookworm\nArchitectures: amd64\n"
-               "Components: main\nSHA256:\n"
-               f" {hashlib.sha256(packages).hexdigest()} {len(packages)} "
-               "main/binary-amd64/Packages.xz\n")
+               f"Components: main non-free\nSHA256:\n{lines}")
     (dists / "InRelease").write_bytes(_gpg(gnupg, "--clearsign", "--output", "-",
                                            stdin=release.encode()))
 
@@ -107,6 +108,18 @@ def archive(tmp_path: Path) -> Iterator[Archive]:
     index = root / "dists" / "bookworm" / "main" / "binary-amd64"
     index.mkdir(parents=True)
     (index / "Packages.xz").write_bytes(lzma.compress(text.encode()))
+    nonfree = root / "pool" / "non-free" / "n" / "nvidia-graphics-drivers"
+    nonfree.mkdir(parents=True)
+    source = proprietary_source(tmp_path / "nvsrc" / "nvidia-kernel-535.261.03")
+    (tmp_path / "debs" / "nvidia" / "usr" / "src").mkdir(parents=True)
+    subprocess.run(["tar", "-cJf", str(tmp_path / "debs" / "nvidia" / "usr" / "src" /
+                                       "nvidia-kernel.tar.xz"),
+                    "-C", str(source.parent), source.name], check=True)
+    nvidia = _deb(tmp_path / "debs" / "nvidia", "nvidia-kernel-source", "", nonfree,
+                  NVIDIA_DEB_VERSION)
+    (root / "dists" / "bookworm" / "non-free" / "binary-amd64").mkdir(parents=True)
+    (root / "dists" / "bookworm" / "non-free" / "binary-amd64" / "Packages.xz").write_bytes(
+        lzma.compress(_stanza(nvidia, root, "").encode()))
     gnupg = tmp_path / "gnupg"
     keyring = _key(gnupg, "archive")
     sign_release(root, gnupg)
@@ -181,3 +194,28 @@ def test_a_name_that_is_not_a_headers_package(archive: Archive, tmp_path: Path) 
          f"--debian-mirror={archive.url}", f"--repo={tmp_path / 'r'}"],
         capture_output=True, text=True, timeout=120, check=False), 2)
     assert "'bash' is not a linux-headers-<release> package name" in line
+
+
+def test_sources_by_name_too_so_nothing_is_staged(archive: Archive, tmp_path: Path) -> None:
+    """A build farm pod's command: headers and NVIDIA's sources both from the archive."""
+    done = subprocess.run(
+        [*CLI, "package", "build", f"--nvidia-source-from-apt=nvidia-kernel-source="
+         f"{NVIDIA_DEB_VERSION}", f"--kernel-headers-from-apt={HEADERS}",
+         f"--debian-mirror={archive.url}", f"--debian-keyring={archive.keyring}",
+         f"--repo={tmp_path / 'repo'}", "--shard=0/1"],
+        capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    manifest = parse_manifest(
+        (tmp_path / "repo" / RELEASE / "535.261.03" / "proprietary" / "manifest.json")
+        .read_bytes())
+    assert manifest.provenance is not None
+    assert manifest.provenance["nvidia_source"]["name"] == "nvidia-kernel-source"
+
+
+def test_a_source_version_the_archive_lacks(archive: Archive, tmp_path: Path) -> None:
+    line = _refused(subprocess.run(
+        [*CLI, "package", "build", "--nvidia-source-from-apt=nvidia-kernel-source=550.1-1",
+         f"--kernel-headers-from-apt={HEADERS}", f"--debian-mirror={archive.url}",
+         f"--debian-keyring={archive.keyring}", f"--repo={tmp_path / 'repo'}"],
+        capture_output=True, text=True, timeout=300, check=False), 2)
+    assert f"the archive has no nvidia-kernel-source 550.1-1 (it has {NVIDIA_DEB_VERSION})" in line

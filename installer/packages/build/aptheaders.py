@@ -1,4 +1,5 @@
-"""`--kernel-headers-from-apt linux-headers-<release>`: a kernel's headers .debs by name.
+"""`--kernel-headers-from-apt linux-headers-<release>` (a kernel's headers .debs by name)
+and `--nvidia-source-from-apt nvidia-kernel-source[=VERSION]` (NVIDIA's module sources).
 
 A build farm's pods should need no pre-staged files: the headers come from a Debian-style
 archive (`--debian-mirror`, as the build root uses), verified the way apt verifies them.
@@ -32,6 +33,8 @@ _NAME_RE = re.compile(r"^linux-headers-[A-Za-z0-9][A-Za-z0-9.+~-]{0,120}$")
 _MAX_INDEX_BYTES = 512 * 1024**2  # Packages of main, uncompressed: about 50 MB today
 _MAX_DEB_BYTES = 2 * 1024**3
 _COMPANION_RE = re.compile(r"^(linux-headers-|linux-kbuild-)")
+_SOURCE_RE = re.compile(r"^(nvidia(?:-open)?-kernel-source)(?:=([A-Za-z0-9.+~:-]{1,80}))?$")
+_COMPONENTS = ("main", "contrib", "non-free")  # NVIDIA's sources: non-free and contrib
 _DEB_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}
 _TIMEOUT = 60
 
@@ -69,11 +72,7 @@ def fetch_headers(names: tuple[str, ...], mirror: str, work: Path, *, arch: str 
                                     "linux-headers-<release> package name",
                                     remedy="e.g. --kernel-headers-from-apt "
                                            "linux-headers-6.1.0-57-amd64")
-    keyring = keyring or DEFAULT_KEYRING
-    if not keyring.is_file():
-        raise PackageBuildError(f"the archive keyring {keyring} does not exist",
-                                remedy="install debian-archive-keyring, or pass "
-                                       "--debian-keyring FILE")
+    keyring = _keyring(keyring)
     work.mkdir(parents=True, exist_ok=True)
     mirror = mirror.rstrip("/")
     debs: dict[str, Path] = {}
@@ -85,19 +84,56 @@ def fetch_headers(names: tuple[str, ...], mirror: str, work: Path, *, arch: str 
     return tuple(debs.values())
 
 
+def fetch_sources(specs: tuple[str, ...], mirror: str, work: Path, *, arch: str = "x86_64",
+                  suite: str | None = None, keyring: Path | None = None) -> tuple[Path, ...]:
+    """Each `nvidia[-open]-kernel-source[=VERSION]` .deb, verified, in `work`."""
+    wanted = []
+    for spec in specs:
+        match = _SOURCE_RE.match(spec)
+        if match is None:
+            raise PackageBuildError(f"--nvidia-source-from-apt {spec!r} is not "
+                                    "nvidia-kernel-source or nvidia-open-kernel-source "
+                                    "[=VERSION]", remedy="e.g. --nvidia-source-from-apt "
+                                    "nvidia-kernel-source=535.261.03-1")
+        wanted.append((match[1], match[2]))
+    keyring = _keyring(keyring)
+    work.mkdir(parents=True, exist_ok=True)
+    mirror = mirror.rstrip("/")
+    index = _packages(mirror, suite or "bookworm", _DEB_ARCH[arch], keyring, work)
+    return tuple(_deb(mirror, _choose(name, version, index), work) for name, version in wanted)
+
+
+def _keyring(keyring: Path | None) -> Path:
+    keyring = keyring or DEFAULT_KEYRING
+    if not keyring.is_file():
+        raise PackageBuildError(f"the archive keyring {keyring} does not exist",
+                                remedy="install debian-archive-keyring, or pass "
+                                       "--debian-keyring FILE")
+    return keyring
+
+
 def _packages(mirror: str, suite: str, arch: str, keyring: Path, work: Path
               ) -> dict[str, list[Stanza]]:
-    """The suite's main Packages for `arch`, after the signed Release vouched for it."""
+    """The suite's Packages for `arch` (main, contrib, non-free: those the Release lists),
+    each after the signed Release vouched for it."""
     release = _verified_release(_get(f"{mirror}/dists/{suite}/InRelease", 16 * 1024**2),
                                 keyring, work, f"{mirror}/dists/{suite}/InRelease")
     hashes = _release_sha256(release)
-    for suffix, open_ in ((".xz", lzma.decompress), (".gz", gzip.decompress)):
-        path = f"main/binary-{arch}/Packages{suffix}"
-        if path in hashes:
-            size, digest = hashes[path]
-            data = _get(f"{mirror}/dists/{suite}/{path}", size)
-            _check(data, size, digest, f"{mirror}/dists/{suite}/{path}", "the signed Release")
-            return _parse_packages(open_(data)[:_MAX_INDEX_BYTES].decode(errors="replace"))
+    found: dict[str, list[Stanza]] = {}
+    for component in _COMPONENTS:
+        for suffix, open_ in ((".xz", lzma.decompress), (".gz", gzip.decompress)):
+            path = f"{component}/binary-{arch}/Packages{suffix}"
+            if path in hashes:
+                size, digest = hashes[path]
+                data = _get(f"{mirror}/dists/{suite}/{path}", size)
+                _check(data, size, digest, f"{mirror}/dists/{suite}/{path}",
+                       "the signed Release")
+                text = open_(data)[:_MAX_INDEX_BYTES].decode(errors="replace")
+                for name, stanzas in _parse_packages(text).items():
+                    found.setdefault(name, []).extend(stanzas)
+                break
+    if found:
+        return found
     raise ArchiveIntegrityError(f"the signed Release of {mirror} {suite} lists no "
                                 f"main/binary-{arch}/Packages.xz or .gz",
                                 remedy="check --debian-mirror and the suite")
@@ -162,15 +198,22 @@ def _closure(name: str, index: dict[str, list[Stanza]]) -> list[Stanza]:
         package, version = wanted.pop()
         if package in chosen:
             continue
-        candidates = [s for s in index.get(package, []) if version in (None, s.version)]
-        if not candidates:
-            raise PackageBuildError(
-                f"the archive has no {package}" + (f" {version}" if version else ""),
-                remedy="check the kernel release and --debian-mirror (an older kernel may "
-                       "be only on snapshot.debian.org)")
-        chosen[package] = stanza = candidates[-1]
+        chosen[package] = stanza = _choose(package, version, index)
         wanted += [d for d in stanza.depends if _COMPANION_RE.match(d[0])]
     return [chosen[key] for key in sorted(chosen)]
+
+
+def _choose(package: str, version: str | None, index: dict[str, list[Stanza]]) -> Stanza:
+    """The package at `version` (or the suite's last listed one)."""
+    candidates = [s for s in index.get(package, []) if version in (None, s.version)]
+    if not candidates:
+        have = sorted({s.version for s in index.get(package, [])})
+        raise PackageBuildError(
+            f"the archive has no {package}" + (f" {version}" if version else "")
+            + (f" (it has {', '.join(have)})" if have else ""),
+            remedy="check the name, the version and --debian-mirror/--debian-suite (an older "
+                   "version may be only on snapshot.debian.org)")
+    return candidates[-1]
 
 
 def _deb(mirror: str, stanza: Stanza, work: Path) -> Path:
