@@ -14,9 +14,13 @@ CLI = (sys.executable, "-m", "installer")
 
 
 def run_tree(dest: Path, version: str = "535.261.03") -> Path:
-    """A `.run`-shaped stand-in: kernel/ (proprietary) and kernel-open/ (open)."""
+    """A `.run`-shaped stand-in: kernel/ (proprietary) and kernel-open/ (open). The
+    proprietary nvidia.ko really declares NVIDIA's licence, so real headers build it as
+    the proprietary flavour too."""
     root = dest / f"NVIDIA-Linux-x86_64-{version}"
-    proprietary_source(root / "kernel", version)
+    proprietary = proprietary_source(root / "kernel", version)
+    core = proprietary / "nvidia.c"
+    core.write_text(core.read_text().replace('MODULE_LICENSE("GPL")', 'MODULE_LICENSE("NVIDIA")'))
     mini_source(root / "kernel-open", version)
     return root
 
