@@ -62,12 +62,13 @@ CMD ["install"]
 
 # --- build: the runtime plus what compiling NVIDIA's modules against a node's headers needs
 #     (`--target build`); on-node builds are then on unless the DaemonSet says otherwise.
+#     gpgv and Debian's keyring check `package build --kernel-headers-from-apt` (build farm).
 FROM runtime AS build
 ARG KERNEL_CC=gcc-12
 # hadolint ignore=DL3008
 RUN apt-get update \
     && apt-get install -y --no-install-recommends "${KERNEL_CC}" make libc6-dev libelf-dev \
-       xz-utils \
+       xz-utils gpgv debian-archive-keyring \
     && rm -rf /var/lib/apt/lists/*
 ENV BUILD_FALLBACK=auto
 

@@ -10,6 +10,7 @@ PACKAGES=(
   qemu-system-x86 kmod libelf1 gcc-12 xz-utils   # kernel tier: TCG guest, depmod, kbuild objtool, headers' gcc
   makeself                 # package build: tests make a real makeself .run
   podman runc mmdebstrap   # deploy tier: image build from a local bookworm rootfs; kernel tier: package build --build-root auto
+  gpg gpgv debian-archive-keyring   # package build --kernel-headers-from-apt: a signed test archive, its check
   prometheus               # metrics tier: a real Prometheus scrapes the agent; promtool checks its output
 )
 

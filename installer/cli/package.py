@@ -6,6 +6,8 @@ refusal live there.
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +47,21 @@ _OUT = click.Path(path_type=Path)
               help="with --nvidia-source: linux-headers .debs (with their -common and "
                    "linux-kbuild .debs), a tarball or a build directory; repeatable, and "
                    "headers of several releases build one package per release (--repo)")
+@click.option("--kernel-headers-from-apt", "apt_headers", multiple=True,
+              metavar="linux-headers-RELEASE",
+              help="with --nvidia-source: download this headers package (and its -common and "
+                   "linux-kbuild) from --debian-mirror, verified by the archive's signed "
+                   "InRelease; repeatable")
+@click.option("--nvidia-source-from-apt", "apt_sources", multiple=True,
+              metavar="nvidia[-open]-kernel-source[=VERSION]",
+              help="like --nvidia-source, downloaded from --debian-mirror (non-free, "
+                   "contrib), verified by the archive's signed InRelease; repeatable")
+@click.option("--debian-keyring", type=_IN_FILE,
+              help="the keyring that signs --debian-mirror's archive [default: "
+                   "/usr/share/keyrings/debian-archive-keyring.gpg]")
+@click.option("--debian-suite",
+              help="the suite --kernel-headers-from-apt reads [default: trixie for "
+                   "+deb13 releases, else bookworm]")
 @click.option("--patch", "patches", multiple=True, type=_IN_FILE,
               help="with --nvidia-source: apply this patch (-p1, in the module tree) first; "
                    "repeatable, in order")
@@ -84,6 +101,16 @@ _OUT = click.Path(path_type=Path)
 @click.option("--out-dir", "output_dir", type=_OUT, help="write the package directory here")
 @click.option("--repo", type=_OUT,
               help="write into this repository (<kernel>/<driver>/<flavour>/, index.json)")
+@click.option("--shard", envvar="GNI_SHARD", metavar="INDEX/COUNT",
+              help="with --repo: build only this share (0-based) of the sorted kernel x "
+                   "flavour matrix, writing packages and receipts but no index.json (then "
+                   "run `package index`); see docs/build-farm.md")
+@click.option("--shard-count", type=click.IntRange(min=1), envvar="GNI_SHARD_COUNT",
+              help="the number of shards; the index is taken from JOB_COMPLETION_INDEX "
+                   "(a Kubernetes Indexed Job)")
+@click.option("--shard-costs", type=_IN_FILE,
+              help="with --shard: JSON {\"<release> <flavour>\": seconds} of an earlier "
+                   "build, to balance the shards by expected cost")
 @click.option("--alias", "aliases", multiple=True,
               help="with --repo: point default, latest or a branch (535) at this version")
 @click.option("--tarball", type=_OUT, help="also write the package as this .tar.gz")
@@ -118,6 +145,7 @@ def package_build(output: str, os_id: str | None, os_version_id: str | None,
     """Make a driver package from .debs/.run and built or compiled kernel modules."""
     from installer.packages.build import BuildRequest, SigningOptions
     from installer.packages.build.matrix import MatrixResult, build_packages
+    from installer.packages.build.shard import build_shard, parse_shard
 
     logs.configure()  # compile progress: JSON events on stderr, readable lines on a terminal
     cos = {key: options.pop(key) for key in ("cos_build", "cos_board", "cos_tools_url",
@@ -139,8 +167,54 @@ def package_build(output: str, os_id: str | None, os_version_id: str | None,
         ("nv-fabricmanager", options.pop("fabricmanager")), ("nvlsm", options.pop("nvlsm")),
         ("nvidia-persistenced", options.pop("persistenced"))) if path is not None)
     sources = tuple(options.pop("nvidia_sources"))
-    result = build_packages(BuildRequest(os=os_match or None, output=output_dir,
-                                         signing=signing, **options), sources)
+    shard = parse_shard(options.pop("shard"), options.pop("shard_count"),
+                        os.environ.get("JOB_COMPLETION_INDEX"), options.pop("shard_costs"))
+    with tempfile.TemporaryDirectory(prefix="gni-apt-headers-") as downloads:
+        headers, fetched = _from_apt(options, Path(downloads))
+        options["kernel_headers"] += headers
+        sources += fetched
+        request = BuildRequest(os=os_match or None, output=output_dir, signing=signing,
+                               **options)
+        result = (build_shard(request, sources, shard) if shard is not None
+                  else build_packages(request, sources))
     emit(result, output)
     if isinstance(result, MatrixResult) and (failed := result.error()) is not None:
         raise failed  # after the report: what was built is published and listed
+
+
+def _from_apt(options: dict[str, Any], work: Path) -> tuple[tuple[Path, ...],
+                                                             tuple[Path, ...]]:
+    """`--kernel-headers-from-apt`, `--nvidia-source-from-apt`: the verified .debs
+    (headers, sources), popping their options."""
+    names, specs = tuple(options.pop("apt_headers")), tuple(options.pop("apt_sources"))
+    keyring, suite = options.pop("debian_keyring"), options.pop("debian_suite")
+    if not names and not specs:
+        return (), ()
+    from installer.packages.build.aptheaders import fetch_headers, fetch_sources
+    from installer.packages.build.buildroot import DEFAULT_MIRROR
+
+    mirror, arch = options["debian_mirror"] or DEFAULT_MIRROR, options["arch"]
+    return (fetch_headers(names, mirror, work / "headers", arch=arch, suite=suite,
+                          keyring=keyring),
+            fetch_sources(specs, mirror, work / "sources", arch=arch, suite=suite,
+                          keyring=keyring) if specs else ())
+
+
+@package.command(name="index")
+@click.argument("repo", type=_IN_DIR)
+@click.option("--alias", "aliases", multiple=True, metavar="NAME=VERSION",
+              help="point default, latest or a branch (535) at a version or branch; "
+                   "repeatable; wins over --aliases-from and the old index's aliases")
+@click.option("--aliases-from", type=_IN_FILE,
+              help="take aliases from this file: an index.json or a JSON object of "
+                   "name -> version")
+@output_option
+def package_index(output: str, repo: Path, aliases: tuple[str, ...],
+                  aliases_from: Path | None) -> None:
+    """Write REPO/index.json from the packages the shards of a build farm wrote.
+
+    Every package's manifest is checked against the digest its build recorded and every
+    file against the manifest; run it once, after all shards (docs/build-farm.md)."""
+    from installer.packages.index import index_repository, parse_aliases
+
+    emit(index_repository(repo, parse_aliases(aliases, aliases_from)), output)

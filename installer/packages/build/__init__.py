@@ -76,6 +76,7 @@ class BuildRequest:
     os: dict[str, str] | None = None
     output: Path | None = None
     repo: Path | None = None
+    index: bool = True  # with repo: update index.json (a --shard leaves it to `package index`)
     aliases: tuple[str, ...] = ()
     tarball: Path | None = None
     force: bool = False
@@ -153,12 +154,13 @@ def build(request: BuildRequest) -> BuildResult:
         manifest, data = write_package(destination, identity, request.arch, request.os,
                                        merge(picked, daemons), links, modules,
                                        load_order(modules), signatures, provenance,
-                                       ima=dict(request.ima), repo=request.repo,
+                                       ima=dict(request.ima),
+                                       repo=request.repo if request.index else None,
                                        daemons=tuple(d.entry() for d in daemons))
     digest = sha256_hex(data)
     tarball = write_tarball(destination, request.tarball) if request.tarball else None
     index, aliases = (update_index(request.repo, manifest, digest, request.aliases)
-                      if request.repo else (None, {}))
+                      if request.repo and request.index else (None, {}))
     return BuildResult(manifest, digest, destination, tarball, index, aliases)
 
 

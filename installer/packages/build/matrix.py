@@ -40,6 +40,7 @@ from installer.packages.build.nvsource import unpack_source
 BOTH = "both"
 _FLAVOURS = ("open", "proprietary")
 _MAX_TOKENS = 4096  # well under a pipe's 64 KiB, so writing the tokens never blocks
+Task = tuple[str, str]  # (kernel release, flavour)
 
 
 @dataclass(frozen=True)
@@ -64,9 +65,11 @@ class MatrixResult:
     jobs: int
     seconds: float
     index: Path | None
+    shard: tuple[int, int] | None = None  # (index, count) of `--shard`
 
     def to_dict(self) -> dict[str, Any]:
         return {"packages": [r.to_dict() for r in self.built],
+                **({"shard": list(self.shard)} if self.shard else {}),
                 "failures": [f.to_dict() for f in self.failures],
                 "index": str(self.index) if self.index else None,
                 "concurrent_builds": self.concurrent, "jobs": self.jobs,
@@ -77,6 +80,9 @@ class MatrixResult:
 
     def to_text(self) -> str:
         total = len(self.built) + len(self.failures)
+        if self.shard and not total:
+            return (f"shard {self.shard[0]}/{self.shard[1]}: nothing to do (the matrix has "
+                    "fewer tasks than shards)")
         lines = [f"built {len(self.built)} of {total} packages in {self.seconds:.0f} s "
                  f"({self.concurrent} at a time, sharing {self.jobs} make jobs)"]
         for result in self.built:
@@ -110,8 +116,10 @@ def build_packages(request: BuildRequest, sources: tuple[Path, ...]
 
 
 def build_matrix(request: BuildRequest, sources: tuple[Path, ...],
-                 groups: dict[str, tuple[Path, ...]]) -> MatrixResult:
-    """Check the whole command, then build every (release, flavour), `--jobs` at a time."""
+                 groups: dict[str, tuple[Path, ...]],
+                 select: Callable[[list[Task]], list[Task]] | None = None) -> MatrixResult:
+    """Check the whole command, then build every (release, flavour), `--jobs` at a time
+    (or only those `select` keeps of the sorted matrix: a `--shard`'s part)."""
     if not sources or not groups:
         raise PackageBuildError("several kernels or --flavour both compile modules: give "
                                 "--nvidia-source and --kernel-headers")
@@ -128,6 +136,8 @@ def build_matrix(request: BuildRequest, sources: tuple[Path, ...],
         raise PackageBuildError(f"--kernel-release {request.kernel_release} cannot name "
                                 f"{len(groups)} kernels", remedy="drop --kernel-release")
     first = tasks[0]
+    if select is not None and not (tasks := select(tasks)):
+        return MatrixResult((), (), 0, 0, 0.0, None)
     check_request(dataclasses.replace(request, nvidia_source=by_flavour[first[1]][0],
                                       kernel_headers=groups[first[0]], flavour=first[1]))
     jobs = request.jobs or os.cpu_count() or 1
