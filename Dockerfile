@@ -29,12 +29,12 @@ ARG PIP_INDEX_URL=https://pypi.org/simple
 ARG TARGETARCH
 ARG VERSION=0.1.0
 WORKDIR /src
+# Layer 1, the dependencies' wheels for the target, rebuilt only when pyproject.toml (or the
+# version) changes: their list comes from a wheel of the metadata alone. The target's wheel
+# tags are its machine name with every manylinux level up to the glibc of this (the same)
+# base, so pip picks what the target's interpreter would; layer 2 reads them back.
 COPY pyproject.toml README.md ./
-COPY installer ./installer
-# The target's wheel tags: its machine name with every manylinux level up to the glibc of this
-# (the same) base, so pip picks what the target's interpreter would. The venv is made here at
-# its final path (scripts' #! lines name it) without pip; `pip --python` installs with the
-# venv's interpreter, `--target` because pip allows a foreign platform only there.
+COPY installer/__init__.py ./installer/
 RUN --mount=type=secret,id=pip-ca,required=false \
     if [ -s /run/secrets/pip-ca ]; then export PIP_CERT=/run/secrets/pip-ca; fi \
     && case "${TARGETARCH}" in amd64) machine=x86_64 ;; arm64) machine=aarch64 ;; \
@@ -43,11 +43,22 @@ RUN --mount=type=secret,id=pip-ca,required=false \
     && set -- --platform "manylinux2014_${machine}" && minor=17 \
     && while [ "${minor}" -le "${glibc#2.}" ]; do \
          set -- "$@" --platform "manylinux_2_${minor}_${machine}"; minor=$((minor + 1)); done \
+    && printf '%s\n' "$@" > /platform-args \
     && python3 -m venv /opt/build \
     && /opt/build/bin/pip wheel --no-cache-dir --disable-pip-version-check --no-deps \
-       --index-url "${PIP_INDEX_URL}" --wheel-dir /wheels . \
+       --index-url "${PIP_INDEX_URL}" --wheel-dir /metadata . \
     && /opt/build/bin/pip download --no-cache-dir --disable-pip-version-check \
-       --index-url "${PIP_INDEX_URL}" --only-binary=:all: "$@" --dest /wheels /wheels/*.whl \
+       --index-url "${PIP_INDEX_URL}" --only-binary=:all: "$@" --dest /wheels /metadata/*.whl \
+    && rm -r /metadata /wheels/gpu_node_installer-*.whl
+# Layer 2, the installer: its wheel, and the venv made here at its final path (scripts' #!
+# lines name it) without pip; `pip --python` installs with the venv's interpreter, `--target`
+# because pip allows a foreign platform only there.
+COPY installer ./installer
+RUN --mount=type=secret,id=pip-ca,required=false \
+    if [ -s /run/secrets/pip-ca ]; then export PIP_CERT=/run/secrets/pip-ca; fi \
+    && set -- && while read -r arg; do set -- "$@" "${arg}"; done < /platform-args \
+    && /opt/build/bin/pip wheel --no-cache-dir --disable-pip-version-check --no-deps \
+       --index-url "${PIP_INDEX_URL}" --wheel-dir /wheels . \
     && python3 -m venv --without-pip /opt/gpu-node-installer \
     && site=$(/opt/gpu-node-installer/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))') \
     && /opt/build/bin/pip --python /opt/gpu-node-installer/bin/python install --no-cache-dir \
