@@ -72,10 +72,15 @@ def instances(name: str) -> dict[str, str]:
             for m in listing["manifests"]}
 
 
+def ref(platform: str) -> str:
+    """The list's image for `platform`, by digest: what a node's pull resolves it to. (podman
+    4.3 run/create --platform on a local list may take the wrong instance, with a warning.)"""
+    return f"{LIST.rsplit(':', 1)[0]}@{instances(LIST)[platform]}"
+
+
 def run_on(platform: str, *args: str, entrypoint: str | None = None) -> str:
     extra = ["--entrypoint", entrypoint] if entrypoint else []
-    return podman.podman("run", *podman.RUN, "--platform", platform, *extra, LIST,
-                         *args).stdout
+    return podman.podman("run", *podman.RUN, *extra, ref(platform), *args).stdout
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +92,7 @@ def elf_machines(image: str, tmp_path_factory: pytest.TempPathFactory
     for platform in PLATFORMS:
         name = f"gni-elf-{platform.split('/')[1]}"
         podman.podman("rm", "--force", "--ignore", name)
-        podman.podman("create", "--platform", platform, "--name", name, image)
+        podman.podman("create", "--name", name, ref(platform))
         archive = tmp_path_factory.mktemp("export") / "fs.tar"
         try:
             podman.podman("export", "--output", str(archive), name, timeout=300)
@@ -128,6 +133,9 @@ class TestMultiArchImage:
         found = instances(image)
         assert sorted(found) == sorted(PLATFORMS), found
         assert len(set(found.values())) == len(PLATFORMS)
+        for platform in PLATFORMS:  # each image's own config says the same
+            (config,) = json.loads(podman.podman("image", "inspect", ref(platform)).stdout)
+            assert f"{config['Os']}/{config['Architecture']}" == platform
 
     def test_each_platform_runs_its_own_interpreter(self, image: str) -> None:
         """arm64 through qemu-user on an x86_64 machine: the machine Python reports is the
