@@ -15,12 +15,19 @@
 # its gcc must be the one the node's kernel was built with (gcc-12 for Debian bookworm).
 ARG BASE_IMAGE=docker.io/library/python:3.11-slim-bookworm
 
+# --- base: the target platform's base, named first. podman 4.3 resolves a base image's name
+#     once per build and the first stage to name it decides which platform's image every
+#     later stage without its own --platform gets; were the builder first, an arm64 image would
+#     be built on the amd64 base.
+FROM ${BASE_IMAGE} AS base
+
 # --- builder: runs on the build machine's own platform ($BUILDPLATFORM), also when it builds
 #     the image for another one: it builds the installer's wheel (pure Python), downloads the
 #     dependencies' wheels for the target platform ($TARGETARCH; compiled ones such as
 #     cryptography, google-crc32c and pyyaml are per architecture), and installs them into the
 #     venv the runtime stage copies. So no step of the default target runs the target's code:
-#     an arm64 image builds on an x86_64 machine without emulation once its base exists.
+#     an arm64 image builds on an x86_64 machine without emulation once its base exists
+#     (podman 4.3 needs `--build-arg BUILDPLATFORM=linux/amd64` for that: `make image` passes it).
 #     Wheels come from PyPI or a mirror (PIP_INDEX_URL); a private CA for that index comes in
 #     as the build secret `pip-ca`: podman build --secret id=pip-ca,src=/path/to/ca.crt ...
 # hadolint ignore=DL3029
@@ -70,7 +77,7 @@ RUN --mount=type=secret,id=pip-ca,required=false \
 
 # --- runtime: the builder's venv on the target's base; no source tree, no compiler, no pip,
 #     and no RUN: nothing here executes the target platform's code
-FROM ${BASE_IMAGE} AS runtime
+FROM base AS runtime
 ARG VERSION=0.1.0
 ARG PRELOADED_DIR=daemonset/preloaded
 LABEL org.opencontainers.image.title="gpu-node-installer" \

@@ -69,6 +69,9 @@ IMAGE_BUILD_FLAGS ?= $(if $(findstring podman,$(CONTAINER_ENGINE)),--isolation c
 # IMAGE_BUILD_FLAGS or the containerd image store). A foreign platform's base must exist for
 # it; the build itself runs no step of the target's code (Dockerfile), so no emulation.
 PLATFORMS ?=
+# podman 4.3 (Debian bookworm) sets BUILDPLATFORM but does not expand it in `FROM --platform=`
+# unless it is passed as a build argument; without it the builder stage would run emulated.
+BUILD_PLATFORM ?= linux/$(subst aarch64,arm64,$(subst x86_64,amd64,$(shell uname -m)))
 IMAGE_OUTPUT = $(if $(PLATFORMS),--platform $(PLATFORMS) \
 	$(if $(findstring podman,$(CONTAINER_ENGINE)),--manifest,-t) $(IMAGE),-t $(IMAGE))
 IMAGE_BUILD = $(if $(and $(PLATFORMS),$(findstring docker,$(CONTAINER_ENGINE))),buildx build,build)
@@ -79,6 +82,7 @@ image: ## build the container image with podman or docker (BASE_IMAGE=, PRELOADE
 		$(CONTAINER_ENGINE) manifest exists $(IMAGE) && $(CONTAINER_ENGINE) manifest rm $(IMAGE); true)
 	$(CONTAINER_ENGINE) $(IMAGE_BUILD) $(IMAGE_BUILD_FLAGS) \
 		$(if $(BASE_IMAGE),--build-arg BASE_IMAGE=$(BASE_IMAGE)) \
+		$(if $(findstring podman,$(CONTAINER_ENGINE)),--build-arg BUILDPLATFORM=$(BUILD_PLATFORM)) \
 		--build-arg VERSION=$(IMAGE_VERSION) --build-arg PRELOADED_DIR=$(PRELOADED_DIR) \
 		$(if $(PIP_CA),--secret id=pip-ca$(comma)src=$(PIP_CA)) $(IMAGE_OUTPUT) .
 

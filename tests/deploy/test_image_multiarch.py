@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
 import tarfile
@@ -28,13 +29,14 @@ ELF_MACHINE = {"amd64": 62, "arm64": 183}  # e_machine: EM_X86_64, EM_AARCH64
 VENV = "opt/gpu-node-installer/"
 
 
-def make_image(base: str) -> float:
+def make_image(base: str, name: str = LIST, platforms: tuple[str, ...] = PLATFORMS,
+               target: tuple[str, ...] = ()) -> float:
     """The documented `make image PLATFORMS=...` with this machine's podman flags; seconds."""
     engine = " ".join(["podman", *podman.GLOBAL])
-    flags = "--isolation chroot --pull=never --network host"
+    flags = " ".join(["--isolation chroot --pull=never --network host", *target])
     args = ["make", "-s", "-C", str(REPO), "-o", "venv", "image",
-            f"PLATFORMS={','.join(PLATFORMS)}", f"CONTAINER_ENGINE={engine}",
-            f"IMAGE_BUILD_FLAGS={flags}", f"BASE_IMAGE={base}", f"IMAGE={LIST}",
+            f"PLATFORMS={','.join(platforms)}", f"CONTAINER_ENGINE={engine}",
+            f"IMAGE_BUILD_FLAGS={flags}", f"BASE_IMAGE={base}", f"IMAGE={name}",
             f"PIP_CA={podman.ca_bundle() or ''}"]
     started = time.monotonic()
     proc = subprocess.run(args, capture_output=True, text=True, timeout=3000, check=False)
@@ -72,15 +74,15 @@ def instances(name: str) -> dict[str, str]:
             for m in listing["manifests"]}
 
 
-def ref(platform: str) -> str:
+def ref(platform: str, name: str = LIST) -> str:
     """The list's image for `platform`, by digest: what a node's pull resolves it to. (podman
     4.3 run/create --platform on a local list may take the wrong instance, with a warning.)"""
-    return f"{LIST.rsplit(':', 1)[0]}@{instances(LIST)[platform]}"
+    return f"{name.rsplit(':', 1)[0]}@{instances(name)[platform]}"
 
 
-def run_on(platform: str, *args: str, entrypoint: str | None = None) -> str:
+def run_on(platform: str, *args: str, entrypoint: str | None = None, name: str = LIST) -> str:
     extra = ["--entrypoint", entrypoint] if entrypoint else []
-    return podman.podman("run", *podman.RUN, *extra, ref(platform), *args).stdout
+    return podman.podman("run", *podman.RUN, *extra, ref(platform, name), *args).stdout
 
 
 @pytest.fixture(scope="module")
@@ -179,3 +181,15 @@ class TestMultiArchImage:
                     for p in PLATFORMS}
         assert len(set(listings.values())) == 1, listings
         assert f"gpu-node-installer=={__version__}" in listings["linux/arm64"]
+
+    def test_the_arm64_builder_stage_runs_on_the_build_machine(self, image: str) -> None:
+        """The build runs no arm64 code: the arm64 build's builder stage (its layers are
+        cached from the list's build) is the build machine's own platform, holding the
+        aarch64 wheels it downloaded for the target."""
+        name = f"localhost/gpu-node-installer:test-builder-{__version__}"
+        make_image(BASES, name, ("linux/arm64",), ("--target builder",))
+        listing = run_on("linux/arm64", "-c", "uname -m; ls /wheels", entrypoint="sh", name=name)
+        machine, *wheels = listing.split()
+        assert machine == os.uname().machine
+        compiled = [w for w in wheels if not w.endswith("-none-any.whl")]
+        assert len(compiled) >= 5 and all(w.endswith("_aarch64.whl") for w in compiled), wheels

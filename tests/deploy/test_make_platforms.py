@@ -4,6 +4,7 @@ The real build is tests/deploy/test_image_multiarch.py (image tier)."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -34,6 +35,9 @@ def test_podman_builds_one_manifest_list_for_every_platform() -> None:
                        "IMAGE=localhost/gni:1")
     (build,) = [c for c in commands if c.startswith("/usr/bin/podman build ")]
     assert f" --platform {BOTH} --manifest localhost/gni:1 ." in build, build
+    # podman 4.3 expands `FROM --platform=$BUILDPLATFORM` only when it is passed
+    native = {"x86_64": "amd64", "aarch64": "arm64"}[os.uname().machine]
+    assert f" --build-arg BUILDPLATFORM=linux/{native} " in build, build
     assert " -t " not in build
     # a list of that name from an earlier build is removed first, or the build would add a
     # second image per platform to it
@@ -49,6 +53,7 @@ def test_docker_builds_with_buildx() -> None:
     assert build.startswith("/usr/bin/docker buildx build --push "), build
     assert build.endswith(f" --platform {BOTH} -t localhost/gni:1 .")
     assert not [c for c in commands if "manifest" in c]
+    assert "BUILDPLATFORM" not in build  # buildx sets it itself
 
 
 def test_without_platforms_the_build_is_the_native_one() -> None:
