@@ -193,3 +193,12 @@ class TestMultiArchImage:
         assert machine == os.uname().machine
         compiled = [w for w in wheels if not w.endswith("-none-any.whl")]
         assert len(compiled) >= 5 and all(w.endswith("_aarch64.whl") for w in compiled), wheels
+
+
+def test_a_missing_emulator_is_a_skip_that_says_what_to_install() -> None:
+    """The reason the tier gives where a platform cannot run (no handler is registered here
+    for riscv64; the native platform never needs one)."""
+    assert podman.why_arch_cannot_run(podman.NATIVE) is None
+    reason = podman.why_arch_cannot_run("riscv64")
+    assert reason is not None
+    assert "/proc/sys/fs/binfmt_misc/qemu-riscv64" in reason and "qemu-user-static" in reason
