@@ -30,7 +30,6 @@ FROM ${BASE_IMAGE} AS base
 #     (podman 4.3 needs `--build-arg BUILDPLATFORM=linux/amd64` for that: `make image` passes it).
 #     Wheels come from PyPI or a mirror (PIP_INDEX_URL); a private CA for that index comes in
 #     as the build secret `pip-ca`: podman build --secret id=pip-ca,src=/path/to/ca.crt ...
-# hadolint ignore=DL3029
 FROM --platform=${BUILDPLATFORM} ${BASE_IMAGE} AS builder
 ARG PIP_INDEX_URL=https://pypi.org/simple
 ARG TARGETARCH

@@ -79,7 +79,7 @@ IMAGE_BUILD = $(if $(and $(PLATFORMS),$(findstring docker,$(CONTAINER_ENGINE))),
 image: ## build the container image with podman or docker (BASE_IMAGE=, PRELOADED_DIR=, IMAGE=, PLATFORMS=)
 	@test -n "$(CONTAINER_ENGINE)" || { echo "make image: needs podman or docker" >&2; exit 1; }
 	$(if $(and $(PLATFORMS),$(findstring podman,$(CONTAINER_ENGINE))),\
-		$(CONTAINER_ENGINE) manifest exists $(IMAGE) && $(CONTAINER_ENGINE) manifest rm $(IMAGE); true)
+		$(CONTAINER_ENGINE) manifest exists $(IMAGE) && $(CONTAINER_ENGINE) manifest rm $(IMAGE) >/dev/null; true)
 	$(CONTAINER_ENGINE) $(IMAGE_BUILD) $(IMAGE_BUILD_FLAGS) \
 		$(if $(BASE_IMAGE),--build-arg BASE_IMAGE=$(BASE_IMAGE)) \
 		$(if $(findstring podman,$(CONTAINER_ENGINE)),--build-arg BUILDPLATFORM=$(BUILD_PLATFORM)) \
