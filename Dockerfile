@@ -15,23 +15,68 @@
 # its gcc must be the one the node's kernel was built with (gcc-12 for Debian bookworm).
 ARG BASE_IMAGE=docker.io/library/python:3.11-slim-bookworm
 
-# --- builder: wheels for the installer and every dependency, from PyPI or a mirror
-#     (PIP_INDEX_URL); a private CA for that index comes in as the build secret `pip-ca`:
-#     podman build --secret id=pip-ca,src=/path/to/ca.crt ...
-FROM ${BASE_IMAGE} AS builder
+# --- base: the target platform's base, named first. podman 4.3 resolves a base image's name
+#     once per build and the first stage to name it decides which platform's image every
+#     later stage without its own --platform gets; were the builder first, an arm64 image would
+#     be built on the amd64 base.
+FROM ${BASE_IMAGE} AS base
+
+# --- builder: runs on the build machine's own platform ($BUILDPLATFORM), also when it builds
+#     the image for another one: it builds the installer's wheel (pure Python), downloads the
+#     dependencies' wheels for the target platform ($TARGETARCH; compiled ones such as
+#     cryptography, google-crc32c and pyyaml are per architecture), and installs them into the
+#     venv the runtime stage copies. So no step of the default target runs the target's code:
+#     an arm64 image builds on an x86_64 machine without emulation once its base exists
+#     (podman 4.3 needs `--build-arg BUILDPLATFORM=linux/amd64` for that: `make image` passes it).
+#     Wheels come from PyPI or a mirror (PIP_INDEX_URL); a private CA for that index comes in
+#     as the build secret `pip-ca`: podman build --secret id=pip-ca,src=/path/to/ca.crt ...
+FROM --platform=${BUILDPLATFORM} ${BASE_IMAGE} AS builder
 ARG PIP_INDEX_URL=https://pypi.org/simple
+ARG TARGETARCH
+ARG VERSION=0.1.0
 WORKDIR /src
+# Layer 1, the dependencies' wheels for the target, rebuilt only when pyproject.toml (or the
+# version) changes: their list comes from a wheel of the metadata alone. The target's wheel
+# tags are its machine name with every manylinux level up to the glibc of this (the same)
+# base, so pip picks what the target's interpreter would; layer 2 reads them back.
 COPY pyproject.toml README.md ./
+COPY installer/__init__.py ./installer/
+RUN --mount=type=secret,id=pip-ca,required=false \
+    if [ -s /run/secrets/pip-ca ]; then export PIP_CERT=/run/secrets/pip-ca; fi \
+    && case "${TARGETARCH}" in amd64) machine=x86_64 ;; arm64) machine=aarch64 ;; \
+       *) echo "unsupported TARGETARCH ${TARGETARCH}: amd64 or arm64" >&2; exit 1 ;; esac \
+    && glibc=$(python3 -c 'import os; print(os.confstr("CS_GNU_LIBC_VERSION").split()[1])') \
+    && set -- --platform "manylinux2014_${machine}" && minor=17 \
+    && while [ "${minor}" -le "${glibc#2.}" ]; do \
+         set -- "$@" --platform "manylinux_2_${minor}_${machine}"; minor=$((minor + 1)); done \
+    && printf '%s\n' "$@" > /platform-args \
+    && python3 -m venv /opt/build \
+    && /opt/build/bin/pip wheel --no-cache-dir --disable-pip-version-check --no-deps \
+       --index-url "${PIP_INDEX_URL}" --wheel-dir /metadata . \
+    && /opt/build/bin/pip download --no-cache-dir --disable-pip-version-check \
+       --index-url "${PIP_INDEX_URL}" --only-binary=:all: "$@" --dest /wheels /metadata/*.whl \
+    && rm -r /metadata /wheels/gpu_node_installer-*.whl
+# Layer 2, the installer: its wheel, and the venv made here at its final path (scripts' #!
+# lines name it) without pip; `pip --python` installs with the venv's interpreter, `--target`
+# because pip allows a foreign platform only there.
 COPY installer ./installer
 RUN --mount=type=secret,id=pip-ca,required=false \
     if [ -s /run/secrets/pip-ca ]; then export PIP_CERT=/run/secrets/pip-ca; fi \
-    && python3 -m venv /opt/build \
-    && /opt/build/bin/pip wheel --no-cache-dir --disable-pip-version-check \
+    && set -- && while read -r arg; do set -- "$@" "${arg}"; done < /platform-args \
+    && /opt/build/bin/pip wheel --no-cache-dir --disable-pip-version-check --no-deps \
        --index-url "${PIP_INDEX_URL}" --wheel-dir /wheels . \
-    && sha256sum /wheels/*.whl > /wheels.sha256
+    && python3 -m venv --without-pip /opt/gpu-node-installer \
+    && site=$(/opt/gpu-node-installer/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))') \
+    && /opt/build/bin/pip --python /opt/gpu-node-installer/bin/python install --no-cache-dir \
+       --disable-pip-version-check --no-index --find-links /wheels --only-binary=:all: "$@" \
+       --target "${site}" "gpu-node-installer==${VERSION}" \
+    && mv "${site}"/bin/* /opt/gpu-node-installer/bin/ && rmdir "${site}/bin" \
+    && mkdir -p /link/usr/local/bin \
+    && ln -s /opt/gpu-node-installer/bin/gpu-node-installer /link/usr/local/bin/gpu-node-installer
 
-# --- runtime: the wheels installed into a venv; no source tree, no compiler, no pip
-FROM ${BASE_IMAGE} AS runtime
+# --- runtime: the builder's venv on the target's base; no source tree, no compiler, no pip,
+#     and no RUN: nothing here executes the target platform's code
+FROM base AS runtime
 ARG VERSION=0.1.0
 ARG PRELOADED_DIR=daemonset/preloaded
 LABEL org.opencontainers.image.title="gpu-node-installer" \
@@ -44,15 +89,8 @@ LABEL org.opencontainers.image.title="gpu-node-installer" \
 # runs is coreutils' `chroot`, to run the node's own ldconfig (every Debian-like base has
 # coreutils); the pod's main container is the installer's own `agent` command, which runs the
 # driver's daemons from the install dir (they come with the driver package, not the image).
-# The wheels' digests, copied first: a COPY is cached by content, a RUN's bind mount is not,
-# so without this a changed installer would reuse the venv layer of an older build.
-COPY --from=builder /wheels.sha256 /var/lib/gpu-node-installer/wheels.sha256
-RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
-    python3 -m venv /opt/gpu-node-installer \
-    && /opt/gpu-node-installer/bin/pip install --no-cache-dir --disable-pip-version-check \
-       --no-index --find-links /wheels "gpu-node-installer==${VERSION}" \
-    && /opt/gpu-node-installer/bin/pip uninstall --yes --quiet pip setuptools \
-    && ln -s /opt/gpu-node-installer/bin/gpu-node-installer /usr/local/bin/gpu-node-installer
+COPY --from=builder /opt/gpu-node-installer /opt/gpu-node-installer
+COPY --from=builder /link/ /
 COPY ${PRELOADED_DIR}/ /var/lib/gpu-node-installer/preloaded/
 ENV DRIVER_PRELOADED_DIR=/var/lib/gpu-node-installer/preloaded \
     PYTHONDONTWRITEBYTECODE=1 \

@@ -64,12 +64,27 @@ comma := ,
 # `--network host` where the build's own network cannot reach the package index.
 IMAGE_BUILD_FLAGS ?= $(if $(findstring podman,$(CONTAINER_ENGINE)),--isolation chroot)
 
-image: ## build the container image with podman or docker (BASE_IMAGE=, PRELOADED_DIR=, IMAGE=)
+# PLATFORMS=linux/amd64,linux/arm64: one multi-arch manifest list named $(IMAGE), rebuilt from
+# scratch (podman: --manifest; docker: buildx, which keeps it only with --push in
+# IMAGE_BUILD_FLAGS or the containerd image store). A foreign platform's base must exist for
+# it; the build itself runs no step of the target's code (Dockerfile), so no emulation.
+PLATFORMS ?=
+# podman 4.3 (Debian bookworm) sets BUILDPLATFORM but does not expand it in `FROM --platform=`
+# unless it is passed as a build argument; without it the builder stage would run emulated.
+BUILD_PLATFORM ?= linux/$(subst aarch64,arm64,$(subst x86_64,amd64,$(shell uname -m)))
+IMAGE_OUTPUT = $(if $(PLATFORMS),--platform $(PLATFORMS) \
+	$(if $(findstring podman,$(CONTAINER_ENGINE)),--manifest,-t) $(IMAGE),-t $(IMAGE))
+IMAGE_BUILD = $(if $(and $(PLATFORMS),$(findstring docker,$(CONTAINER_ENGINE))),buildx build,build)
+
+image: ## build the container image with podman or docker (BASE_IMAGE=, PRELOADED_DIR=, IMAGE=, PLATFORMS=)
 	@test -n "$(CONTAINER_ENGINE)" || { echo "make image: needs podman or docker" >&2; exit 1; }
-	$(CONTAINER_ENGINE) build $(IMAGE_BUILD_FLAGS) \
+	$(if $(and $(PLATFORMS),$(findstring podman,$(CONTAINER_ENGINE))),\
+		$(CONTAINER_ENGINE) manifest exists $(IMAGE) && $(CONTAINER_ENGINE) manifest rm $(IMAGE) >/dev/null; true)
+	$(CONTAINER_ENGINE) $(IMAGE_BUILD) $(IMAGE_BUILD_FLAGS) \
 		$(if $(BASE_IMAGE),--build-arg BASE_IMAGE=$(BASE_IMAGE)) \
+		$(if $(findstring podman,$(CONTAINER_ENGINE)),--build-arg BUILDPLATFORM=$(BUILD_PLATFORM)) \
 		--build-arg VERSION=$(IMAGE_VERSION) --build-arg PRELOADED_DIR=$(PRELOADED_DIR) \
-		$(if $(PIP_CA),--secret id=pip-ca$(comma)src=$(PIP_CA)) -t $(IMAGE) .
+		$(if $(PIP_CA),--secret id=pip-ca$(comma)src=$(PIP_CA)) $(IMAGE_OUTPUT) .
 
 manifests: venv ## render every kustomize overlay and the examples into build/manifests/
 	@mkdir -p $(MANIFESTS_DIR)

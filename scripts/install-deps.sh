@@ -12,6 +12,7 @@ PACKAGES=(
   podman runc mmdebstrap   # deploy tier: image build from a local bookworm rootfs; kernel tier: package build --build-root auto
   gpg gpgv debian-archive-keyring   # package build --kernel-headers-from-apt: a signed test archive, its check
   prometheus               # metrics tier: a real Prometheus scrapes the agent; promtool checks its output
+  qemu-user-static binfmt-support arch-test   # image tier: the arm64 base (mmdebstrap) and running the arm64 image
 )
 
 # The Container Device Interface project's JSON schema (tests/host/test_cdi.py validates our
@@ -38,12 +39,26 @@ missing=()
 for pkg in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
 done
-[ ${#missing[@]} -eq 0 ] && exit 0
-if [ "$(id -u)" -ne 0 ]; then
-  echo "install-deps: missing ${missing[*]}; run as root: sudo bash $0" >&2
-  exit 1
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "install-deps: missing ${missing[*]}; run as root: sudo bash $0" >&2
+    exit 1
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  echo "install-deps: installed ${missing[*]}"
 fi
-export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq
-apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-echo "install-deps: installed ${missing[*]}"
+
+# qemu-user-static's binfmt handlers (arm64 code on an x86_64 machine, for the image tier) are
+# registered by binfmt-support's service at boot; a machine without systemd (a CI container,
+# a VM started without init) never runs it, so enable them here: the machine's setup, once.
+# The tests only use handlers that are there (tests/deploy/podman.py says why when they are not).
+BINFMT=/proc/sys/fs/binfmt_misc
+if [ "$(uname -m)" = x86_64 ] && [ ! -e "$BINFMT/qemu-aarch64" ] && [ "$(id -u)" -eq 0 ]; then
+  mountpoint -q "$BINFMT" || mount -t binfmt_misc binfmt_misc "$BINFMT" \
+    || echo "install-deps: cannot mount $BINFMT; the image tier skips arm64" >&2
+  if [ -e "$BINFMT/register" ] && update-binfmts --enable qemu-aarch64; then
+    echo "install-deps: enabled binfmt handler qemu-aarch64"
+  fi
+fi

@@ -72,11 +72,33 @@ class Timings:
     build_s: float
 
 
-def base_image() -> tuple[str, float | None, float | None]:
-    """The local bookworm base (python3 + venv): cached tarball, imported once per store."""
-    key = hashlib.sha256("\0".join(MMDEBSTRAP).encode()).hexdigest()[:12]
-    tag = f"localhost/gni-test-base:bookworm-{key}"
-    tarball = CACHE / f"base-bookworm-{key}.tar"
+NATIVE = {"x86_64": "amd64", "aarch64": "arm64"}.get(os.uname().machine, os.uname().machine)
+QEMU = {"amd64": "x86_64", "arm64": "aarch64"}  # Debian arch -> qemu-user's binfmt name
+
+
+def why_arch_cannot_run(arch: str) -> str | None:
+    """None when this machine runs `arch` binaries (natively, or through qemu-user's binfmt
+    handler, which the tests use but never register: scripts/install-deps.sh does, once)."""
+    if arch == NATIVE:
+        return None
+    handler = Path("/proc/sys/fs/binfmt_misc") / f"qemu-{QEMU.get(arch, arch)}"
+    try:
+        enabled = handler.read_text().splitlines()[0] == "enabled"
+    except (OSError, IndexError):
+        return (f"no binfmt handler for {arch} ({handler} is missing): install "
+                "qemu-user-static and binfmt-support (scripts/install-deps.sh as root)")
+    return None if enabled else f"the binfmt handler {handler} is disabled"
+
+
+def base_image(arch: str = NATIVE) -> tuple[str, float | None, float | None]:
+    """The local bookworm base (python3 + venv) for `arch`: cached tarball, imported once per
+    store. The native arch keeps the arguments (and cache key) it always had; a foreign one
+    is made by mmdebstrap through qemu-user (its maintainer scripts are the target's code)."""
+    args = MMDEBSTRAP if arch == NATIVE else (f"--architectures={arch}", *MMDEBSTRAP)
+    key = hashlib.sha256("\0".join(args).encode()).hexdigest()[:12]
+    name = "bookworm" if arch == NATIVE else f"bookworm-{arch}"
+    tag = f"localhost/gni-test-base:{name}-{key}"
+    tarball = CACHE / f"base-{name}-{key}.tar"
     rootfs_s = import_s = None
     if not tarball.exists():
         if shutil.which("mmdebstrap") is None:
@@ -84,16 +106,28 @@ def base_image() -> tuple[str, float | None, float | None]:
         CACHE.mkdir(parents=True, exist_ok=True)
         partial = tarball.with_suffix(".partial.tar")
         started = time.monotonic()
-        proc = subprocess.run(["mmdebstrap", *MMDEBSTRAP, str(partial)], capture_output=True,
-                              text=True, timeout=900, check=False)
+        proc = subprocess.run(["mmdebstrap", *args, str(partial)], capture_output=True,
+                              text=True, timeout=1800, check=False)
         assert proc.returncode == 0, f"mmdebstrap failed:\n{proc.stderr[-4000:]}"
         partial.rename(tarball)
         rootfs_s = time.monotonic() - started
     if podman("image", "exists", tag, check=False).returncode != 0:
         started = time.monotonic()
-        podman("import", "--change", "CMD [\"/bin/sh\"]", str(tarball), tag, timeout=300)
+        podman("import", "--arch", arch, "--change", "CMD [\"/bin/sh\"]", str(tarball), tag,
+               timeout=300)
         import_s = time.monotonic() - started
     return tag, rootfs_s, import_s
+
+
+def manifest_list(name: str, images: list[str]) -> str:
+    """A local manifest list of `images` (one per platform), made afresh: what a multi-arch
+    FROM resolves per platform, as a registry's list would."""
+    if podman("manifest", "exists", name, check=False).returncode == 0:
+        podman("manifest", "rm", name)
+    podman("manifest", "create", name)
+    for image in images:
+        podman("manifest", "add", name, f"containers-storage:{image}")
+    return name
 
 
 def build_context(target: Path, preloaded: dict[str, str]) -> Path:

@@ -41,8 +41,9 @@ class TestDockerfile:
     def test_multi_stage_from_a_chosen_base(self) -> None:
         instructions = _instructions()
         froms = [args for key, args in instructions if key == "FROM"]
-        assert froms == ["${BASE_IMAGE} AS builder", "${BASE_IMAGE} AS runtime",
-                         "runtime AS build", "runtime"]
+        assert froms == ["${BASE_IMAGE} AS base",
+                         "--platform=${BUILDPLATFORM} ${BASE_IMAGE} AS builder",
+                         "base AS runtime", "runtime AS build", "runtime"]
         assert instructions[0][0] == "ARG" and instructions[0][1].startswith("BASE_IMAGE=")
 
     def test_default_target_is_the_runtime_unchanged(self) -> None:
@@ -61,20 +62,31 @@ class TestDockerfile:
         assert "--no-install-recommends" in runs and "rm -rf /var/lib/apt/lists/*" in runs
         assert ("ARG", "KERNEL_CC=gcc-12") in stage
         assert ("ENV", "BUILD_FALLBACK=auto") in stage
-        runtime = instructions[instructions.index(("FROM", "${BASE_IMAGE} AS runtime")):start]
+        runtime = instructions[instructions.index(("FROM", "base AS runtime")):start]
         assert "apt-get" not in " ".join(args for _, args in runtime)
 
     def test_final_stage_installs_wheels_not_sources(self) -> None:
         instructions = _instructions()
-        final = instructions[instructions.index(("FROM", "${BASE_IMAGE} AS runtime")):
+        final = instructions[instructions.index(("FROM", "base AS runtime")):
                              instructions.index(("FROM", "runtime AS build"))]
         sources = [args.split()[:-1] for key, args in final if key == "COPY"]
-        # the wheels' digests (so the venv layer is rebuilt when they change) and the
-        # preloaded dir; never the source tree
-        assert sources == [["--from=builder", "/wheels.sha256"], ["${PRELOADED_DIR}/"]], sources
-        runs = " ".join(args for key, args in final if key == "RUN")
+        # the builder's venv, the command's link and the preloaded dir; never the source tree
+        assert sources == [["--from=builder", "/opt/gpu-node-installer"],
+                           ["--from=builder", "/link/"], ["${PRELOADED_DIR}/"]], sources
+        builder = instructions[:instructions.index(("FROM", "base AS runtime"))]
+        runs = " ".join(args for key, args in builder if key == "RUN")
         assert "--no-index --find-links /wheels" in runs
-        assert "from=builder" in runs
+        assert "--only-binary=:all: \"$@\"" in runs
+
+    def test_no_step_of_the_default_target_runs_the_target_platform(self) -> None:
+        """The builder runs on the build machine's platform; the runtime stage only copies,
+        so an arm64 image builds on x86_64 without emulating a single step (issue 29)."""
+        instructions = _instructions()
+        runtime = instructions[instructions.index(("FROM", "base AS runtime")):
+                               instructions.index(("FROM", "runtime AS build"))]
+        assert [key for key, _ in runtime if key == "RUN"] == []
+        builder = instructions[:instructions.index(("FROM", "base AS runtime"))]
+        assert ("ARG", "TARGETARCH") in builder
 
     def test_entrypoint_and_default_command(self) -> None:
         instructions = dict(_instructions())
