@@ -138,7 +138,7 @@ class CosArtifacts:
                            MAX_ARTIFACT)
         try:
             built = assemble(tgz, run, self.work / "unpacked", version=version,
-                             build_id=self.target.build_id, **where)
+                             build_id=self.target.build_id, arch=self.target.arch, **where)
         except PackageBuildError as exc:
             raise ArtifactError(f"COS artifacts for {version}: {exc.message}") from None
         kernel = self.target.kernel_release
