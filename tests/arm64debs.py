@@ -16,12 +16,13 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from artifacts import DEBIAN_VERSIONS, DEFAULT_VERSION, _locked, cache_root
+from artifacts import DEBIAN_VERSIONS, DEFAULT_VERSION, _locked, cache_root, extracted_tree
 from kernel.apt import Apt
 
 # nvvm (86 MB) and ptxjitcompiler (23 MB) add nothing an arch test needs
 PACKAGES = ("libcuda1", "libnvidia-ml1", "nvidia-smi")
 LIB_DIR = "usr/lib/aarch64-linux-gnu/nvidia/current"
+CROSS_GCC = "aarch64-linux-gnu-gcc"  # Debian's gcc-aarch64-linux-gnu
 
 
 class Arm64Apt(Apt):
@@ -57,42 +58,59 @@ def arm64_debs(version: str = DEFAULT_VERSION) -> dict[str, Path]:
 
 def arm64_tree(version: str = DEFAULT_VERSION) -> Path:
     """The arm64 .debs extracted with `dpkg-deb -x` (cached)."""
-    tree = cache_root() / "trees-arm64" / version
-    with _locked(f"tree-arm64-{version}"):
-        if not (tree / LIB_DIR).is_dir():
-            tmp = tree.with_name(tree.name + ".partial")
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-            for deb in arm64_debs(version).values():
-                subprocess.run(["dpkg-deb", "-x", str(deb), str(tmp)], check=True)
-            shutil.rmtree(tree, ignore_errors=True)
-            tmp.rename(tree)
-    return tree
+    return extracted_tree(cache_root() / "trees-arm64" / version, LIB_DIR,
+                          lambda: arm64_debs(version).values(), f"tree-arm64-{version}")
 
 
 def arm64_runfile(version: str = DEFAULT_VERSION) -> Path:
-    """NVIDIA-Linux-aarch64-<v>.run: the arm64 files flat at its root, as NVIDIA ships them
-    (libraries as regular `lib*.so.<v>`, nvidia-smi, firmware/, an installer never run)."""
+    """NVIDIA-Linux-aarch64-<v>.run in the cache (a small stand-in firmware file)."""
     target = cache_root() / "run-arm64" / f"NVIDIA-Linux-aarch64-{version}.run"
     with _locked(f"run-arm64-{version}"):
-        if target.is_file():
-            return target
-        tree = arm64_tree(version)
-        staging = target.with_name(f"NVIDIA-Linux-aarch64-{version}")
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir(parents=True)
-        for path in (tree / LIB_DIR).iterdir():
-            if path.is_file() and not path.is_symlink():
-                shutil.copy2(path, staging / path.name)
-        shutil.copy2(tree / "usr/lib/nvidia/current/nvidia-smi", staging / "nvidia-smi")
-        (staging / "firmware").mkdir()
-        (staging / "firmware" / "gsp_ga10x.bin").write_bytes(b"\x7fGSP arm64 test firmware")
-        (staging / "nvidia-installer").write_text("#!/bin/sh\necho never run\nexit 1\n")
-        (staging / "nvidia-installer").chmod(0o755)
-        partial = target.with_name(target.name + ".partial")
-        subprocess.run(["makeself", "--nox11", "--nocomp", "--quiet", str(staging), str(partial),
-                        f"NVIDIA Accelerated Graphics Driver for Linux-aarch64 {version}",
-                        "./nvidia-installer"], check=True, stdout=subprocess.DEVNULL)
-        partial.rename(target)
-        shutil.rmtree(staging)
+        if not target.is_file():
+            make_runfile(target, version, {"gsp_ga10x.bin": b"\x7fGSP arm64 test firmware"})
     return target
+
+
+def make_runfile(target: Path, version: str, firmware: dict[str, bytes]) -> Path:
+    """NVIDIA-Linux-aarch64-<v>.run at `target`: the arm64 files flat at its root, as NVIDIA
+    ships them (libraries as regular `lib*.so.<v>`, nvidia-smi, `firmware/`, an installer
+    that is never run), made by makeself."""
+    tree = arm64_tree(version)
+    staging = target.with_name(f"NVIDIA-Linux-aarch64-{version}")
+    shutil.rmtree(staging, ignore_errors=True)
+    (staging / "firmware").mkdir(parents=True)
+    for path in (tree / LIB_DIR).iterdir():
+        if path.is_file() and not path.is_symlink():
+            shutil.copyfile(path, staging / path.name)
+    shutil.copyfile(tree / "usr/lib/nvidia/current/nvidia-smi", staging / "nvidia-smi")
+    (staging / "nvidia-smi").chmod(0o755)
+    for name, data in firmware.items():
+        (staging / "firmware" / name).write_bytes(data)
+    (staging / "nvidia-installer").write_text("#!/bin/sh\necho never run\nexit 99\n")
+    (staging / "nvidia-installer").chmod(0o755)
+    partial = target.with_name(target.name + ".partial")
+    subprocess.run(["makeself", "--nox11", "--nocomp", "--quiet", str(staging), str(partial),
+                    f"NVIDIA Accelerated Graphics Driver for Linux-aarch64 {version}",
+                    "./nvidia-installer"], check=True, stdout=subprocess.DEVNULL)
+    partial.rename(target)
+    shutil.rmtree(staging)
+    return target
+
+
+def aarch64_modules(directory: Path, *, version: str, kernel: str, licence: str,
+                    depends: dict[str, str]) -> Path:
+    """Kernel modules as aarch64 ELF objects made by the cross compiler
+    (`gcc-aarch64-linux-gnu`), each with the `.modinfo` a real module carries."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for stem, needs in depends.items():
+        fields = [f"license={licence}", f"version={version}", f"depends={needs}",
+                  f"name={stem.replace('-', '_')}",
+                  f"vermagic={kernel} SMP preempt mod_unload modversions aarch64"]
+        source = directory / f"{stem}.c"
+        body = "\\0".join(fields)
+        source.write_text('static const char modinfo[] __attribute__((section(".modinfo"), '
+                          f'used)) = "{body}";\n')
+        subprocess.run([CROSS_GCC, "-c", "-o", str(directory / f"{stem}.ko"), str(source)],
+                       check=True)
+        source.unlink()
+    return directory

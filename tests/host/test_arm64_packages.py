@@ -8,7 +8,6 @@ compiler (`gcc-aarch64-linux-gnu`) with the `.modinfo` a real module carries.
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import arm64debs
@@ -25,24 +24,12 @@ VERSION = "535.261.03"
 KERNEL = "6.1.0-26-arm64"
 MODULES = {"nvidia": "drm", "nvidia-uvm": "nvidia", "nvidia-modeset": "nvidia",
            "nvidia-drm": "nvidia,nvidia-modeset,drm_kms_helper,drm"}
-CROSS_GCC = "aarch64-linux-gnu-gcc"  # Debian's gcc-aarch64-linux-gnu (scripts/install-deps.sh)
 
 
 @pytest.fixture(scope="module")
 def arm64_modules(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    directory = tmp_path_factory.mktemp("arm64-modules")
-    for stem, depends in MODULES.items():
-        fields = ["license=NVIDIA", f"version={VERSION}", f"depends={depends}",
-                  f"name={stem.replace('-', '_')}",
-                  f"vermagic={KERNEL} SMP preempt mod_unload modversions aarch64"]
-        source = directory / f"{stem}.c"
-        body = "\\0".join(fields)
-        source.write_text('static const char modinfo[] __attribute__((section(".modinfo"), '
-                          f'used)) = "{body}";\n')
-        subprocess.run([CROSS_GCC, "-c", "-o", str(directory / f"{stem}.ko"), str(source)],
-                       check=True)
-        source.unlink()
-    return directory
+    return arm64debs.aarch64_modules(tmp_path_factory.mktemp("arm64-modules"), version=VERSION,
+                                     kernel=KERNEL, licence="NVIDIA", depends=MODULES)
 
 
 def build(args: list[str]) -> tuple[int, str, str]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -36,55 +35,17 @@ GH200 = PciSpec("0009:01:00.0", 0x2342, 0x030200, driver=None)
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def aarch64_modules(directory: Path) -> Path:
-    """Open modules as aarch64 ELF objects (the cross compiler), vermagic for KERNEL."""
-    directory.mkdir(parents=True)
-    for stem, depends in OPEN_DEPENDS.items():
-        fields = ["license=Dual MIT/GPL", f"version={VERSION}", f"depends={depends}",
-                  f"name={stem.replace('-', '_')}",
-                  f"vermagic={KERNEL} SMP preempt mod_unload modversions aarch64"]
-        source = directory / f"{stem}.c"
-        body = "\\0".join(fields)
-        source.write_text('static const char modinfo[] __attribute__((section(".modinfo"), '
-                          f'used)) = "{body}";\n')
-        subprocess.run(["aarch64-linux-gnu-gcc", "-c", "-o", str(directory / f"{stem}.ko"),
-                        str(source)], check=True)
-        source.unlink()
-    return directory
-
-
-def aarch64_runfile(bucket: CosBucket, work: Path) -> Path:
-    """NVIDIA-Linux-aarch64-<v>.run in the runfile bucket: Debian's arm64 libraries and
-    nvidia-smi flat at its root, the bucket's firmware (the modules tarball's bytes)."""
-    tree = arm64debs.arm64_tree(VERSION)
-    staging = work / f"NVIDIA-Linux-aarch64-{VERSION}"
-    (staging / "firmware").mkdir(parents=True)
-    for path in (tree / arm64debs.LIB_DIR).iterdir():
-        if path.is_file() and not path.is_symlink():
-            shutil.copyfile(path, staging / path.name)
-    shutil.copyfile(tree / "usr/lib/nvidia/current/nvidia-smi", staging / "nvidia-smi")
-    (staging / "nvidia-smi").chmod(0o755)
-    for name, data in bucket.firmware.items():
-        (staging / "firmware" / name).write_bytes(data)
-    (staging / "nvidia-installer").write_text("#!/bin/sh\nexit 99\n")
-    (staging / "nvidia-installer").chmod(0o755)
-    target = bucket.root / RUNFILE_BUCKET / "tesla" / VERSION / staging.name
-    target = target.with_name(staging.name + ".run")
-    target.parent.mkdir(parents=True)
-    subprocess.run(["makeself", "--nox11", "--nocomp", "--quiet", str(staging), str(target),
-                    f"NVIDIA Accelerated Graphics Driver for Linux-aarch64 {VERSION}",
-                    "./nvidia-installer"], check=True, stdout=subprocess.DEVNULL)
-    shutil.rmtree(staging)
-    return target
-
-
 @pytest.fixture(scope="module")
 def bucket(tmp_path_factory: pytest.TempPathFactory) -> CosBucket:
     base = tmp_path_factory.mktemp("cos-arm64")
+    modules = arm64debs.aarch64_modules(base / "modules", version=VERSION, kernel=KERNEL,
+                                        licence="Dual MIT/GPL", depends=OPEN_DEPENDS)
     made = make_bucket(base, build_id=BUILD, board=BOARD, kernel_release=KERNEL,
-                       version=VERSION, modules_dir=aarch64_modules(base / "modules"),
-                       runfile=False)
-    made.runfile = aarch64_runfile(made, base)
+                       version=VERSION, modules_dir=modules, runfile=False)
+    # NVIDIA's aarch64 runfile in the runfile bucket, with the modules tarball's firmware
+    runfile = f"{RUNFILE_BUCKET}/tesla/{VERSION}/NVIDIA-Linux-aarch64-{VERSION}.run"
+    (made.root / runfile).parent.mkdir(parents=True)
+    made.runfile = arm64debs.make_runfile(made.root / runfile, VERSION, made.firmware)
     return made
 
 
