@@ -13,6 +13,7 @@ PACKAGES=(
   gpg gpgv debian-archive-keyring   # package build --kernel-headers-from-apt: a signed test archive, its check
   prometheus               # metrics tier: a real Prometheus scrapes the agent; promtool checks its output
   qemu-user-static binfmt-support arch-test   # image tier: the arm64 base (mmdebstrap) and running the arm64 image
+  gcc-aarch64-linux-gnu    # kernel tier: package build cross-compiles arm64 modules (bookworm: gcc-12)
 )
 
 # The Container Device Interface project's JSON schema (tests/host/test_cdi.py validates our

@@ -16,7 +16,7 @@ from __future__ import annotations
 import fcntl
 import shutil
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -95,13 +95,19 @@ def persistenced_deb() -> Path:
 
 def nvidia_tree(version: str = DEFAULT_VERSION) -> Path:
     """The user-mode .debs of `version` extracted with `dpkg-deb -x` (cached)."""
-    tree = cache_root() / "trees" / version
-    with _locked(f"tree-{version}"):
-        if not (tree / LIB_DIR).is_dir():
+    return extracted_tree(cache_root() / "trees" / version, LIB_DIR,
+                          lambda: nvidia_debs(version).values(), f"tree-{version}")
+
+
+def extracted_tree(tree: Path, lib_dir: str, debs: Callable[[], Iterable[Path]],
+                   lock: str) -> Path:
+    """`debs()` extracted with `dpkg-deb -x` into `tree` once (done when `lib_dir` exists)."""
+    with _locked(lock):
+        if not (tree / lib_dir).is_dir():
             tmp = tree.with_name(tree.name + ".partial")
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
-            for deb in nvidia_debs(version).values():
+            for deb in debs():
                 subprocess.run(["dpkg-deb", "-x", str(deb), str(tmp)], check=True)
             shutil.rmtree(tree, ignore_errors=True)
             tmp.rename(tree)

@@ -16,6 +16,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from installer.errors import IntegrityError
+from installer.node.arches import ARCHES as ARCHES
 from installer.packages.daemons import DaemonEntry, daemons_to_dict, parse_daemons
 from installer.packages.documents import read_document
 from installer.packages.ima import ImaEntry, ima_to_list, parse_ima
@@ -29,7 +30,6 @@ SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 KINDS = ("module", "library", "binary", "firmware", "config", "source")
 FLAVOURS = ("open", "proprietary")
-ARCHES = ("x86_64", "aarch64")
 MAX_FILE_SIZE = 8 * 1024**3
 MAX_TOTAL_SIZE = 32 * 1024**3
 MAX_FILES = 20_000
@@ -57,6 +57,15 @@ class ManifestError(IntegrityError):
 
 class PackageFileError(IntegrityError):
     """A file of the package is missing or differs from its manifest entry."""
+
+
+def package_path(kernel_release: str, driver_version: str, flavour: str,
+                 arch: str = "x86_64") -> str:
+    """Where a package lives in a repository: `<kernel>/<version>/<flavour>` for x86_64 (and
+    an arch not yet known), `<flavour>-<arch>` otherwise, so two arches sharing a kernel
+    release (COS, Ubuntu) never share a path."""
+    suffix = f"-{arch}" if arch not in ("", ARCHES[0]) else ""
+    return f"{kernel_release}/{driver_version}/{flavour}{suffix}"
 
 
 @dataclass(frozen=True)
@@ -113,8 +122,8 @@ class Manifest:
 
     @property
     def key(self) -> str:
-        """Where the package lives in a repository: `<kernel>/<driver>/<flavour>`."""
-        return f"{self.kernel_release}/{self.driver_version}/{self.flavour}"
+        """Where the package lives in a repository (`package_path`)."""
+        return package_path(self.kernel_release, self.driver_version, self.flavour, self.arch)
 
 
 def blob_relpath(sha256: str) -> str:

@@ -28,6 +28,7 @@ from installer.packages.build.inputs import (
     ModuleInfo,
     PackageBuildError,
     Picked,
+    check_input_arch,
     extract_deb,
     extract_run,
     load_order,
@@ -199,6 +200,8 @@ def check_request(request: BuildRequest) -> None:
                  *(source for _, source in request.daemons)):
         if not path.exists():
             raise _fail(f"input {path} does not exist")
+    for path in (*request.debs, *request.run_files):
+        check_input_arch(path, request.arch)
     if request.daemons and request.nvidia_source is not None and not request.kernel_headers:
         raise _fail("a source package carries no daemons (--fabricmanager, --nvlsm, "
                     "--persistenced)", remedy="build packages for kernels (--kernel-headers) "
@@ -325,7 +328,7 @@ def _identity(request: BuildRequest, picked: list[Picked], modules: list[ModuleI
 def _destination(request: BuildRequest, identity: Identity) -> Path:
     if request.repo is not None:
         target = request.repo / package_path(identity.kernel_release, identity.driver_version,
-                                             identity.flavour)
+                                             identity.flavour, request.arch)
     else:
         assert request.output is not None
         target = request.output

@@ -105,12 +105,14 @@ def _signature(data: bytes, where: str) -> bytes:
 
 
 def assemble(tgz: Path, run_file: Path, work: Path, *, version: str, build_id: str,
-             output: Path | None = None, repo: Path | None = None,
+             arch: str, output: Path | None = None, repo: Path | None = None,
              aliases: tuple[str, ...] = ()) -> BuildResult:
-    """The package for one COS build and driver version, written to `output` or `repo`."""
+    """The package for one COS build and driver version, written to `output` or `repo`;
+    `arch` is the board's (lakitu: x86_64, lakitu-arm64: aarch64), the runfile's and the
+    modules' alike, or the build refuses them."""
     prebuilt = unpack_modules(tgz, work / "modules")
     result = build(BuildRequest(run_files=(run_file,), modules_dir=prebuilt.modules_dir,
-                                driver_version=version, flavour="open",
+                                driver_version=version, flavour="open", arch=arch,
                                 os={"id": "cos", "build_id": build_id}, output=output,
                                 repo=repo, aliases=aliases, force=True,
                                 ima=tuple(sorted(prebuilt.ima.items()))))

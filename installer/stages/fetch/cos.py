@@ -138,7 +138,7 @@ class CosArtifacts:
                            MAX_ARTIFACT)
         try:
             built = assemble(tgz, run, self.work / "unpacked", version=version,
-                             build_id=self.target.build_id, **where)
+                             build_id=self.target.build_id, arch=self.target.arch, **where)
         except PackageBuildError as exc:
             raise ArtifactError(f"COS artifacts for {version}: {exc.message}") from None
         kernel = self.target.kernel_release
@@ -170,7 +170,7 @@ class CosSource:
     def offers(self) -> Offer:
         aliases = self._open().aliases()
         kernel, arch = self.node.kernel_release, self.node.kernel_arch
-        found = tuple(Candidate(v, kernel, arch, "open", package_path(kernel, v, "open"),
+        found = tuple(Candidate(v, kernel, arch, "open", package_path(kernel, v, "open", arch),
                                 source=self.name) for v in sorted(set(aliases.values())))
         return Offer(self.name, Index(found, aliases), exhaustive=False)
 
