@@ -23,6 +23,23 @@ from .apt import Apt, AssetError, apt, cache_root, log, run
 from .assets import NVIDIA_REAL_VERSION, build_env, build_key, ensure_debs, locked, staging
 
 SOURCES = {"proprietary": "nvidia-kernel-source", "open": "nvidia-open-kernel-source"}
+# bookworm's 6.1.0-57 backports pci_resize_resource's fourth argument (exclude_bars); the
+# open 535.261.03 sources (the only ones bookworm has) still call it with three, and fail
+# ("too few arguments to function 'pci_resize_resource'", nv-pci.c line 223) on amd64 too.
+# The product's --patch is how a user fixes that; this is the tier's one-line fix.
+OPEN_PCI_RESIZE_PATCH = """\
+--- a/nvidia/nv-pci.c
++++ b/nvidia/nv-pci.c
+@@ -220,7 +220,7 @@
+\x20
+ resize:
+     /* Attempt to resize BAR1 to the largest supported size */
+-    r = pci_resize_resource(pci_dev, NV_GPU_BAR1, requested_size);
++    r = pci_resize_resource(pci_dev, NV_GPU_BAR1, requested_size, 0);
+\x20
+     if (r) {
+         if (r == -ENOSPC)
+"""
 
 
 class Arm64Apt(Apt):
@@ -84,7 +101,8 @@ def cross_package(flavour: str, *, signed: bool = False) -> Path:
     """NVIDIA's real 535 modules for bookworm's arm64 kernel, cross-compiled by `package
     build` (minutes cold), cached under `<cache>/arm64/<release>/` keyed by the inputs'
     digests and the product's build code. Returns the build's dir: `pkg/` (the package),
-    `seconds` (the cold build's time), `keys/` (the throw-away key when `signed`).
+    `seconds` (the cold build's time), `keys/` (the throw-away key when `signed`), the
+    patch the open sources need for this kernel (OPEN_PCI_RESIZE_PATCH).
 
     A signed build runs with another TMPDIR (a deeper path) than an unsigned one, so the
     two are independent compiles whose modules the tests compare byte for byte."""
@@ -92,7 +110,9 @@ def cross_package(flavour: str, *, signed: bool = False) -> Path:
     source = arm64_source_deb(SOURCES[flavour])
     headers = arm64_headers_debs(release)
     name = f"{flavour}{'-signed' if signed else ''}"
-    out = cache_root() / "arm64" / release / f"nvidia-cli-{name}-{build_key([source, *headers])}"
+    fix = OPEN_PCI_RESIZE_PATCH.encode() if flavour == "open" else b""
+    key = build_key([source, *headers], fix)
+    out = cache_root() / "arm64" / release / f"nvidia-cli-{name}-{key}"
     with locked(f"arm64-{release}-{name}"):
         if out.is_dir():
             return out
@@ -100,6 +120,9 @@ def cross_package(flavour: str, *, signed: bool = False) -> Path:
         with staging(out) as tmp:
             extra: list[str] = []
             env = build_env()
+            if flavour == "open":
+                (tmp / "open-pci-resize.patch").write_text(OPEN_PCI_RESIZE_PATCH)
+                extra.append(f"--patch={tmp / 'open-pci-resize.patch'}")
             if signed:
                 pair = make_key(tmp / "keys", "throwaway")
                 extra = [f"--sign-key={pair.key}", f"--sign-cert={pair.cert}"]

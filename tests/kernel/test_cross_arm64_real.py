@@ -4,10 +4,12 @@ Inputs are Debian's own, downloaded (never installed) by arm64cross.py: the arm6
 `nvidia-kernel-source` and `nvidia-open-kernel-source` 535.261.03, the exact release's
 `linux-headers-<release>-arm64` + `-common`, and the host's `linux-kbuild` (Multi-Arch:
 foreign). Three real cross-builds are cached outside the repo, keyed by the inputs and the
-product's build code: proprietary, open, and proprietary signed with a throw-away key in
-another TMPDIR (the second, independent build the byte-for-byte comparison needs). The
-small NVIDIA-shaped sources are cross-built twice cold on every run, and the refusals (no
-cross compiler, sources of another arch) cost seconds.
+product's build code: proprietary, open (with arm64cross's one-line `--patch`: the open
+535 sources call pci_resize_resource with the three arguments this 6.1.0-57 no longer
+takes), and proprietary signed with a throw-away key in another TMPDIR (the second,
+independent build the byte-for-byte comparison needs). The small NVIDIA-shaped sources are
+cross-built twice cold on every run, and the refusals (no cross compiler, sources of
+another arch) need no compile.
 """
 
 from __future__ import annotations
@@ -85,6 +87,8 @@ def test_cross_built_package_is_aarch64_for_the_arm64_release(
         "NVIDIA" if flavour == "proprietary" else "Dual MIT/GPL")
     assert manifest.provenance is not None
     assert manifest.provenance["nvidia_source"]["name"] == arm64cross.SOURCES[flavour]
+    assert [p["name"] for p in manifest.provenance["patches"]] == (
+        ["open-pci-resize.patch"] if flavour == "open" else [])
     assert {h["name"] for h in manifest.provenance["kernel_headers"]} == {
         f"linux-headers-{release}", f"linux-headers-{release.rsplit('-', 1)[0]}-common",
         "linux-kbuild-6.1"}
