@@ -46,12 +46,18 @@ def headers(release: str) -> list[Path]:
     return arm64cross.arm64_headers_debs(release)
 
 
+class _Builds(dict[str, Path]):
+    """Each cached cross-build's dir by name, built (minutes when cold) when first asked."""
+
+    def __missing__(self, name: str) -> Path:
+        flavour = "proprietary" if name == "signed" else name
+        self[name] = arm64cross.cross_package(flavour, signed=name == "signed")
+        return self[name]
+
+
 @pytest.fixture(scope="module")
 def builds() -> dict[str, Path]:
-    """Each cached cross-build's dir by name (minutes each when cold)."""
-    return {"proprietary": arm64cross.cross_package("proprietary"),
-            "open": arm64cross.cross_package("open"),
-            "signed": arm64cross.cross_package("proprietary", signed=True)}
+    return _Builds()
 
 
 def _elf_machine(path: Path) -> tuple[bytes, int]:
