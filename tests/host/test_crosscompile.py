@@ -8,33 +8,22 @@ tests/kernel/test_cross_arm64_real.py.
 
 from __future__ import annotations
 
-import os
 import platform
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from nvsources import fake_headers, mini_source
+from nvsources import fake_headers, mini_source, refused_build
 
 RELEASE = "6.1.0-57-arm64"
-CLI = (sys.executable, "-m", "installer")
 CROSS = "aarch64-linux-gnu-gcc-12"
 pytestmark = pytest.mark.skipif(platform.machine() != "x86_64",
                                 reason="cross-compiling for aarch64 is tested from x86_64")
 
 
 def _refused(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> str:
-    out = tmp_path / "out"
-    done = subprocess.run([*CLI, "package", "build", *args, "--arch=aarch64",
-                           f"--out-dir={out}"], capture_output=True, text=True, timeout=120,
-                          check=False, env={**os.environ, **(env or {})})
-    assert not out.exists(), "something was published"
-    lines = done.stderr.strip().splitlines()
-    assert done.returncode == 2, lines
-    assert len(lines) == 1 and lines[0].startswith("error(config): "), lines
-    return lines[0]
+    return refused_build(tmp_path / "out", *args, "--arch=aarch64", env=env)
 
 
 @pytest.fixture
