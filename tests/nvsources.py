@@ -9,8 +9,10 @@ packs a tree with Debian's real `dpkg-deb --build`.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 MODULES_SRC = Path(__file__).resolve().parent / "kernel" / "modules"
@@ -107,3 +109,17 @@ def proprietary_source(dest: Path, version: str = "535.261.03") -> Path:
     (dest / "nvidia").mkdir()
     (dest / "nvidia" / "nv-frontend.c").write_text('MODULE_LICENSE("NVIDIA");\n')
     return dest
+
+
+def refused_build(out: Path, *args: str, env: dict[str, str] | None = None,
+                  prefix: tuple[str, ...] = ()) -> str:
+    """`package build ... --out-dir OUT` (the CLI, in a subprocess) refused: exit 2, one
+    `error(config):` line (returned), nothing published."""
+    done = subprocess.run([*prefix, sys.executable, "-m", "installer", "package", "build",
+                           *args, f"--out-dir={out}"], capture_output=True, text=True,
+                          timeout=120, check=False, env={**os.environ, **(env or {})})
+    assert not out.exists() or not any(out.iterdir()), "something was published"
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2, lines
+    assert len(lines) == 1 and lines[0].startswith("error(config): "), lines
+    return lines[0]

@@ -16,23 +16,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from nvsources import fake_headers, mini_source
+from nvsources import fake_headers, mini_source, refused_build
 
 RELEASE = "6.12.117+deb13-amd64"
 TRIXIE_CC = "x86_64-linux-gnu-gcc-14 (Debian 14.2.0-19) 14.2.0"
 CLI = (sys.executable, "-m", "installer")
 
 
-def _refused(out: Path, *args: str, env: dict[str, str] | None = None,
-             prefix: tuple[str, ...] = ()) -> str:
-    done = subprocess.run([*prefix, *CLI, "package", "build", *args, f"--out-dir={out}"],
-                          capture_output=True, text=True, timeout=120, check=False,
-                          env={**os.environ, **(env or {})})
-    assert not out.exists() or not any(out.iterdir()), "something was published"
-    lines = done.stderr.strip().splitlines()
-    assert done.returncode == 2, lines
-    assert len(lines) == 1 and lines[0].startswith("error(config): "), lines
-    return lines[0]
+_refused = refused_build
 
 
 @pytest.fixture
