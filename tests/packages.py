@@ -41,8 +41,8 @@ def write_package(repo: Path, *, kernel: str = KERNEL, version: str = "535.261.0
                   flavour: str = "proprietary", arch: str = "x86_64",
                   files: dict[str, bytes] | None = None, big: dict[str, Path] | None = None,
                   os_match: dict[str, str] | None = None) -> tuple[Manifest, bytes]:
-    """Write `<repo>/<kernel>/<version>/<flavour>/` with its files and manifest.json."""
-    root = repo / package_path(kernel, version, flavour)
+    """Write `<repo>/<kernel>/<version>/<flavour>[-<arch>]/` with its files and manifest.json."""
+    root = repo / package_path(kernel, version, flavour, arch)
     entries = []
     for relpath, data in (DEFAULT_FILES if files is None else files).items():
         target = root / relpath
@@ -89,7 +89,8 @@ def write_index(repo: Path, aliases: dict[str, str] | None = None) -> Index:
     for manifest_path in sorted(repo.glob("*/*/*/manifest.json")):
         data = manifest_path.read_bytes()
         obj: dict[str, Any] = json.loads(data)
-        path = package_path(obj["kernel_release"], obj["driver_version"], obj["flavour"])
+        path = package_path(obj["kernel_release"], obj["driver_version"], obj["flavour"],
+                            obj["arch"])
         index = with_package(index, Candidate(
             obj["driver_version"], obj["kernel_release"], obj["arch"], obj["flavour"], path,
             hashlib.sha256(data).hexdigest(), obj["os"]))

@@ -11,8 +11,8 @@ import platform
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from installer.node import arches, kmod, pci
 from installer.node import fabric as _fabric
-from installer.node import kmod, pci
 from installer.node.host import Host
 from installer.node.osinfo import OsInfo, read_os_info
 
@@ -110,8 +110,11 @@ def _kernel_release(host: Host) -> str:
 
 
 def _kernel_arch(host: Host) -> str:
+    """`uname -m` as the node's kernel says it (the host's /proc, not the container's
+    Python); `arm64`/`amd64` spellings become the kernel's names, an unknown arch stays."""
     text = host.read_text(host.roots.proc / "sys" / "kernel" / "arch")
-    return text.strip() if text and text.strip() else platform.machine()
+    name = text.strip() if text and text.strip() else platform.machine()
+    return arches.canonical(name) or name
 
 
 def read_security(host: Host) -> Security:

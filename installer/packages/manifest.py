@@ -16,6 +16,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from installer.errors import IntegrityError
+from installer.node.arches import ARCHES as ARCHES
 from installer.packages.daemons import DaemonEntry, daemons_to_dict, parse_daemons
 from installer.packages.documents import read_document
 from installer.packages.ima import ImaEntry, ima_to_list, parse_ima
@@ -29,7 +30,6 @@ SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 KINDS = ("module", "library", "binary", "firmware", "config", "source")
 FLAVOURS = ("open", "proprietary")
-ARCHES = ("x86_64", "aarch64")
 MAX_FILE_SIZE = 8 * 1024**3
 MAX_TOTAL_SIZE = 32 * 1024**3
 MAX_FILES = 20_000

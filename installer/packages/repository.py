@@ -73,9 +73,13 @@ class Index:
     aliases: dict[str, str] = field(default_factory=dict)
 
 
-def package_path(kernel_release: str, driver_version: str, flavour: str) -> str:
-    """Where a package lives in a repository."""
-    return f"{kernel_release}/{driver_version}/{flavour}"
+def package_path(kernel_release: str, driver_version: str, flavour: str,
+                 arch: str = "x86_64") -> str:
+    """Where a package lives in a repository: `<kernel>/<version>/<flavour>` for x86_64 (and
+    an arch not yet known), `<flavour>-<arch>` otherwise, so two arches sharing a kernel
+    release (COS, Ubuntu) never share a path."""
+    suffix = f"-{arch}" if arch not in ("", ARCHES[0]) else ""
+    return f"{kernel_release}/{driver_version}/{flavour}{suffix}"
 
 
 def version_key(version: str) -> tuple[int, ...]:
@@ -110,7 +114,7 @@ def _candidate(obj: Any, where: str, source: str) -> Candidate:
         raise _bad(where, f"arch {arch!r} or flavour {flavour!r} is not known")
     version = _text(obj, "driver_version", DRIVER_VERSION_RE, where)
     kernel = _text(obj, "kernel_release", KERNEL_RELEASE_RE, where)
-    expected = package_path(kernel, version, flavour)
+    expected = package_path(kernel, version, flavour, arch)
     if obj.get("path", expected) != expected:
         raise _bad(f"{where}.path", f"must be {expected!r}")
     digest = obj.get("manifest_sha256")
@@ -195,11 +199,14 @@ def scan_tree(root: Path, source: str = "") -> list[Candidate]:
 
 
 def _from_parts(parts: Sequence[str], source: str) -> Candidate | None:
-    kernel, version, flavour = parts
+    """A path's identity; a plain `<flavour>` leaves the arch to the manifest (checked
+    against the node's when fetched), `<flavour>-<arch>` names it."""
+    kernel, version, name = parts
+    flavour, _, arch = name.partition("-")
     if (not KERNEL_RELEASE_RE.match(kernel) or not DRIVER_VERSION_RE.match(version)
-            or flavour not in FLAVOURS):
+            or flavour not in FLAVOURS or (arch and arch not in ARCHES[1:])):
         return None
-    return Candidate(version, kernel, "", flavour, package_path(kernel, version, flavour),
+    return Candidate(version, kernel, arch, flavour, package_path(kernel, version, flavour, arch),
                      source=source)
 
 
@@ -249,7 +256,8 @@ def resolve(requested: str, candidates: Sequence[Candidate], node: NodeInfo, *,
             allowed: Allowed | None = None) -> Candidate:
     """Choose the package for `requested` (exact, branch, default, latest) on `node`.
 
-    Among equal choices the earlier candidate wins, so sources keep their order.
+    Among equal choices the earlier candidate wins, so sources keep their order. Only the
+    node's arch is ever chosen; the choice names it even where the source did not.
     """
     flavours = flavour_order(flavour, node)
     fitting = for_node(candidates, node, flavours)
@@ -258,7 +266,7 @@ def resolve(requested: str, candidates: Sequence[Candidate], node: NodeInfo, *,
     for wanted in flavours:
         for candidate in usable:
             if candidate.driver_version == version and candidate.flavour == wanted:
-                return candidate
+                return replace(candidate, arch=candidate.arch or node.kernel_arch)
     raise PackageNotFoundError(_not_found(requested, version, flavours, node, candidates,
                                           rejected=len(fitting) - len(usable)))
 
@@ -289,4 +297,7 @@ def _not_found(requested: str, version: str | None, flavours: Sequence[str], nod
             f" (they have kernels {', '.join(kernels[:8])})" if kernels else
             " (no source answered with any package)"))
     suffix = f"; {rejected} more refused by the compatibility check" if rejected else ""
+    foreign = sorted({c.arch for c in candidates if c.arch not in ("", node.kernel_arch)})
+    if foreign:
+        suffix += f"; packages for {'/'.join(foreign)} are never used on a {node.kernel_arch} node"
     return f"{what}; {have}{suffix}"

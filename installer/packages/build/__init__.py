@@ -323,7 +323,7 @@ def _identity(request: BuildRequest, picked: list[Picked], modules: list[ModuleI
 def _destination(request: BuildRequest, identity: Identity) -> Path:
     if request.repo is not None:
         target = request.repo / package_path(identity.kernel_release, identity.driver_version,
-                                             identity.flavour)
+                                             identity.flavour, request.arch)
     else:
         assert request.output is not None
         target = request.output

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from installer.compat import gpusupport
@@ -185,8 +185,9 @@ def _candidates(offers: list[Offer], node: NodeInfo, requested: str, flavours: t
     if DRIVER_VERSION_RE.match(requested):
         for offer in offers:
             if not offer.exhaustive:
-                found.extend(Candidate(requested, node.kernel_release, "", f,
-                                       package_path(node.kernel_release, requested, f),
+                found.extend(Candidate(requested, node.kernel_release, node.kernel_arch, f,
+                                       package_path(node.kernel_release, requested, f,
+                                                    node.kernel_arch),
                                        source=offer.source) for f in flavours)
     return found
 
@@ -219,7 +220,8 @@ def get_first(sources: list[Source], offers: list[Offer], choice: Candidate, log
         if offer.failure is not None:
             failures.append(SourceFailure(source.name, offer.failure))
         try:
-            return source.get(listed[0] if listed else choice)
+            wanted = listed[0] if listed else choice
+            return source.get(replace(wanted, arch=wanted.arch or choice.arch))
         except InstallerError as exc:
             log.warning("source failed", source=source.name, error=exc.slug,
                         reason=exc.message)

@@ -170,7 +170,7 @@ class CosSource:
     def offers(self) -> Offer:
         aliases = self._open().aliases()
         kernel, arch = self.node.kernel_release, self.node.kernel_arch
-        found = tuple(Candidate(v, kernel, arch, "open", package_path(kernel, v, "open"),
+        found = tuple(Candidate(v, kernel, arch, "open", package_path(kernel, v, "open", arch),
                                 source=self.name) for v in sorted(set(aliases.values())))
         return Offer(self.name, Index(found, aliases), exhaustive=False)
 

@@ -167,7 +167,8 @@ class CacheSource:
     def offers(self) -> Offer:
         refs = self.cache.refs()
         found = tuple(Candidate(r.driver_version, r.kernel_release, r.arch, r.flavour,
-                                package_path(r.kernel_release, r.driver_version, r.flavour),
+                                package_path(r.kernel_release, r.driver_version, r.flavour,
+                                             r.arch),
                                 r.digest, r.os, source=self.name) for r in refs)
         remembered: dict[str, str] = {}
         for ref in refs:  # most recently used first

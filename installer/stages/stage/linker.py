@@ -14,12 +14,11 @@ from pathlib import Path
 from installer.context import Context
 from installer.errors import DiskFullError, IntegrityError
 from installer.installdir.layout import LDCONF_NODE_PATH
+from installer.node import arches
 from installer.node.elf import ElfError, is_elf, read_soname
 from installer.node.host import Host, replace_symlink, write_atomic
 
 LDCONFIG_NODE_PATHS = ("/sbin/ldconfig", "/usr/sbin/ldconfig")
-MULTIARCH = {"x86_64": "x86_64-linux-gnu", "aarch64": "aarch64-linux-gnu",
-             "arm64": "aarch64-linux-gnu", "amd64": "x86_64-linux-gnu"}
 
 
 def make_soname_links(lib_dir: Path) -> None:
@@ -87,7 +86,7 @@ def _host_ldconfig(host: Host) -> str | None:
 
 def driver_root_layout(root: Path, arch: str) -> None:
     """usr/lib/<multiarch> and usr/lib64 -> lib64, usr/bin -> bin (gpu-operator consumers)."""
-    multiarch = MULTIARCH.get(arch, f"{arch}-linux-gnu")
+    multiarch = arches.multiarch(arch)
     (root / "usr" / "lib").mkdir(parents=True, exist_ok=True)
     for link, target in ((f"usr/lib/{multiarch}", "../../lib64"), ("usr/lib64", "../lib64"),
                          ("usr/bin", "../bin")):
