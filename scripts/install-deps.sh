@@ -12,6 +12,7 @@ PACKAGES=(
   makeself                 # package build: tests make a real makeself .run
   podman runc mmdebstrap   # deploy tier: image build from a local bookworm rootfs; kernel tier: package build --build-root auto
   prometheus               # metrics tier: a real Prometheus scrapes the agent; promtool checks its output
+  gcc-aarch64-linux-gnu    # kernel tier: package build cross-compiles arm64 modules (bookworm: gcc-12)
 )
 
 # The Container Device Interface project's JSON schema (tests/host/test_cdi.py validates our

@@ -42,7 +42,7 @@ CHROOT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 SUITES = {"12": "bookworm", "14": "trixie"}
 _KBUILD_DEPS = {"bookworm": ("libelf1", "libssl3"),
                 "trixie": ("libelf1t64", "libssl3t64", "zlib1g", "pahole")}
-_GCC_RE = re.compile(r"^gcc-(\d+)$")  # Debian's package of the kernel's compiler
+_GCC_RE = re.compile(r"^gcc-(\d+)(?:-[a-z0-9_]+-linux-gnu)?$")  # its package (or cross's)
 _MOUNT_SCRIPT = r"""set -e
 root=$1; work=$2; shift 2
 mount -t tmpfs -o mode=1777 gni-tmp "$root/tmp"

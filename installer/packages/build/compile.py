@@ -22,8 +22,13 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from installer.packages.build.buildroot import CHROOT_PATH, BuildRoot, resolve
-from installer.packages.build.headers import KernelTree, prepare_headers, which_compiler
-from installer.packages.build.inputs import PackageBuildError, file_sha256
+from installer.packages.build.headers import (
+    KERNEL_ARCHES,
+    KernelTree,
+    prepare_headers,
+    which_compiler,
+)
+from installer.packages.build.inputs import PackageBuildError, elf_machine, file_sha256
 from installer.packages.build.nvsource import NvSource, unpack_source
 
 MODULES = ("nvidia", "nvidia-uvm", "nvidia-modeset", "nvidia-drm")
@@ -80,6 +85,7 @@ def compile_modules(request: CompileRequest, work: Path, log: Any,
     flavour, tree = source.tree(request.flavour)
     kernel = prepare_headers(request.headers, work / "in")
     _check(request, source, kernel)
+    _check_prebuilt(tree, request.arch)
     root = (resolve(request.build_root, kernel, request.build_root_cache, request.mirror, log)
             if request.build_root else None)
     compiler = root.compiler if root else which_compiler(kernel)
@@ -129,6 +135,18 @@ def _check(request: CompileRequest, source: NvSource, kernel: KernelTree) -> Non
         raise PackageBuildError(
             f"the NVIDIA sources are version {source.version} but the user-mode files are "
             f"{', '.join(others)}", remedy="give sources and user-mode files of one version")
+
+
+def _check_prebuilt(tree: Path, arch: str) -> None:
+    """NVIDIA's prebuilt objects (`nv-kernel.o_binary`, ...) are per arch: sources for
+    another arch would fail late in the link, so they are refused before make."""
+    for blob in sorted(tree.glob("*/*.o_binary")):
+        found = elf_machine(blob)
+        if found is not None and found != arch:
+            raise PackageBuildError(
+                f"the NVIDIA sources are for {found} ({blob.name} is a {found} object), not "
+                f"{arch}", remedy=f"give NVIDIA's {arch} sources (Debian: the {arch} "
+                                  "nvidia-kernel-source package; NVIDIA: its .run for the arch)")
 
 
 def patch_applies(patch: Path, tree: Path) -> bool:
@@ -193,7 +211,7 @@ def _make(build: Path, kernel: KernelTree, compiler: str, modules: list[str],
     cmd = ["make", "-C", str(build), *([] if fds else [f"-j{jobs}"]), "modules",
            f"SYSSRC={kernel.syssrc}",
            f"SYSOUT={kernel.sysout}", f"KERNEL_UNAME={kernel.release}", f"CC={compiler}",
-           f"NV_KERNEL_MODULES={' '.join(modules)}"]
+           f"NV_KERNEL_MODULES={' '.join(modules)}", *_cross_args(kernel)]
     if root:  # same paths inside: work is bind-mounted where it is outside
         cmd, env["PATH"] = root.command(work, cmd), CHROOT_PATH
     elif shutil.which("make") is None:
@@ -227,6 +245,14 @@ def _make(build: Path, kernel: KernelTree, compiler: str, modules: list[str],
         raise ModuleCompileError(_first_error(kept, build, kernel, rc))
     log.info("modules compiled", release=kernel.release,
              elapsed_s=round(time.monotonic() - started, 1))
+
+
+def _cross_args(kernel: KernelTree) -> list[str]:
+    """`ARCH=arm64 CROSS_COMPILE=aarch64-linux-gnu-` when the headers are for another arch
+    (kbuild then takes ld, objcopy, ... of the target; its host tools stay native)."""
+    if not kernel.cross or kernel.arch is None:
+        return []
+    return [f"ARCH={KERNEL_ARCHES[kernel.arch]}", f"CROSS_COMPILE={kernel.cross_prefix}"]
 
 
 def _first_error(lines: list[str], build: Path, kernel: KernelTree, rc: int) -> str:

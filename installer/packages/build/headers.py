@@ -11,6 +11,7 @@ tree's `UTS_RELEASE`; a package or directory named for another release is refuse
 from __future__ import annotations
 
 import dataclasses
+import platform
 import re
 import shutil
 import tarfile
@@ -22,6 +23,14 @@ from installer.packages.build.inputs import PackageBuildError, deb_control, extr
 _UTS_RE = re.compile(r'#define\s+UTS_RELEASE\s+"([^"]+)"')
 _INCLUDE_RE = re.compile(r"^include\s+(/\S+)/Makefile\s*$", re.M)
 _CONFIG_ARCHES = (("CONFIG_X86_64=y", "x86_64"), ("CONFIG_ARM64=y", "aarch64"))
+# Debian's GNU triplet and the kernel's ARCH= of each arch a package can be for.
+TRIPLETS = {"x86_64": "x86_64-linux-gnu", "aarch64": "aarch64-linux-gnu"}
+KERNEL_ARCHES = {"x86_64": "x86_64", "aarch64": "arm64"}
+
+
+def host_arch() -> str:
+    """The arch this machine runs (`uname -m`: x86_64, aarch64)."""
+    return platform.machine()
 
 
 @dataclass(frozen=True)
@@ -36,15 +45,32 @@ class KernelTree:
     inputs: tuple[dict[str, str], ...]
 
     @property
+    def cross(self) -> bool:
+        """Whether these headers are for another arch than this machine's (cross-compile)."""
+        return self.arch is not None and self.arch != host_arch() and self.arch in TRIPLETS
+
+    @property
+    def cross_prefix(self) -> str:
+        """Kbuild's CROSS_COMPILE (`aarch64-linux-gnu-`), empty for a native build."""
+        return f"{TRIPLETS[self.arch]}-" if self.cross and self.arch else ""
+
+    @property
     def compiler(self) -> str:
-        """The compiler command the kernel was built with (`gcc-12`), from its config."""
-        return self.cc_version_text.split()[0] if self.cc_version_text else "gcc"
+        """The compiler command to build with: the kernel's (`gcc-12`, from its config), as
+        the cross compiler of the headers' arch when that is not this machine's (Debian's
+        arm64 kernel names `gcc-12`; on x86_64 that is `aarch64-linux-gnu-gcc-12`)."""
+        named = self.cc_version_text.split()[0] if self.cc_version_text else "gcc"
+        prefix = self.cross_prefix
+        return named if not prefix or named.startswith(prefix) else prefix + named
 
     @property
     def compiler_package(self) -> str:
-        """Debian's package of that compiler: `x86_64-linux-gnu-gcc-14` is in `gcc-14`."""
+        """Debian's package of that compiler: `x86_64-linux-gnu-gcc-14` is in `gcc-14`,
+        the cross compiler `aarch64-linux-gnu-gcc-12` in `gcc-12-aarch64-linux-gnu`."""
         found = re.search(r"(?:^|-)(gcc-\d+)$", self.compiler)
-        return found[1] if found else self.compiler
+        if not found:
+            return self.compiler
+        return f"{found[1]}-{self.cross_prefix[:-1]}" if self.cross_prefix else found[1]
 
 
 def group_headers(paths: tuple[Path, ...]) -> dict[str, tuple[Path, ...]]:
@@ -211,9 +237,12 @@ def which_compiler(tree: KernelTree) -> str:
     the kernel's distro: its kbuild tools may also need that distro's glibc)."""
     path = shutil.which(tree.compiler)
     if path is None:
+        built = f"was built with {tree.cc_version_text or tree.compiler}"
+        if tree.cross:
+            built = f"is {tree.arch}, {built} (cross-compiled here with its {tree.arch} build)"
         raise PackageBuildError(
-            f"{tree.compiler} not found: kernel {tree.release} was built with "
-            f"{tree.cc_version_text or tree.compiler} and its modules must be too",
+            f"{tree.compiler} not found: kernel {tree.release} {built} and its modules must "
+            "be too",
             remedy=f"apt-get install {tree.compiler_package}, or compile in a root of the "
                    "kernel's distro: --build-root auto")
     return path
