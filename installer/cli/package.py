@@ -13,6 +13,7 @@ import click
 
 from installer.cli import logs
 from installer.cli.commands import emit, output_option
+from installer.node import arches
 
 
 @click.group()
@@ -76,8 +77,9 @@ _OUT = click.Path(path_type=Path)
 @click.option("--flavour", type=click.Choice(["open", "proprietary", "both"]),
               help="module flavour (default: the nvidia module's licence); both: compile "
                    "and publish each (--repo)")
-@click.option("--arch", type=click.Choice(["x86_64", "aarch64"]), default="x86_64",
-              show_default=True, help="architecture of the files to take")
+@click.option("--arch", type=click.Choice(arches.ARCHES), default="x86_64",
+              show_default=True, help="architecture of the files to take, as `uname -m` "
+                                      "says it (a .deb or .run of another arch is refused)")
 @click.option("--os-id", help="only for nodes whose os-release ID is this")
 @click.option("--os-version-id", help="only for nodes whose os-release VERSION_ID is this")
 @click.option("--os-build-id", help="only for nodes whose os-release BUILD_ID is this")

@@ -10,13 +10,19 @@ module's ELF class and byte order), which is how Debian itself cross-builds modu
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import sys
+import time
 from pathlib import Path
 
-from .apt import Apt, AssetError, apt, cache_root
-from .assets import NVIDIA_REAL_VERSION, ensure_debs
+from signing_keys import make_key
 
-SOURCES = ("nvidia-kernel-source", "nvidia-open-kernel-source")
+from .apt import Apt, AssetError, apt, cache_root, log, run
+from .assets import NVIDIA_REAL_VERSION, build_env, build_key, ensure_debs, locked, staging
+
+SOURCES = {"proprietary": "nvidia-kernel-source", "open": "nvidia-open-kernel-source"}
 
 
 class Arm64Apt(Apt):
@@ -65,3 +71,50 @@ def arm64_source_deb(package: str) -> Path:
         raise AssetError(f"no arm64 {package} {NVIDIA_REAL_VERSION} in Debian's non-free")
     return ensure_debs(f"arm64-{package}-{matching[0]}", [f"{package}={matching[0]}"],
                        index)[0]
+
+
+def cross_command(source: Path, headers: list[Path], out: Path, *extra: str) -> list[str]:
+    """The product's CLI cross-compiling NVIDIA's arm64 sources on this (x86_64) machine."""
+    return [sys.executable, "-m", "installer", "package", "build", f"--nvidia-source={source}",
+            *(f"--kernel-headers={h}" for h in headers), "--arch=aarch64", f"--out-dir={out}",
+            *extra]
+
+
+def cross_package(flavour: str, *, signed: bool = False) -> Path:
+    """NVIDIA's real 535 modules for bookworm's arm64 kernel, cross-compiled by `package
+    build` (minutes cold), cached under `<cache>/arm64/<release>/` keyed by the inputs'
+    digests and the product's build code. Returns the build's dir: `pkg/` (the package),
+    `seconds` (the cold build's time), `keys/` (the throw-away key when `signed`).
+
+    A signed build runs with another TMPDIR (a deeper path) than an unsigned one, so the
+    two are independent compiles whose modules the tests compare byte for byte."""
+    release = arm64_release()
+    source = arm64_source_deb(SOURCES[flavour])
+    headers = arm64_headers_debs(release)
+    name = f"{flavour}{'-signed' if signed else ''}"
+    out = cache_root() / "arm64" / release / f"nvidia-cli-{name}-{build_key([source, *headers])}"
+    with locked(f"arm64-{release}-{name}"):
+        if out.is_dir():
+            return out
+        log(f"cross-compiling NVIDIA {source.name} ({name}) with package build (minutes)")
+        with staging(out) as tmp:
+            extra: list[str] = []
+            env = build_env()
+            if signed:
+                pair = make_key(tmp / "keys", "throwaway")
+                extra = [f"--sign-key={pair.key}", f"--sign-cert={pair.cert}"]
+                (tmp / "tmp" / "a" / "deeper" / "dir").mkdir(parents=True)
+                env["TMPDIR"] = str(tmp / "tmp" / "a" / "deeper" / "dir")
+            started = time.monotonic()
+            output = run(cross_command(source, headers, tmp / "pkg", "--jobs=2", *extra),
+                         env=env)
+            (tmp / "build.log").write_text(output)
+            (tmp / "seconds").write_text(f"{time.monotonic() - started:.1f}\n")
+            if signed:
+                shutil.rmtree(tmp / "tmp")
+    return out
+
+
+if __name__ == "__main__":  # PYTHONPATH=tests python -m tests.kernel.arm64cross
+    for wanted in os.environ.get("GNI_ARM64_FLAVOURS", "proprietary open").split():
+        print(cross_package(wanted) / "pkg")

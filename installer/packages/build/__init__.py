@@ -28,6 +28,7 @@ from installer.packages.build.inputs import (
     ModuleInfo,
     PackageBuildError,
     Picked,
+    check_input_arch,
     extract_deb,
     extract_run,
     load_order,
@@ -197,6 +198,8 @@ def check_request(request: BuildRequest) -> None:
                  *(source for _, source in request.daemons)):
         if not path.exists():
             raise _fail(f"input {path} does not exist")
+    for path in (*request.debs, *request.run_files):
+        check_input_arch(path, request.arch)
     if request.daemons and request.nvidia_source is not None and not request.kernel_headers:
         raise _fail("a source package carries no daemons (--fabricmanager, --nvlsm, "
                     "--persistenced)", remedy="build packages for kernels (--kernel-headers) "

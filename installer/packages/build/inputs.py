@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import re
 import tarfile
 import tempfile
 from collections.abc import Iterator
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from installer.errors import ConfigError
-from installer.node import elf, kmod
+from installer.node import arches, elf, kmod
 from installer.packages import makeself
 from installer.packages.manifest import LinkEntry
 
@@ -33,6 +34,7 @@ NOT_SHIPPED = ("nvidia-installer", "nvidia-uninstall", "nvidia-settings", "nvidi
 KIND_MODES = {"library": 0o644, "binary": 0o755, "module": 0o644, "firmware": 0o644,
               "config": 0o644, "source": 0o644}
 COPY_CHUNK = 1024 * 1024
+_RUNFILE_ARCH_RE = re.compile(r"^NVIDIA-Linux-(?P<arch>[a-z0-9_]+)-\d")
 
 
 class PackageBuildError(ConfigError):
@@ -153,6 +155,25 @@ def extract_run(run_file: Path, dest: Path) -> None:
     except makeself.RunfileError as exc:
         raise _fail(exc.message, remedy="pass NVIDIA's complete NVIDIA-Linux-<arch>-"
                     "<version>.run installer") from None
+
+
+def input_arch(path: Path) -> str | None:
+    """The arch a user-mode input says it is for: a .deb's `Architecture` (`all` says
+    nothing), a runfile's name `NVIDIA-Linux-<arch>-<version>.run`; None when it does not say."""
+    if path.suffix == ".deb":
+        declared = deb_control(path).get("Architecture", "all")
+        return None if declared == "all" else arches.canonical(declared) or declared
+    match = _RUNFILE_ARCH_RE.match(path.name)
+    return (arches.canonical(match["arch"]) or match["arch"]) if match else None
+
+
+def check_input_arch(path: Path, arch: str) -> None:
+    """Refuse an input made for another arch before it is unpacked (its files would all be
+    skipped, and the build would end in a vaguer "no driver files")."""
+    found = input_arch(path)
+    if found is not None and found != arch:
+        raise _fail(f"{path.name} is for {found}, not --arch {arch}",
+                    remedy=f"pass --arch {found}, or the {arch} build of that input")
 
 
 def elf_machine(path: Path) -> str | None:
