@@ -23,7 +23,8 @@ import zipfile
 from pathlib import Path
 
 from . import assets, guest
-from .apt import Apt, AssetError, cache_root, log, run
+from .apt import AssetError, cache_root, log, run
+from .arm64cross import arm64_apt
 from .assets import Kernel, locked, staging
 
 QEMU = "qemu-system-aarch64"
@@ -35,7 +36,7 @@ REPO = Path(__file__).resolve().parents[2]
 ROOTFS_PACKAGES = (
     "python3", "python3-click", "python3-requests", "python3-tenacity", "python3-structlog",
     "python3-cryptography", "python3-yaml", "python3-h2", "python3-prometheus-client",
-    "bash", "coreutils", "sed", "grep", "mount", "iproute2", "kmod",
+    "bash", "coreutils", "sed", "grep", "mount", "util-linux", "iproute2", "kmod",
 )  # fmt: skip
 # Pure-Python modules the product imports that bookworm has no arm64 package of (new enough).
 HOST_PURE_MODULES = ("pynvml",)
@@ -87,20 +88,6 @@ def qemu_unavailable_reason() -> str | None:
     if proc.returncode != 0:
         return f"{QEMU} --version exited {proc.returncode}: {proc.stderr.strip()[:200]}"
     return None
-
-
-class ArchApt(Apt):
-    """The tier's private apt, answering for arm64 packages (downloads only, never installs)."""
-
-    def options(self) -> list[str]:
-        return [*super().options(), f"-oAPT::Architecture={ARCH}",
-                f"-oAPT::Architectures={ARCH}"]
-
-
-def arm64_apt() -> Apt:
-    root = cache_root() / f"apt-{ARCH}"
-    root.mkdir(parents=True, exist_ok=True)
-    return ArchApt(root)
 
 
 def kernel_release() -> str:
