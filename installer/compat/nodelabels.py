@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from installer.compat.toolkit import max_cuda_for_driver, minor_compat_major
+from installer.node.gpus import ARCHITECTURES
 
 OWN_PREFIX = "gpu-node-installer"
 NVIDIA_PREFIX = "nvidia.com"
@@ -93,7 +94,8 @@ def family(capability: str | None, architecture: str | None) -> str | None:
             if int(major) in FAMILIES:
                 return FAMILIES[int(major)]
     if architecture and architecture != "unknown":
-        return sanitize(architecture.lower())
+        known = ARCHITECTURES.get(architecture)
+        return sanitize((known.generation if known else architecture).lower())
     return None
 
 

@@ -15,7 +15,8 @@ Sources (re-check them when adding a row; `compat.toolkit` holds the rules that 
   (R470 is the last branch for Kepler, R580 the last for Maxwell, Pascal and Volta), the data
   center driver release notes adding each generation (Turing R410, Ampere R450, Ada Lovelace
   and Hopper R525, Blackwell R570), and the open-gpu-kernel-modules README (the open flavour
-  exists from R515, for Turing and newer; Grace Hopper and Blackwell need it).
+  exists from R515, for Turing and newer; Grace Hopper and Blackwell need it). The Grace
+  superchips (GH200, GB200, GB300) are rows of their own: see the comment at their rows.
 """
 
 from __future__ import annotations
@@ -122,6 +123,14 @@ ARCHITECTURE_BRANCHES: dict[str, BranchRange] = {
     "Ada Lovelace": BranchRange(525, None),
     "Hopper": BranchRange(525, None),
     "Blackwell": BranchRange(570, None),
+    # Grace superchips, open modules only. The open-gpu-kernel-modules README's "Compatible
+    # GPUs" table lists GH200 2342 in 550.40.82 (not yet 2348, GB200 2941 or GB300 31C2;
+    # all four are in later ones, e.g. 610.43.03). Floors: GH200 R535 (the data center
+    # branch it launched with), GB200 R570 (Blackwell's first), GB300 R580 (the first
+    # production branch for Blackwell Ultra). Re-check these before lowering a floor.
+    "Grace Hopper": BranchRange(535, None),
+    "Grace Blackwell": BranchRange(570, None),
+    "Grace Blackwell Ultra": BranchRange(580, None),
     "unknown": BranchRange(None, None),
 }
 

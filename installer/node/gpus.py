@@ -1,7 +1,8 @@
 """What we know about NVIDIA PCI device ids: marketing name, architecture, module flavours.
 
 Sources: the PCI ID repository (pci.ids, vendor 10de) and NVIDIA's open-gpu-kernel-modules
-README (which GPUs the open flavour supports). Unknown ids are never dropped: they are
+README (which GPUs the open flavour supports; its "Compatible GPUs" table gives the Grace
+parts: GH200 2342 and 2348, GB200 2941, GB300 31C2). Unknown ids are never dropped: they are
 reported as "unknown model" so an operator sees a new GPU rather than no GPU.
 """
 
@@ -14,11 +15,18 @@ NVIDIA_VENDOR = 0x10DE
 
 @dataclass(frozen=True)
 class Architecture:
-    """A GPU generation and the kernel-module flavours its drivers offer."""
+    """A GPU generation and the kernel-module flavours its drivers offer. A Grace superchip
+    is its own row (its branches and flavours differ from the PCIe/SXM parts of the same
+    generation); `family` is the generation it belongs to, as GPU feature discovery says."""
 
     name: str
     flavours: tuple[str, ...]
     preferred_flavour: str
+    family: str = ""
+
+    @property
+    def generation(self) -> str:
+        return self.family or self.name
 
 
 ARCHITECTURES: dict[str, Architecture] = {
@@ -33,6 +41,10 @@ ARCHITECTURES: dict[str, Architecture] = {
         Architecture("Ada Lovelace", ("open", "proprietary"), "proprietary"),
         Architecture("Hopper", ("open", "proprietary"), "open"),
         Architecture("Blackwell", ("open",), "open"),
+        # Grace superchips (aarch64 hosts): NVIDIA supports them with the open modules only
+        Architecture("Grace Hopper", ("open",), "open", family="Hopper"),
+        Architecture("Grace Blackwell", ("open",), "open", family="Blackwell"),
+        Architecture("Grace Blackwell Ultra", ("open",), "open", family="Blackwell"),
         Architecture("unknown", ("open", "proprietary"), "open"),
     )
 }
@@ -64,8 +76,11 @@ DEVICES: dict[int, tuple[str, str]] = {
     0x2330: ("H100 SXM5 80GB", "Hopper"),
     0x2331: ("H100 PCIe", "Hopper"),
     0x2335: ("H200 SXM 141GB", "Hopper"),
-    0x2342: ("GH200 120GB", "Hopper"),
+    0x2342: ("GH200 120GB/480GB", "Grace Hopper"),
+    0x2348: ("GH200 144G HBM3e", "Grace Hopper"),
     0x2901: ("B200", "Blackwell"),
+    0x2941: ("GB200", "Grace Blackwell"),
+    0x31C2: ("GB300", "Grace Blackwell Ultra"),
 }
 
 UNKNOWN_MODEL = "unknown model"

@@ -59,6 +59,15 @@ class PackageFileError(IntegrityError):
     """A file of the package is missing or differs from its manifest entry."""
 
 
+def package_path(kernel_release: str, driver_version: str, flavour: str,
+                 arch: str = "x86_64") -> str:
+    """Where a package lives in a repository: `<kernel>/<version>/<flavour>` for x86_64 (and
+    an arch not yet known), `<flavour>-<arch>` otherwise, so two arches sharing a kernel
+    release (COS, Ubuntu) never share a path."""
+    suffix = f"-{arch}" if arch not in ("", ARCHES[0]) else ""
+    return f"{kernel_release}/{driver_version}/{flavour}{suffix}"
+
+
 @dataclass(frozen=True)
 class FileEntry:
     """One file of a package: relative path, size, sha256, permission bits and kind."""
@@ -113,8 +122,8 @@ class Manifest:
 
     @property
     def key(self) -> str:
-        """Where the package lives in a repository: `<kernel>/<driver>/<flavour>`."""
-        return f"{self.kernel_release}/{self.driver_version}/{self.flavour}"
+        """Where the package lives in a repository (`package_path`)."""
+        return package_path(self.kernel_release, self.driver_version, self.flavour, self.arch)
 
 
 def blob_relpath(sha256: str) -> str:

@@ -23,6 +23,7 @@ from installer.packages.manifest import (
     KERNEL_RELEASE_RE,
     ManifestError,
 )
+from installer.packages.manifest import package_path as package_path
 
 if TYPE_CHECKING:
     from installer.node.facts import NodeInfo
@@ -71,15 +72,6 @@ class Index:
 
     packages: tuple[Candidate, ...] = ()
     aliases: dict[str, str] = field(default_factory=dict)
-
-
-def package_path(kernel_release: str, driver_version: str, flavour: str,
-                 arch: str = "x86_64") -> str:
-    """Where a package lives in a repository: `<kernel>/<version>/<flavour>` for x86_64 (and
-    an arch not yet known), `<flavour>-<arch>` otherwise, so two arches sharing a kernel
-    release (COS, Ubuntu) never share a path."""
-    suffix = f"-{arch}" if arch not in ("", ARCHES[0]) else ""
-    return f"{kernel_release}/{driver_version}/{flavour}{suffix}"
 
 
 def version_key(version: str) -> tuple[int, ...]:

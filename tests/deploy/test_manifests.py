@@ -380,13 +380,16 @@ class TestOverlays:
         spec = pod_spec(_daemonset("gke-cos"))
         terms = spec["affinity"]["nodeAffinity"][
             "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        arch = {"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64", "arm64"]}
         assert terms == [{"matchExpressions": [
             {"key": "cloud.google.com/gke-accelerator", "operator": "Exists"},
             {"key": "cloud.google.com/gke-gpu-driver-version", "operator": "DoesNotExist"},
+            arch,
         ]}, {"matchExpressions": [
             {"key": "cloud.google.com/gke-accelerator", "operator": "Exists"},
             {"key": "cloud.google.com/gke-gpu-driver-version", "operator": "In",
              "values": ["disabled"]},
+            arch,
         ]}]
         assert spec["tolerations"] == [{"operator": "Exists"}]
 
