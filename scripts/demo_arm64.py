@@ -16,9 +16,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from arm64debs import LIB_DIR, arm64_tree
 from artifacts import cache_root
 from demo import BANNER, GUEST_SCRIPT, make_mirror, say, user_tree
-from kernel import arm64, arm64cross, arm64pkg, guest
+from kernel import arm64, arm64cross, guest
 
 REAL_LOAD = r"""
 echo "== NVIDIA's real 535 nvidia.ko (cross-built for $(uname -r)): finit_module, no GPU"
@@ -48,10 +49,10 @@ def main_arm64() -> int:
     kernel = arm64.ensure_all()
     work = cache_root() / "demo-arm64"
     work.mkdir(parents=True, exist_ok=True)
-    tree = user_tree(work, arm64pkg.user_tree(), arm64pkg.LIB_DIR, arm64pkg.CROSS_CC)
+    tree = user_tree(work, arm64_tree(), LIB_DIR, arm64.CROSS_CC)
     mirror = make_mirror(work, arm64cross.arm64_headers_debs(kernel.release), tree,
                          "--arch", "aarch64")
-    real = arm64pkg.real_nvidia_ko()
+    real = arm64.real_nvidia_ko()
     out = Path(tempfile.mkdtemp(prefix="gni-demo-arm64-"))
     try:
         shutil.copytree(mirror, out / "mirror")

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from . import assets, guest
 from .apt import AssetError, cache_root, log, run
-from .arm64cross import arm64_apt
+from .arm64cross import arm64_apt, cross_package
 from .assets import Kernel, locked, staging
 
 QEMU = "qemu-system-aarch64"
@@ -40,6 +40,7 @@ ROOTFS_PACKAGES = (
 )  # fmt: skip
 # Pure-Python modules the product imports that bookworm has no arm64 package of (new enough).
 HOST_PURE_MODULES = ("pynvml",)
+CROSS_CC = "aarch64-linux-gnu-gcc"  # the NVML/CUDA stand-ins' (+ libc6-dev-arm64-cross)
 SITE = "usr/local/lib/python3/dist-packages"  # on python3's path in Debian (site.py)
 
 # PID 1 of the arm64 initramfs: like the x86_64 guest's (guest.INIT_SCRIPT) but the root is
@@ -244,6 +245,16 @@ def run_in_guest(script: str, *, kernel: Kernel, cmdline: str = "", timeout: flo
     stdout = (gni / "stdout").read_text(errors="replace") if (gni / "stdout").is_file() else ""
     return guest.GuestResult(int(rc_text) if rc_text else None, stdout,
                              console_path.read_text(errors="replace"), out, wall)
+
+
+def real_nvidia_ko() -> Path:
+    """NVIDIA's real 535 proprietary nvidia.ko, cross-built by `package build` for bookworm's
+    arm64 release (minutes cold; arm64cross caches it keyed by its inputs)."""
+    pkg = cross_package("proprietary") / "pkg"
+    found = sorted(pkg.rglob("nvidia.ko"))
+    if len(found) != 1:
+        raise AssetError(f"{pkg} holds {len(found)} nvidia.ko; delete it to rebuild")
+    return found[0]
 
 
 def ensure_all() -> Kernel:
