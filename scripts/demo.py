@@ -106,6 +106,7 @@ def standin_source(work: Path) -> Path:
 def make_mirror(work: Path, headers: list[Path], tree: Path, *extra: str) -> Path:
     """`gpu-node-installer package build --nvidia-source ...` into a repository directory."""
     mirror = work / "mirror"
+    shutil.rmtree(mirror, ignore_errors=True)  # a fresh repository: nothing of an older run's
     cmd = [sys.executable, "-m", "installer", "package", "build",
            "--nvidia-source", str(standin_source(work)),
            *(f"--kernel-headers={deb}" for deb in headers),

@@ -23,6 +23,7 @@ from kernel import arm64, arm64cross, guest
 
 REAL_LOAD = r"""
 echo "== NVIDIA's real 535 nvidia.ko (cross-built for $(uname -r)): finit_module, no GPU"
+modprobe drm  # arm64's nvidia.ko needs the kernel's drm (modinfo: depends=drm)
 python3 - "$GNI_OUT/nvidia-real.ko" <<'PY'
 import errno, os, sys
 from installer.node import syscalls
