@@ -6,7 +6,8 @@ The x86_64 guest shares the host's / over 9p; an arm64 guest cannot run the host
 binaries, so it gets its own root: `mmdebstrap --variant=extract` (packages unpacked, no
 maintainer scripts, so no emulated chroot is needed on the host), cached under the cache
 root keyed by the package list and the index's python3 version. The guest's writes land in
-a tmpfs overlay and vanish with it, as in the x86_64 guest.
+a tmpfs overlay and vanish with it: the x86_64 guest's initramfs (guest.INIT_SCRIPT) with
+Debian's arm64 busybox-static.
 """
 
 from __future__ import annotations
@@ -41,42 +42,7 @@ ROOTFS_PACKAGES = (
 # Pure-Python modules the product imports that bookworm has no arm64 package of (new enough).
 HOST_PURE_MODULES = ("pynvml",)
 CROSS_CC = "aarch64-linux-gnu-gcc"  # the NVML/CUDA stand-ins' (+ libc6-dev-arm64-cross)
-SITE = "usr/local/lib/python3/dist-packages"  # on python3's path in Debian (site.py)
 
-# PID 1 of the arm64 initramfs: like the x86_64 guest's (guest.INIT_SCRIPT) but the root is
-# the extracted arm64 tree (9p tag `root`) and the kernel's modules come over their own share.
-INIT_SCRIPT = r"""#!/bin/busybox sh
-/bin/busybox --install -s /bin
-export PATH=/bin
-mount -t proc proc /proc
-mount -t sysfs sys /sys
-mount -t devtmpfs dev /dev
-for arg in $(cat /proc/cmdline); do
-  case "$arg" in gni.out=*) OUT="${arg#gni.out=}";; esac
-done
-for m in /mods/*.ko; do insmod "$m" || echo "gni-init: insmod $m failed"; done
-mkdir -p /lower /upper /newroot
-opts=trans=virtio,version=9p2000.L,msize=512000
-mount -t 9p -o $opts,ro,cache=loose root /lower
-mount -t tmpfs -o size=75% upper /upper
-mkdir -p /upper/u /upper/w
-mount -t overlay -o lowerdir=/lower,upperdir=/upper/u,workdir=/upper/w overlay /newroot
-for d in proc sys dev run tmp; do mkdir -p "/newroot/$d"; done
-mount -t proc proc /newroot/proc
-mount -t sysfs sys /newroot/sys
-mount -t devtmpfs dev /newroot/dev
-mount -t tmpfs run /newroot/run
-mkdir -p "/newroot$OUT" "/newroot/lib/modules/$(uname -r)"
-mount -t 9p -o $opts out "/newroot$OUT"
-mount -t 9p -o $opts,ro mods "/newroot/lib/modules/$(uname -r)"
-if [ -f "/newroot$OUT/.gni/run.sh" ]; then
-  chroot /newroot /bin/sh "$OUT/.gni/run.sh"
-else
-  echo "gni-init: the shared out dir $OUT is not visible in the guest"
-fi
-sync
-poweroff -f
-"""
 GUEST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
@@ -121,11 +87,13 @@ def ensure_busybox() -> Path:
     return dest / "bin" / "busybox"
 
 
-def ensure_rootfs() -> Path:
-    """The guest's root tree: ROOTFS_PACKAGES and their dependencies, unpacked for arm64."""
+def ensure_rootfs(kernel: Kernel) -> Path:
+    """The guest's root tree: ROOTFS_PACKAGES and their dependencies unpacked for arm64, and
+    the kernel's modules tree (hard links) at /lib/modules/<release>, where the x86_64
+    guest's init (guest.INIT_SCRIPT, used as is) would bind the host's."""
     a = arm64_apt()
-    key = hashlib.sha256("\n".join([*ROOTFS_PACKAGES, a.version("python3"),
-                                    a.version("libc6")]).encode()).hexdigest()[:12]
+    key = hashlib.sha256("\n".join([*ROOTFS_PACKAGES, a.version("python3"), a.version("libc6"),
+                                    kernel.release]).encode()).hexdigest()[:12]
     dest = cache_root() / f"rootfs-{ARCH}" / key
     with locked(f"rootfs-{ARCH}"):
         if not dest.is_dir():
@@ -138,32 +106,10 @@ def ensure_rootfs() -> Path:
                 shutil.rmtree(tmp / "dev", ignore_errors=True)  # the guest mounts devtmpfs
                 if not (tmp / "bin" / "sh").exists():
                     (tmp / "bin" / "sh").symlink_to("bash")  # dash's postinst is not run
-                (tmp / SITE).mkdir(parents=True, exist_ok=True)
+                (tmp / "lib" / "modules").mkdir(parents=True, exist_ok=True)
+                run(["cp", "-al", str(kernel.modules_dir),
+                     str(tmp / "lib" / "modules" / kernel.release)])
     return dest
-
-
-def ensure_initramfs(kernel: Kernel) -> Path:
-    """busybox, INIT_SCRIPT and the kernel's 9p/virtio/overlay modules as a newc cpio."""
-    busybox = ensure_busybox()
-    modules = guest._boot_module_files(kernel)
-    key = hashlib.sha256(INIT_SCRIPT.encode() + str(busybox).encode())
-    for mod in modules:
-        key.update(mod.name.encode())
-    path = kernel.root / f"initramfs-{key.hexdigest()[:12]}.cpio"
-    if path.exists():
-        return path
-    entry = guest._newc_entry
-    parts = [entry(d, 0o40755) for d in ("bin", "dev", "mods", "proc", "sys")]
-    parts.append(entry("dev/console", 0o20600, rdev=(5, 1)))
-    parts.append(entry("bin/busybox", 0o100755, busybox.read_bytes()))
-    parts.append(entry("init", 0o100755, INIT_SCRIPT.encode()))
-    for i, mod in enumerate(modules):
-        parts.append(entry(f"mods/{i:02d}-{guest._plain_name(mod)}", 0o100644, guest._plain(mod)))
-    parts.append(entry("TRAILER!!!", 0))
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_bytes(b"".join(parts))
-    tmp.rename(path)
-    return path
 
 
 def _source_digest() -> str:
@@ -202,17 +148,16 @@ def product_site(out: Path) -> Path:
 
 def _qemu_command(kernel: Kernel, out: Path, cmdline: str, memory_mb: int) -> list[str]:
     append = f"console=ttyAMA0 quiet panic=-1 rdinit=/init gni.out={out} {cmdline}"
-    share = "security_model=none"
+    initrd = guest.ensure_initramfs(kernel, ensure_busybox())
     return [
         QEMU, "-M", "virt", "-cpu", "max,pauth-impdef=on", "-accel", "tcg",
         "-smp", str(min(2, os.cpu_count() or 1)), "-m", str(memory_mb),
         "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
         "-serial", "stdio", "-monitor", "none",
-        "-kernel", str(kernel.vmlinuz), "-initrd", str(ensure_initramfs(kernel)),
-        "-append", append.strip(),
-        "-virtfs", f"local,path={ensure_rootfs()},mount_tag=root,{guest.ROOT_SHARE_OPTS}",
-        "-virtfs", f"local,path={kernel.modules_dir},mount_tag=mods,{share},readonly=on",
-        "-virtfs", f"local,path={out},mount_tag=out,{share}",
+        "-kernel", str(kernel.vmlinuz), "-initrd", str(initrd), "-append", append.strip(),
+        "-virtfs", f"local,path={ensure_rootfs(kernel)},mount_tag=hostroot,"
+                   f"{guest.ROOT_SHARE_OPTS}",
+        "-virtfs", f"local,path={out},mount_tag=out,security_model=none",
     ]  # fmt: skip
 
 
@@ -261,8 +206,8 @@ def ensure_all() -> Kernel:
     """Everything the arm64 guest needs, for `python -m tests.kernel.arm64` (timed)."""
     started = time.monotonic()
     kernel = ensure_kernel()
-    ensure_initramfs(kernel)
-    ensure_rootfs()
+    guest.ensure_initramfs(kernel, ensure_busybox())
+    ensure_rootfs(kernel)
     product_wheel()
     log(f"arm64 guest assets ready in {time.monotonic() - started:.1f}s")
     return kernel

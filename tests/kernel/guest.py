@@ -164,9 +164,10 @@ def _plain(mod: Path) -> bytes:
     return mod.read_bytes()
 
 
-def ensure_initramfs(kernel: Kernel) -> Path:
-    """Build (once per kernel and init script) the initramfs: busybox, init, boot modules."""
-    busybox = assets.ensure_busybox()
+def ensure_initramfs(kernel: Kernel, busybox: Path | None = None) -> Path:
+    """Build (once per kernel and init script) the initramfs: busybox, init, boot modules.
+    `busybox`: a static busybox of the kernel's arch (default: the host's, x86_64)."""
+    busybox = busybox or assets.ensure_busybox()
     modules = _boot_module_files(kernel)
     key = assets.hashlib.sha256(INIT_SCRIPT.encode() + str(busybox).encode())
     for mod in modules:

@@ -42,6 +42,6 @@ def test_arm64_guest_boots_runs_python_and_detects_aarch64(
     assert (tmp_path / "modules_dep").read_text().strip() == "yes"
     assert f"Kernel:          {arm64_kernel.release} (aarch64)" in result.stdout, result.describe()
     assert "no NVIDIA GPU on this node" in result.stdout
-    rootfs = arm64.ensure_rootfs()
+    rootfs = arm64.ensure_rootfs(arm64_kernel)
     assert not (rootfs / "usr" / "gni-arm64-write-stays-in-guest").exists()
     print(f"arm64 guest: boot + python + detect in {result.wall_s:.1f}s")
