@@ -173,23 +173,7 @@ def run_in_guest(script: str, *, kernel: Kernel, cmdline: str = "", timeout: flo
                  "GNI_OUT": str(out), "GNI_KERNEL_RELEASE": kernel.release,
                  "PYTHONDONTWRITEBYTECODE": "1", **(env or {})}
     guest._write_bookkeeping(out, script, guest_env, Path("/"))
-    cmd = _qemu_command(kernel, out, cmdline, memory_mb)
-    start = time.monotonic()
-    console_path = out / guest.GNI_DIR / "console.log"
-    with open(console_path, "wb") as console:
-        proc = subprocess.Popen(cmd, stdout=console, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL)
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    wall = time.monotonic() - start
-    gni = out / guest.GNI_DIR
-    rc_text = (gni / "rc").read_text().strip() if (gni / "rc").is_file() else ""
-    stdout = (gni / "stdout").read_text(errors="replace") if (gni / "stdout").is_file() else ""
-    return guest.GuestResult(int(rc_text) if rc_text else None, stdout,
-                             console_path.read_text(errors="replace"), out, wall)
+    return guest.boot_and_collect(_qemu_command(kernel, out, cmdline, memory_mb), out, timeout)
 
 
 def real_nvidia_ko() -> Path:

@@ -316,6 +316,12 @@ def run_in_guest(
     _write_bookkeeping(out, script, guest_env(kernel, out, env), work)
     cmd = _qemu_command(kernel, ensure_initramfs(kernel), out, cmdline, memory_mb, kvm=kvm,
                         cpus=cpus)
+    return boot_and_collect(cmd, out, timeout)
+
+
+def boot_and_collect(cmd: list[str], out: Path, timeout: float) -> GuestResult:
+    """Run qemu (`cmd`) until the guest powers off or `timeout`, then read what the guest's
+    run.sh left in the shared out dir: the script's exit code, its output, the console."""
     start = time.monotonic()
     console_path = out / GNI_DIR / "console.log"
     with open(console_path, "wb") as console:
