@@ -38,8 +38,8 @@ lint: venv ## ruff, strict mypy and the import contracts (docs/architecture.md)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-demo: venv deps ## the whole install on Debian's kernel under qemu, no GPU needed (~3 min warm)
-	$(BIN)/python scripts/demo.py
+demo: venv deps ## the whole install on Debian's kernel under qemu, no GPU needed (~3 min warm); ARCH=arm64: on its arm64 kernel
+	$(BIN)/python scripts/demo.py $(if $(ARCH),--arch $(ARCH))
 
 sample: venv ## run `detect` on a sample node shipped with the project (no GPU needed)
 	$(BIN)/python -m installer.testing $(SAMPLE) $(SAMPLE_DIR) >/dev/null

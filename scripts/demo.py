@@ -72,15 +72,17 @@ def say(message: str) -> None:
     print(f"demo: {message}", flush=True)
 
 
-def user_tree(work: Path) -> Path:
-    """NVIDIA's real user-mode files, with NVML and CUDA swapped for the stand-ins."""
+def user_tree(work: Path, base: Path | None = None, lib_dir: str = LIB_DIR,
+              cc: str = "gcc") -> Path:
+    """NVIDIA's real user-mode files, with NVML and CUDA swapped for the stand-ins (compiled
+    by `cc`: the arm64 demo's are cross-compiled)."""
     tree = work / "tree"
     if tree.exists():
         shutil.rmtree(tree)
-    subprocess.run(["cp", "-al", str(nvidia_tree(VERSION)), str(tree)], check=True)
-    built = build_standins(work / "standins")
+    subprocess.run(["cp", "-al", str(base or nvidia_tree(VERSION)), str(tree)], check=True)
+    built = build_standins(work / "standins", cc=cc)
     for soname, real in ((NVML_SONAME, "libnvidia-ml.so"), (CUDA_SONAME, "libcuda.so")):
-        target = tree / LIB_DIR / f"{real}.{VERSION}"
+        target = tree / lib_dir / f"{real}.{VERSION}"
         target.unlink()
         shutil.copy(built / soname, target)
     return tree
@@ -101,17 +103,18 @@ def standin_source(work: Path) -> Path:
     return tree
 
 
-def make_mirror(work: Path, kernel: assets.Kernel) -> Path:
+def make_mirror(work: Path, headers: list[Path], tree: Path, *extra: str) -> Path:
     """`gpu-node-installer package build --nvidia-source ...` into a repository directory."""
     mirror = work / "mirror"
+    shutil.rmtree(mirror, ignore_errors=True)  # a fresh repository: nothing of an older run's
     cmd = [sys.executable, "-m", "installer", "package", "build",
            "--nvidia-source", str(standin_source(work)),
-           *(f"--kernel-headers={deb}" for deb in assets.headers_debs(kernel)),
-           "--tree", str(user_tree(work)), "--repo", str(mirror),
-           "--alias", "default", "--alias", "latest", "--force"]
+           *(f"--kernel-headers={deb}" for deb in headers),
+           "--tree", str(tree), "--repo", str(mirror),
+           "--alias", "default", "--alias", "latest", "--force", *extra]
     say("$ gpu-node-installer package build --nvidia-source standin-source "
-        + " ".join(f"--kernel-headers {deb.name}" for deb in assets.headers_debs(kernel))
-        + " --tree tree --repo mirror --alias default --alias latest")
+        + " ".join(f"--kernel-headers {deb.name}" for deb in headers)
+        + " --tree tree --repo mirror --alias default --alias latest " + " ".join(extra))
     started = time.monotonic()
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=False)
     if done.returncode != 0:
@@ -122,6 +125,14 @@ def make_mirror(work: Path, kernel: assets.Kernel) -> Path:
 
 
 def main() -> int:
+    arch = "=".join(sys.argv[1:]).removeprefix("--arch=") if sys.argv[1:] else "amd64"
+    if arch in ("arm64", "aarch64"):
+        from demo_arm64 import main_arm64
+
+        return main_arm64()
+    if arch not in ("amd64", "x86_64"):
+        say(f"unknown arguments {' '.join(sys.argv[1:])}: use --arch amd64 or --arch arm64")
+        return 2
     reason = guest.qemu_unavailable_reason()
     if reason:
         say(f"cannot boot a guest: {reason}; run `make deps` as root first")
@@ -132,7 +143,7 @@ def main() -> int:
     assets.ensure_busybox()
     work = cache_root() / "demo"
     work.mkdir(parents=True, exist_ok=True)
-    mirror = make_mirror(work, kernel)
+    mirror = make_mirror(work, assets.headers_debs(kernel), user_tree(work))
     say(f"booting {kernel.release} under qemu (TCG) ... {BANNER}")
     script = GUEST_SCRIPT.format(fake_gpu=guest.FAKE_GPU_SH, repo=REPO,
                                  python=sys.executable,

@@ -8,6 +8,7 @@ PACKAGES=(
   util-linux mount         # verify tier: unshare -m + tmpfs /dev for NVIDIA's real libraries
   openssl curl             # fetch tier: self-signed TLS mirror; fetch benchmark compares with curl
   qemu-system-x86 kmod libelf1 gcc-12 xz-utils   # kernel tier: TCG guest, depmod, kbuild objtool, headers' gcc
+  qemu-system-arm libc6-dev-arm64-cross   # kernel tier: the arm64 guest (qemu-system-aarch64 -M virt boots -kernel: no firmware) and its cross-built NVML stand-in
   makeself                 # package build: tests make a real makeself .run
   podman runc mmdebstrap   # deploy tier: image build from a local bookworm rootfs; kernel tier: package build --build-root auto
   gpg gpgv debian-archive-keyring   # package build --kernel-headers-from-apt: a signed test archive, its check

@@ -164,9 +164,10 @@ def _plain(mod: Path) -> bytes:
     return mod.read_bytes()
 
 
-def ensure_initramfs(kernel: Kernel) -> Path:
-    """Build (once per kernel and init script) the initramfs: busybox, init, boot modules."""
-    busybox = assets.ensure_busybox()
+def ensure_initramfs(kernel: Kernel, busybox: Path | None = None) -> Path:
+    """Build (once per kernel and init script) the initramfs: busybox, init, boot modules.
+    `busybox`: a static busybox of the kernel's arch (default: the host's, x86_64)."""
+    busybox = busybox or assets.ensure_busybox()
     modules = _boot_module_files(kernel)
     key = assets.hashlib.sha256(INIT_SCRIPT.encode() + str(busybox).encode())
     for mod in modules:
@@ -315,6 +316,12 @@ def run_in_guest(
     _write_bookkeeping(out, script, guest_env(kernel, out, env), work)
     cmd = _qemu_command(kernel, ensure_initramfs(kernel), out, cmdline, memory_mb, kvm=kvm,
                         cpus=cpus)
+    return boot_and_collect(cmd, out, timeout)
+
+
+def boot_and_collect(cmd: list[str], out: Path, timeout: float) -> GuestResult:
+    """Run qemu (`cmd`) until the guest powers off or `timeout`, then read what the guest's
+    run.sh left in the shared out dir: the script's exit code, its output, the console."""
     start = time.monotonic()
     console_path = out / GNI_DIR / "console.log"
     with open(console_path, "wb") as console:

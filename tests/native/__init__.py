@@ -15,13 +15,13 @@ NVML_SOURCES = ("nvml_standin.c", "nvml_standin_fabric.c", "nvml_standin_metrics
 
 
 def compile_library(source: str | tuple[str, ...], dest: Path, soname: str,
-                    *defines: str) -> Path:
+                    *defines: str, cc: str = "gcc") -> Path:
     """gcc a stand-in (one C file or several) into `dest` with the real library's SONAME
-    (well under a second)."""
+    (well under a second); `cc` another compiler (aarch64-linux-gnu-gcc: an arm64 guest's)."""
     sources = (source,) if isinstance(source, str) else source
-    gcc = shutil.which("gcc")
+    gcc = shutil.which(cc)
     if gcc is None:
-        raise RuntimeError("gcc is missing: run `make deps` (scripts/install-deps.sh)")
+        raise RuntimeError(f"{cc} is missing: run `make deps` (scripts/install-deps.sh)")
     dest.parent.mkdir(parents=True, exist_ok=True)
     subprocess.run([gcc, "-shared", "-fPIC", "-O1", "-Wall", "-Werror", *defines,
                     f"-Wl,-soname,{soname}", "-o", str(dest), *(str(HERE / s) for s in sources)],
@@ -30,12 +30,12 @@ def compile_library(source: str | tuple[str, ...], dest: Path, soname: str,
 
 
 def build_standins(lib_dir: Path, *, omit_driver_version: bool = False,
-                   omit_fabric_v: bool = False) -> Path:
+                   omit_fabric_v: bool = False, cc: str = "gcc") -> Path:
     """Both stand-ins in one directory, named by their SONAMEs (as a staged lib64 is).
 
     `omit_fabric_v`: an NVML without nvmlDeviceGetGpuFabricInfoV (drivers before R550)."""
     defines = (("-DOMIT_DRIVER_VERSION",) if omit_driver_version else ()) + (
         ("-DOMIT_FABRIC_V",) if omit_fabric_v else ())
-    compile_library(NVML_SOURCES, lib_dir / NVML_SONAME, NVML_SONAME, *defines)
-    compile_library("cuda_standin.c", lib_dir / CUDA_SONAME, CUDA_SONAME)
+    compile_library(NVML_SOURCES, lib_dir / NVML_SONAME, NVML_SONAME, *defines, cc=cc)
+    compile_library("cuda_standin.c", lib_dir / CUDA_SONAME, CUDA_SONAME, cc=cc)
     return lib_dir
