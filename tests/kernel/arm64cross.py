@@ -17,9 +17,10 @@ import sys
 import time
 from pathlib import Path
 
+from arm64debs import arm64_apt
 from signing_keys import make_key
 
-from .apt import Apt, AssetError, apt, cache_root, log, run
+from .apt import AssetError, apt, cache_root, log, run
 from .assets import NVIDIA_REAL_VERSION, build_env, build_key, ensure_debs, locked, staging
 
 SOURCES = {"proprietary": "nvidia-kernel-source", "open": "nvidia-open-kernel-source"}
@@ -40,20 +41,6 @@ OPEN_PCI_RESIZE_PATCH = """\
      if (r) {
          if (r == -ENOSPC)
 """
-
-
-class Arm64Apt(Apt):
-    """The machine's bookworm archives, indexed for arm64 only."""
-
-    def options(self) -> list[str]:
-        return [*super().options(), "-oAPT::Architecture=arm64",
-                "-oAPT::Architectures::=arm64"]
-
-
-def arm64_apt() -> Apt:
-    root = cache_root() / "apt-arm64"
-    root.mkdir(parents=True, exist_ok=True)
-    return Arm64Apt(root)
 
 
 def arm64_release() -> str:
