@@ -87,6 +87,15 @@ def sign_release(root: Path, gnupg: Path) -> None:
                                            stdin=release.encode()))
 
 
+@pytest.fixture(autouse=True)
+def _no_agent_left(tmp_path: Path) -> Iterator[None]:
+    """gpg starts an agent per home directory: end each with its test, so none outlives it."""
+    yield
+    for home in tmp_path.glob("*gnupg"):
+        subprocess.run(["gpgconf", "--homedir", str(home), "--kill", "gpg-agent"],
+                       check=False, capture_output=True)
+
+
 @pytest.fixture
 def archive(tmp_path: Path) -> Iterator[Archive]:
     root = tmp_path / "mirror"
