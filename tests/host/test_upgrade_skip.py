@@ -60,11 +60,12 @@ def scene(tmp_path: Path, mirror: str) -> tuple[Scene, str]:
 
 def served(scene: Scene) -> dict[str, tuple[int, int, int]]:
     """Every entry of the install dir that serves (staged tree, links, state, readiness)
-    and the env file, as (inode, mtime, size): a rewrite, even of the same bytes, shows."""
+    and the env file, as (inode, mtime, size): a rewrite, even of the same bytes, shows.
+    Not what every run writes: the lock, the cache, the skip record, how the run ended."""
     entries = {}
     paths = [p for p in scene.install_dir.rglob("*")
              if not p.relative_to(scene.install_dir).parts[0].startswith(
-                 (".cache", ".lock", ".skipped"))]
+                 (".cache", ".lock", ".skipped", ".last-install"))]
     for path in [*paths, scene.root / ENV_FILE]:
         info = path.lstat()
         entries[str(path.relative_to(scene.root))] = (info.st_ino, info.st_mtime_ns,
