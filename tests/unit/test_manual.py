@@ -244,9 +244,11 @@ def test_getting_started_shell_blocks_are_tested_or_need_a_cluster() -> None:
 
 
 def test_make_demo_runs_what_test_demo_runs() -> None:
-    """`make demo` (README) is `scripts/demo.py`, which tests/kernel/test_demo.py runs."""
+    """`make demo` (README) is `scripts/demo.py`, which tests/kernel/test_demo.py runs;
+    `make demo ARCH=arm64` passes `--arch arm64` (tests/kernel/test_arm64_demo.py)."""
     recipe = re.search(r"^demo:.*\n\t(.*)$", (REPO / "Makefile").read_text(), re.MULTILINE)
-    assert recipe and recipe.group(1) == "$(BIN)/python scripts/demo.py"
+    assert recipe and recipe.group(1) == \
+        "$(BIN)/python scripts/demo.py $(if $(ARCH),--arch $(ARCH))"
     assert "make demo" in _covered("tests/kernel/test_demo.py::test_demo_installs_end_to_end")
     demo_test = (REPO / "tests" / "kernel" / "test_demo.py").read_text()
     assert '"scripts" / "demo.py"' in demo_test
