@@ -34,6 +34,7 @@ _CURLY_TO_SQUARE = str.maketrans("{}", "[]")
 # C0 controls, DEL, C1 controls, and surrogates (json.loads decodes lone "\ud800" escapes).
 _STRICT = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 _FREE_TEXT = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f\ud800-\udfff]")  # tab allowed
+_ANY_TEXT = re.compile(r"[\ud800-\udfff]")  # a lone surrogate: not even UTF-8 can carry it
 
 
 class DocumentError(IntegrityError):
@@ -48,17 +49,31 @@ class _Refused(Exception):
 
 def read_document(data: bytes, *, name: str, source: str = "", limit: int,
                   error: type[InstallerError] = DocumentError,
-                  free_text: Collection[str] = ()) -> dict[str, Any]:
+                  free_text: Collection[str] = (), any_text: bool = False) -> dict[str, Any]:
     """Decode one JSON object within every bound, or raise `error` naming name and source.
 
     `free_text` lists the keys whose string values are prose (a GPU's name): those may hold
     a tab; every other string (names, paths, versions, keys) holds no control character.
+    `any_text`: every string may hold any character but a lone surrogate (a view the
+    installer wrote itself, whose messages may span lines).
     """
     try:
-        return _decode(data, limit, frozenset(free_text))
+        return _decode(data, limit, frozenset(free_text), any_text)
     except _Refused as exc:
         where = f"{name} from {source}" if source else name
         raise error(f"{where}: {exc}") from None
+
+
+def read_json_file(path: Path, *, limit: int, name: str | None = None,
+                   error: type[InstallerError] = DocumentError,
+                   free_text: Collection[str] = (), any_text: bool = False
+                   ) -> dict[str, Any] | None:
+    """A JSON object from a regular file of at most `limit` bytes, None when it is absent;
+    `error` naming the file (`name`, else the path) for anything else."""
+    data = read_regular(path, limit, error=error, name=name or str(path), oversize=False)
+    return None if data is None else read_document(
+        data, name=name or str(path), limit=limit, error=error, free_text=free_text,
+        any_text=any_text)
 
 
 def read_file(path: Path, limit: int) -> bytes | None:
@@ -69,7 +84,8 @@ def read_file(path: Path, limit: int) -> bytes | None:
     return read_regular(path, limit, error=DocumentError, oversize=False)
 
 
-def _decode(data: bytes, limit: int, free_text: frozenset[str]) -> dict[str, Any]:
+def _decode(data: bytes, limit: int, free_text: frozenset[str],
+            any_text: bool = False) -> dict[str, Any]:
     if len(data) > limit:
         _refuse(f"more than the {limit} bytes allowed")
     try:
@@ -86,7 +102,7 @@ def _decode(data: bytes, limit: int, free_text: frozenset[str]) -> dict[str, Any
         _refuse(f"nested deeper than {MAX_DEPTH} levels")
     if not isinstance(document, dict):
         _refuse(f"the top level is a JSON {type(document).__name__}, not an object")
-    _check_strings(document, free_text)
+    _check_strings(document, free_text, any_text)
     return document
 
 
@@ -143,27 +159,30 @@ def _constant(name: str) -> NoReturn:
     _refuse(f"{name} is not a JSON number")
 
 
-def _check_strings(document: dict[str, Any], free_text: frozenset[str]) -> None:
+def _check_strings(document: dict[str, Any], free_text: frozenset[str],
+                   any_text: bool) -> None:
     """Every key and string value: no surrogate, no control character (prose: tab only)."""
     stack: list[tuple[Any, str, bool]] = [(document, "", False)]
     while stack:
         value, where, prose = stack.pop()
         if isinstance(value, str):
-            _check_text(value, where or "the top level", prose)
+            _check_text(value, where or "the top level", _ANY_TEXT if any_text
+                        else _FREE_TEXT if prose else _STRICT)
         elif isinstance(value, dict):
             for key, item in value.items():
                 at = f"{where}.{key}" if where else key
-                _check_text(key, f"a key in {where or 'the top level'}", False)
+                _check_text(key, f"a key in {where or 'the top level'}",
+                            _ANY_TEXT if any_text else _STRICT)
                 stack.append((item, at, key in free_text))
         elif isinstance(value, list):
             stack.extend((item, f"{where}[{i}]", prose) for i, item in enumerate(value))
 
 
-def _check_text(text: str, where: str, prose: bool) -> None:
+def _check_text(text: str, where: str, refused: re.Pattern[str]) -> None:
     if len(text) > MAX_STRING_CHARS:
         _refuse(f"{show(where)}: a string of {len(text)} characters "
                 f"(at most {MAX_STRING_CHARS})")
-    bad = (_FREE_TEXT if prose else _STRICT).search(text)
+    bad = refused.search(text)
     if bad is not None:
         kind = ("a lone surrogate" if "\ud800" <= bad.group() <= "\udfff"
                 else "control characters, the first")

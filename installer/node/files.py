@@ -15,7 +15,7 @@ import os
 import stat
 from pathlib import Path
 
-from installer.errors import InstallerError
+from installer.errors import InstallerError, UnsupportedNodeError
 
 _OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
 _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
@@ -33,6 +33,18 @@ def kind_of(mode: int) -> str:
 
 class NotRegularFile(OSError):
     """The path names something else than a regular file (its kind is in the message)."""
+
+
+class NodeFileError(UnsupportedNodeError, OSError):
+    """A node path read as a file is a FIFO, device, socket or directory. Where a caller
+    treats an unreadable file as absent (it catches OSError) it is one; anywhere else it is
+    exit 4 naming the path and its kind."""
+
+    def __init__(self, path: Path, kind: str) -> None:
+        message = f"{path} is {kind}, not a regular file"
+        super().__init__(message, remedy="remove what was put in its place (the installer "
+                                         "reads only regular files there)")
+        self.strerror = message
 
 
 def read_regular(path: Path, limit: int, *, error: type[InstallerError],
@@ -78,7 +90,7 @@ def read_capped(path: Path, count: int) -> bytes:
         chunks: list[bytes] = []
         left = count
         while left > 0:
-            chunk = os.read(fd, min(left, 1024 * 1024))
+            chunk = os.read(fd, min(left, 65536))  # procfs, sysfs: ENOMEM on huge counts
             if not chunk:
                 break
             chunks.append(chunk)
