@@ -255,8 +255,12 @@ def open_xid_source(host: Host, *, use_nvml: bool, nvml: Any = None) -> XidSourc
             return NvmlXidSource(nvml)
         except nvml.NVMLError as exc:
             log.info("NVML Xid events unavailable: reading the kernel log", detail=str(exc))
+    gpus = node_gpus(host)
+    if not gpus:
+        log.warning("no GPU in sysfs: no kernel log Xid will count",
+                    sys_root=str(host.roots.sys), remedy="mount the node's /sys (SYS_ROOT)")
     try:
-        return KmsgXidSource(kmsg.open_kmsg(host), node_gpus(host))
+        return KmsgXidSource(kmsg.open_kmsg(host), gpus)
     except OSError as exc:
         why = f"cannot read {kmsg.kmsg_path(host)}: {exc.strerror or exc}"
         log.warning("GPU health unwatched: no Xid source", detail=why,
