@@ -24,6 +24,7 @@ import pytest
 from adversarial.harness import assert_untouched
 from adversarial.sandboxed import SmallArena, small_arena, started
 from installer.agent.metrics import server
+from installer.agent.metrics.snapshot import Snapshot
 
 READ_TIMEOUT_S, DEADLINE_S = 1.0, 2.0
 SCRAPES = 200
@@ -170,3 +171,22 @@ def test_idle_connections_hold_no_more_than_the_thread_bound(tmp_path: Path) -> 
             for conn in idle:
                 conn.close()
     assert peak.most <= served.max_threads + BASE_THREADS, peak.most
+
+
+def test_a_shutdown_does_not_wait_for_busy_slots() -> None:
+    """Every slot held by an idle client, more queued: the agent's exit is not held up."""
+    app = server.make_app(lambda: Snapshot(taken_at=time.time()), 5, None)
+    httpd, thread = server.serve("127.0.0.1", 0, app, read_timeout_s=30, deadline_s=60)
+    port = httpd.server_address[1]
+    idle = [socket.create_connection(("127.0.0.1", port), timeout=10)
+            for _ in range(server.MAX_THREADS + 4)]
+    try:
+        time.sleep(0.5)  # the accept loop now waits for a slot
+        began = time.monotonic()
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(timeout=5)
+        assert not thread.is_alive() and time.monotonic() - began < 3
+    finally:
+        for conn in idle:
+            conn.close()

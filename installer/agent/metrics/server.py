@@ -100,11 +100,16 @@ class _Server(WSGIServer):
         super().__init__(address, handler)
         self._slots = threading.BoundedSemaphore(max_threads)
         self._reaper = _Reaper(deadline_s)
+        self._closing = threading.Event()
 
     def process_request(self, request: Any, client_address: Any) -> None:
         """Serve on a thread once one of the slots is free (until then the accept loop
-        waits and new connections queue in the kernel's backlog)."""
-        self._slots.acquire()
+        waits and new connections queue in the kernel's backlog); a shutdown stops the
+        wait, so the agent's exit never waits on busy slots."""
+        while not self._slots.acquire(timeout=0.5):
+            if self._closing.is_set():
+                self.shutdown_request(request)
+                return
         try:
             threading.Thread(target=self._work, args=(request, client_address),
                              name="metrics-conn", daemon=True).start()
@@ -129,6 +134,10 @@ class _Server(WSGIServer):
         error = sys.exc_info()[1]
         if not isinstance(error, OSError):
             structlog.get_logger().warning("metrics request failed", detail=repr(error))
+
+    def shutdown(self) -> None:
+        self._closing.set()
+        super().shutdown()
 
     def server_close(self) -> None:
         self._reaper.stop()
