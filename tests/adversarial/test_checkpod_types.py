@@ -129,7 +129,8 @@ def test_a_workload_field_of_the_wrong_type_is_exit_2(arena: Arena, case: str) -
 def test_the_same_workload_well_typed_passes(arena: Arena) -> None:
     """The cases above differ from a passing pod only in the field they name."""
     path = _write(arena, "workload.yaml", with_container(
-        GOOD_CONTAINER, "  tolerations: [{key: nvidia.com/gpu, operator: Exists}]\n"
+        GOOD_CONTAINER, "  tolerations: [{key: nvidia.com/gpu, operator: Exists}, "
+        "{key: x, operator: '', effect: '', value: y}]\n"
         "  nodeSelector: {cloud.google.com/gke-accelerator-count: '1'}"))
     assert_ok(_check_pod(arena, str(path)))
 

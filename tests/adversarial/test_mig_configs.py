@@ -215,6 +215,18 @@ def test_an_unknown_mig_profile_setting_lists_them_too(node: Arena) -> None:
     assert_untouched(before, node.snapshot(), WITHDRAWN)
 
 
+def test_an_unknown_gke_partition_size_lists_them_too(node: Arena) -> None:
+    """GKE's /etc/nvidia/gpu_config.json on the node (a node pool's gpu-partition-size)."""
+    gke = node.root / "etc/nvidia/gpu_config.json"
+    gke.parent.mkdir(parents=True, exist_ok=True)
+    gke.write_text(json.dumps({"GPUPartitionSize": "2g.12gb"}))
+    before = node.snapshot()
+    done = _run(node, "partition", *node.args("--dry-run"))
+    assert_refused(done, 2, "GPU 0 (NVIDIA A100-SXM4-40GB): '2g.12gb' is not a MIG profile",
+                   f"this GPU's are {A100_SIZES}")
+    assert_untouched(before, node.snapshot(), WITHDRAWN)
+
+
 def test_a_size_of_another_model_is_exit_14_with_the_sizes(node: Arena) -> None:
     """3g.40gb is NVIDIA's (an A100-80GB's), not an A100-40GB's: the layout cannot fit
     this GPU (14), and the line lists the sizes it offers."""

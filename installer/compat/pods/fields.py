@@ -50,9 +50,9 @@ Schema = Scalar | ListOf | MapOf | Fields
 
 STRING = Scalar()
 QUANTITY = Scalar("quantity")
-TOLERATION = Fields({
-    "key": STRING, "value": STRING, "operator": Scalar(choices=("Exists", "Equal")),
-    "effect": Scalar(choices=("NoSchedule", "PreferNoSchedule", "NoExecute")),
+TOLERATION = Fields({  # an empty operator means Equal, an empty effect every effect
+    "key": STRING, "value": STRING, "operator": Scalar(choices=("Exists", "Equal", "")),
+    "effect": Scalar(choices=("NoSchedule", "PreferNoSchedule", "NoExecute", "")),
     "tolerationSeconds": Scalar("integer")})
 REQUIREMENT = Fields({"key": STRING, "values": ListOf(STRING), "operator": Scalar(
     choices=("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"))})
@@ -137,7 +137,7 @@ def _scalar(value: Any, schema: Scalar, path: str) -> FieldProblem | None:
         return _wrong(value, "a string", path)
     if schema.choices and value not in schema.choices:
         return FieldProblem(path, f"is {value!r}, which the API does not accept",
-                            f"use one of {', '.join(schema.choices)}")
+                            f"use one of {', '.join(c for c in schema.choices if c)}")
     return None
 
 
