@@ -203,7 +203,7 @@ def test_an_unknown_profile_lists_this_gpus_sizes(node: Arena, case: str) -> Non
     _refused(node, _config(f"    - devices: [0]\n      mig-enabled: true\n"
                            f"      mig-devices: {{{profile}: 1}}\n"),
              "GPU 0 (NVIDIA A100-SXM4-40GB): ", "is not a MIG profile NVIDIA defines; this "
-             f"GPU's are {A100_SIZES}", "fix: use one of them")
+             f"GPU's profiles are {A100_SIZES}", "fix: use one of them")
 
 
 def test_an_unknown_mig_profile_setting_lists_them_too(node: Arena) -> None:
@@ -211,7 +211,7 @@ def test_an_unknown_mig_profile_setting_lists_them_too(node: Arena) -> None:
     before = node.snapshot()
     done = _run(node, "partition", *node.args("--mig-profile", "1g.6gb", "--dry-run"))
     assert_refused(done, 2, "GPU 0 (NVIDIA A100-SXM4-40GB): '1g.6gb' is not a MIG profile",
-                   f"this GPU's are {A100_SIZES}")
+                   f"this GPU's profiles are {A100_SIZES}")
     assert_untouched(before, node.snapshot(), WITHDRAWN)
 
 
@@ -223,7 +223,7 @@ def test_an_unknown_gke_partition_size_lists_them_too(node: Arena) -> None:
     before = node.snapshot()
     done = _run(node, "partition", *node.args("--dry-run"))
     assert_refused(done, 2, "GPU 0 (NVIDIA A100-SXM4-40GB): '2g.12gb' is not a MIG profile",
-                   f"this GPU's are {A100_SIZES}")
+                   f"this GPU's profiles are {A100_SIZES}")
     assert_untouched(before, node.snapshot(), WITHDRAWN)
 
 

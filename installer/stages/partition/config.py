@@ -200,6 +200,7 @@ def _entry(raw: Any, where: str) -> Entry:
 
 
 _DEVICES_FIX = "set devices: all, or a list of GPU indexes like [0, 1]"
+_EXAMPLE_ID = "0x20B010DE"
 _MAX_GPUS = 64  # more GPUs than any node has: beyond it an index is a typo
 
 
@@ -247,9 +248,6 @@ def _filter(raw: Any, where: str) -> tuple[str, ...]:
                                  remedy="give PCI ids as quoted 0x<device><vendor>, e.g. "
                                         f'"{_EXAMPLE_ID}"')
     return tuple(_pci_id(i) or "" for i in items)
-
-
-_EXAMPLE_ID = "0x20B010DE"
 
 
 def _pci_id(text: str) -> str | None:

@@ -105,7 +105,7 @@ def _well_formed(index: int, wanted: GpuLayout, gpus: dict[int, GpuNow]) -> None
                                      "and this GPU has no MIG",
                                      remedy="leave MIG off for this GPU (mig-enabled false)")
             raise MigConfigError(f"{where}: {name!r} is not a MIG profile NVIDIA defines; "
-                                 f"this GPU's are {', '.join(model.profiles)}",
+                                 f"this GPU's profiles are {', '.join(model.profiles)}",
                                  remedy=f"use one of them (e.g. {next(iter(model.profiles))})")
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise MigConfigError(f"GPU {index}: the count of {name} must be a whole number "
