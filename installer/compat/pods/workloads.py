@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from installer.compat.pods import shapes
+from installer.compat.pods import fields, shapes
 from installer.compat.pods.template import ShapeError, Template
 from installer.errors import ConfigError, printable
 
@@ -84,8 +84,14 @@ class Documents:
         return bool(self.workloads)
 
 
-def read_input(source: str) -> bytes:
-    """The bytes of FILE, or of stdin for `-`, refusing more than MAX_BYTES."""
+WORKLOAD_REMEDY = "give the workload's own manifest (a few KiB)"
+NODES_REMEDY = ("give --node-labels `kubectl get node NAME -o yaml` (one Node) or `kubectl get "
+                "nodes -o yaml` output")
+
+
+def read_input(source: str, *, too_large: str = WORKLOAD_REMEDY) -> bytes:
+    """The bytes of FILE, or of stdin for `-`, refusing more than MAX_BYTES (with the
+    remedy `too_large`: a workload's and a node file's differ)."""
     try:
         if source == "-":
             data = sys.stdin.buffer.read(MAX_BYTES + 1)
@@ -97,7 +103,7 @@ def read_input(source: str) -> bytes:
                             remedy="give a readable YAML or JSON file, or - for stdin") from None
     if len(data) > MAX_BYTES:
         raise WorkloadError(f"{source} is larger than {MAX_BYTES // (1024 * 1024)} MiB",
-                            remedy="give the workload's own manifest (a few KiB)")
+                            remedy=too_large)
     return data
 
 
@@ -207,11 +213,19 @@ class _Found:
     def _template(self, document: Mapping[str, Any], kind: str, number: int, where: str,
                   template: Template) -> None:
         spec = _named_containers(template.spec, strict=kind in shapes.BUILT_IN)
+        inside = f" in {template.path}" if template.path else ""
+        base = "" if template.path else "spec"  # a Pod's own PodSpec is its `spec`
+        wrong = fields.spec_problem(template.spec if spec is None else spec, base) \
+            if isinstance(template.spec, Mapping) else None
         if spec is None:
-            inside = f" in {template.path}" if template.path else ""
+            detail = f" ({wrong.path} {wrong.why})" if wrong is not None else ""
             self.problems.append(Problem(
-                f"{where} ({kind}) has no list of named containers{inside}",
+                f"{where} ({kind}) has no list of named containers{inside}{detail}",
                 "the PodSpec needs containers: [{name: ..., image: ...}]"))
+            return
+        if wrong is not None:
+            self.problems.append(Problem(f"{where} ({kind}){inside}: {wrong.path} {wrong.why}",
+                                         wrong.fix))
             return
         found = document.get("metadata")
         metadata: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
