@@ -32,10 +32,24 @@ def record(seq: int, message: str, *, prio: int = 3, dictionary: tuple[str, ...]
     return ("\n".join(lines) + "\n").encode()
 
 
-def host_tree(tmp_path: Path) -> RealHost:
+# The GPUs the host tree's sysfs lists: an Xid line counts only for one of them.
+GPU_ADDRESSES = ("0000:3b:00.0", "0000:b1:00.0", "0000:00:1e.0")
+
+
+def add_gpus(root: Path, addresses: tuple[str, ...] = GPU_ADDRESSES) -> None:
+    """NVIDIA GPUs (class 0x0302) under <root>/sys/bus/pci/devices, as sysfs lists them."""
+    for address in addresses:
+        device = root / "sys/bus/pci/devices" / address
+        device.mkdir(parents=True, exist_ok=True)
+        for name, value in (("vendor", "0x10de"), ("device", "0x20b0"), ("class", "0x030200")):
+            (device / name).write_text(value + "\n")
+
+
+def host_tree(tmp_path: Path, gpus: tuple[str, ...] = GPU_ADDRESSES) -> RealHost:
     for name in ("proc/sys/kernel/random", "sys", "dev"):
         (tmp_path / name).mkdir(parents=True, exist_ok=True)
     (tmp_path / "proc/sys/kernel/random/boot_id").write_text(BOOT + "\n")
+    add_gpus(tmp_path, gpus)
     return RealHost(Roots(tmp_path, tmp_path / "proc", tmp_path / "sys", tmp_path / "dev"))
 
 

@@ -29,6 +29,7 @@ CONDITION = f"{kube.COMPONENT}/XidCriticalError"
 EVENT_REASON = "XIDError"
 CLEARED_REASON = "XidCriticalErrorCleared"
 _REASON_PREFIX = "Xid:"
+MAX_SERIES = 1024  # (GPU, Xid) pairs counted; the sources name real GPUs, this caps the rest
 
 
 def critical_set(config: Config) -> frozenset[int]:
@@ -37,24 +38,40 @@ def critical_set(config: Config) -> frozenset[int]:
 
 
 class Health:
-    """Xid counts per GPU since the agent started, and which critical ones are new."""
+    """Xid counts per GPU since the agent started, and which critical ones are new.
+
+    Memory is bounded: at most `MAX_SERIES` (GPU, Xid) pairs are counted (one metric series
+    each); an Xid of a further pair is only added to `dropped`.
+    """
 
     def __init__(self, critical: Iterable[int]) -> None:
         self.critical = frozenset(critical) - APPLICATION_XIDS
         self.counts: dict[str, Counter[int]] = {}
         self.unreported: list[Xid] = []  # critical, not yet on the Node (API down)
+        self.dropped = 0  # Xids of pairs past MAX_SERIES
         self._seen: set[tuple[str, int]] = set()
+        self._series = 0
 
     def observe(self, xids: list[Xid]) -> list[Xid]:
         """Count every Xid; return the critical ones not seen before on that GPU."""
         new: list[Xid] = []
         for xid in xids:
-            self.counts.setdefault(xid.gpu, Counter())[xid.code] += 1
+            self._count(xid)
             key = (xid.gpu, xid.code)
             if xid.code in self.critical and key not in self._seen:
                 self._seen.add(key)
                 new.append(xid)
         return new
+
+    def _count(self, xid: Xid) -> None:
+        """Count one Xid, unless its (GPU, Xid) pair is new and the cap is reached."""
+        counts = self.counts.get(xid.gpu)
+        if counts is None or xid.code not in counts:
+            if self._series >= MAX_SERIES:
+                self.dropped += 1
+                return
+            self._series += 1
+        self.counts.setdefault(xid.gpu, Counter())[xid.code] += 1
 
     def summary(self) -> str:
         """One line: `0000:3b:00 Xid 13 x1, Xid 79 x2; ...` ("no Xid" when none)."""
@@ -133,11 +150,13 @@ def watch_once(source: XidSource, health: Health, *, api: kube.ApiServer | None,
                node: str | None, boot_id: str, timeout_s: float, log: Any) -> list[Xid]:
     """One round: wait up to `timeout_s` for Xids, count them, log them, report the new
     critical ones (kept for the next round when the API fails). Returns those new ones."""
-    xids = source.wait(timeout_s)
+    xids, dropped = source.wait(timeout_s), health.dropped
     for xid in xids:
         log.warning("GPU Xid", gpu=xid.gpu, xid=xid.code, detail=xid.detail,
                     critical=xid.code in health.critical, source=source.kind)
     new = health.observe(xids)
+    if health.dropped and not dropped:
+        log.error("GPU Xids not counted: too many (GPU, Xid) pairs", limit=MAX_SERIES)
     health.unreported += new
     if not health.unreported:
         return new

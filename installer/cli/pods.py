@@ -46,7 +46,7 @@ def check_pod(node: Callable[[], Context], source: str, resources: tuple[str, ..
               strict: bool, here: bool, output: str) -> None:
     """Will this Pod/workload get a GPU and run here? Exit 0 yes, 14 a rule fails, 2 bad file."""
     from installer.compat import pods
-    from installer.compat.pods.workloads import read_input
+    from installer.compat.pods.workloads import NODES_REMEDY, read_input
     from installer.errors import ConfigError
 
     if here and node_labels:
@@ -55,7 +55,7 @@ def check_pod(node: Callable[[], Context], source: str, resources: tuple[str, ..
     documents = pods.parse(read_input(source), source)
     views: tuple[pods.NodeView, ...] = (pods.NodeView(driver=driver),)
     if node_labels is not None:
-        data = read_input(node_labels)
+        data = read_input(node_labels, too_large=NODES_REMEDY)
         views = pods.node_views_from_document(data, str(Path(node_labels)), driver)
     elif here:
         from installer.pipeline.podnode import here as this_node

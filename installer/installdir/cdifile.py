@@ -24,6 +24,7 @@ from typing import Any
 from installer.config import Config
 from installer.installdir import cdi, cdimig
 from installer.installdir.layout import CDI_RECORD
+from installer.installdir.ownership import guard_cdi
 from installer.installdir.versions import current_name
 from installer.node.documents import DocumentError, read_json_file
 from installer.node.host import Host, Roots, write_atomic
@@ -56,6 +57,7 @@ def publish(config: Config, roots: Roots, spec: cdi.Spec | None, version: str | 
     """Write `spec` at our path (or remove ours when `spec` is None or CDI=off); retire a
     spec of ours left in another directory by an earlier CDI_SPEC_DIR. The record keeps
     `gpus`, so a rollback can rewrite the spec without asking NVML again."""
+    guard_cdi(config, roots)  # a spec dir that is a file: one clear line, nothing written
     install = roots.node(config.install_dir)
     record = read_record(install)
     target = spec_node_path(config)

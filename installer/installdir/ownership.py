@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
 from installer.config import Config
-from installer.errors import ConfigError
+from installer.errors import ConfigError, StagingError
 from installer.installdir import layout
 from installer.node.confine import EscapeError
 from installer.node.host import Roots, fsync_dir, write_atomic
@@ -81,6 +81,19 @@ def guard(config: Config, roots: Roots) -> None:
                 remedy="point --cache-dir (DRIVER_CACHE_DIR) at an empty or new directory, "
                        "or leave it unset (<install dir>/.cache)")
     _refuse_linked(layout.cache_root(config, roots), ("blobs", "blobs/sha256", "refs", "tmp"))
+
+
+def guard_cdi(config: Config, roots: Roots) -> None:
+    """Refuse, before anything is written, a CDI spec dir that cannot hold our spec (it, or
+    a directory above it, is a file) and a CDI record that is not a file: the spec is
+    written last, so finding out there would fail an install that had already switched."""
+    if config.cdi != "on":
+        return
+    _refuse_file("--cdi-spec-dir", config.cdi_spec_dir, roots.node(config.cdi_spec_dir), roots)
+    record = roots.node(config.install_dir) / layout.CDI_RECORD
+    if record.exists() and not record.is_symlink() and not record.is_file():
+        raise StagingError(f"{record} is not a regular file",
+                           remedy=f"remove {layout.CDI_RECORD} from the install dir and rerun")
 
 
 def claim(config: Config, roots: Roots, log: Log) -> None:
@@ -177,13 +190,15 @@ def _refuse_overlap(config: Config) -> None:
 
 
 def _refuse_file(flag: str, setting: PurePosixPath, real: Path, roots: Roots) -> None:
-    """The dir, or a directory above it, is an existing file: nothing can be created there."""
+    """The dir, or a directory above it, is an existing file: nothing can be created there.
+    `real` is the setting resolved on the node (a link to a file is said as such)."""
     for path in (real, *real.parents):
         if path == roots.host or not path.is_relative_to(roots.host):
             return
         if path.exists() and not path.is_dir():
             node = PurePosixPath("/", path.relative_to(roots.host).as_posix())
-            what = "is a file" if node == setting else f"cannot be created: {node} is a file"
+            what = "is a file" if node == setting else f"leads to {node}, a file" \
+                if path == real else f"cannot be created: {node} is a file"
             raise ConfigError(f"{flag} {setting} {what}, not a directory",
                               remedy=f"remove or rename that file, or point {flag} at a "
                                      "directory")

@@ -7,6 +7,13 @@ before the agent started (an Xid during the install) is seen too; `seq` orders t
 of one boot and lets a reader skip what it has already read. A reader that falls behind
 gets EPIPE once (records overwritten) and then the oldest record left. The agent waits on
 the descriptor with select(), so an idle node costs no CPU.
+
+`prio` is the syslog priority: the 3 lowest bits the level, the bits above the facility.
+Whatever user space writes to /dev/kmsg gets facility LOG_USER (1) unless it names another,
+and "it is not possible to inject messages from userspace with the facility number
+LOG_KERN (0)" (the kernel's Documentation/ABI/testing/dev-kmsg, torvalds/linux 07c7b547;
+kernel/printk/printk.c devkmsg_write keeps facility 1 when the `<N>` prefix asks for 0):
+facility 0 is what tells a record the kernel wrote (`KERNEL_FACILITY`) from a forged one.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from installer.node.host import Host
 READ_SIZE = 16384  # a record is at most ~1 KiB of text plus its dictionary
 MAX_RECORDS = 10000  # per wait: a burst is returned in parts, never unbounded
 _EOF_PAUSE_S = 0.2  # a plain file or a FIFO without writer (tests) reads as EOF
+KERNEL_FACILITY = 0  # LOG_KERN: only the kernel itself logs with it
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ recorded (a shard killed before its receipt) is left out and named.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -110,15 +111,59 @@ def _old_index(repo: Path) -> Index:
 
 def _places(repo: Path) -> list[Path]:
     """`<kernel>/<driver>/<flavour>/` directories holding a manifest; temp dirs (dot
-    names) of builds in progress or killed are not places."""
-    return [place for kernel in _dirs(repo) for version in _dirs(kernel)
-            for place in _dirs(version)
-            if place.name in FLAVOURS and (place / MANIFEST_NAME).is_file()]
+    names) of builds in progress or killed are not places. A symbolic link where a
+    package or a receipt would be is refused by name (`_refuse_link`)."""
+    places = []
+    for kernel in _dirs(repo, repo):
+        for version in _dirs(repo, kernel):
+            for place in _dirs(repo, version):
+                if place.name in FLAVOURS and (place / MANIFEST_NAME).is_file():
+                    _refuse_link(repo, place / MANIFEST_NAME)
+                    receipt = _receipt_file(repo, place)
+                    for step in (*reversed(receipt.parents[:3]), receipt):
+                        _refuse_link(repo, step)
+                    places.append(place)
+    return places
 
 
-def _dirs(parent: Path) -> list[Path]:
-    return sorted(p for p in parent.iterdir()
-                  if not p.name.startswith(".") and p.is_dir() and not p.is_symlink())
+def _dirs(repo: Path, parent: Path) -> list[Path]:
+    """The real directories of `parent`; a link among them that leads to a package or
+    has a receipt is refused (a link elsewhere is none of the index's business)."""
+    found = []
+    for path in sorted(p for p in parent.iterdir() if not p.name.startswith(".")):
+        if path.is_symlink() and _holds_package(repo, path):
+            _refuse_link(repo, path)
+        if path.is_dir() and not path.is_symlink():
+            found.append(path)
+    return found
+
+
+def _holds_package(repo: Path, link: Path) -> bool:
+    """Whether a linked directory, at its depth in the repository, holds a package (one
+    level down per level to the flavour) or has a receipt recorded for a path under it."""
+    relpath = link.relative_to(repo)
+    below = "/".join(["*"] * (3 - len(relpath.parts)))
+    manifests = link.glob(f"{below}/{MANIFEST_NAME}" if below else MANIFEST_NAME)
+    receipts = repo / RECEIPTS / relpath
+    return any(m.parent.name in FLAVOURS for m in manifests) or (
+        receipts.with_name(receipts.name + ".sha256").exists() or receipts.is_dir())
+
+
+def _refuse_link(repo: Path, path: Path) -> None:
+    """A symbolic link is not listed: `package index` vouches for the bytes in the
+    repository, and a link serves whatever it points at when the index is read."""
+    if not path.is_symlink():
+        return
+    relpath = path.relative_to(repo).as_posix()
+    raise RepositoryIndexError(
+        f"{relpath} in repository {repo} is a symbolic link (to {os.readlink(path)}); "
+        "package index lists only packages and receipts stored in the repository",
+        remedy=f"replace the link {relpath} with a copy of what it points at (or rebuild "
+               "that package into the repository), then index again")
+
+
+def _receipt_file(repo: Path, place: Path) -> Path:
+    return repo / RECEIPTS / f"{place.relative_to(repo).as_posix()}.sha256"
 
 
 def _receipt(repo: Path, relpath: str) -> str | None:

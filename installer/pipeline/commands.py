@@ -86,6 +86,7 @@ def rollback(ctx: Context) -> RollbackResult:
     from installer.installdir import cdifile
     from installer.stages.stage import rollback_stage
 
+    ownership.guard_cdi(ctx.config, ctx.host.roots)  # the spec follows: refuse first
     with locked(ctx):
         result = runner.run_stage(ctx, "stage", rollback_stage)
         cdifile.refresh(ctx.config, ctx.host)  # the CDI spec follows the version in service
@@ -98,6 +99,7 @@ def verify(ctx: Context, *, cuda_smoke: bool, lib_dir: Path | None,
 
 
 def signal(ctx: Context) -> SignalResult:
+    ownership.guard_cdi(ctx.config, ctx.host.roots)
     with locked(ctx):
         runner.detect(ctx)
         runner.verify(ctx)

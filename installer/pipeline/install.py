@@ -76,6 +76,7 @@ def install(ctx: Context, *, paranoid: bool = False) -> InstallResult:
 
     roots = ctx.host.roots
     ownership.guard(ctx.config, roots)  # before the lock file: refuse a dir not ours
+    ownership.guard_cdi(ctx.config, roots)  # and a CDI spec dir that cannot be one
     with node_lock(lock_path(ctx.config, roots), timeout=ctx.config.lock_timeout,
                    on_wait=waiting):
         ownership.claim(ctx.config, roots, ctx.log.warning)

@@ -27,7 +27,16 @@ from hypothesis import strategies as st
 
 from installer.agent import health
 from installer.agent.health import Health, Xid
-from installer.agent.xids import KmsgXidSource, NoXidSource, NvmlXidSource, parse_xid
+from installer.agent.xids import (
+    KmsgXidSource,
+    NoXidSource,
+    NvmlXidSource,
+    Refused,
+    accepted_xids,
+    judge,
+    node_gpus,
+    parse_xid,
+)
 from installer.config import load_config
 from installer.errors import ConfigError
 from installer.node import kmsg
@@ -85,6 +94,7 @@ class TestParseXid:
         "NVRM: GPU 0000:3b:00.0: RmInitAdapter failed! (0x26:0x56:1474)",
         "NVRM: loading NVIDIA UNIX x86_64 Kernel Module  535.261.03",
         "NVRM: Xid (PCI:zzzz:3b:00): 79, garbage address",
+        f'audit: type=1400 comm="{XID79}"',
         "usb 1-1: new high-speed USB device number 2 using xhci_hcd"])
     def test_other_lines_are_no_xid(self, message: str) -> None:
         assert parse_xid(message) is None
@@ -149,6 +159,39 @@ class TestKmsgReader:
         assert kmsg.boot_id(host) == BOOT
         (tmp_path / "proc/sys/kernel/random/boot_id").unlink()
         assert kmsg.boot_id(host) == ""
+
+
+class TestAcceptedXids:
+    """Only the kernel's own `NVRM: Xid (` records, for a GPU sysfs lists, are Xids."""
+
+    def records(self, *lines: tuple[int, str]) -> list[kmsg.KmsgRecord]:
+        parsed = [kmsg.parse_record(record(seq, message, prio=prio).decode().splitlines()[0])
+                  for seq, (prio, message) in enumerate(lines, start=1)]
+        return [r for r in parsed if r is not None]
+
+    def test_only_kernel_records_of_node_gpus(self) -> None:
+        found = self.records((3, XID79), (11, XID79), (3, f"audit: comm=\"{XID79}\""),
+                             (3, XID13), (4, XID48_OLD))
+        gpus = frozenset({"0000:3b:00", "0000:00:1e"})
+        assert [(x.gpu, x.code) for x in accepted_xids(found, gpus)] == [
+            ("0000:3b:00", 79), ("0000:00:1e", 48)]
+        assert [type(v).__name__ if v else None for v in (judge(r, gpus) for r in found)] == [
+            "Xid", "Refused", "Refused", "Refused", "Xid"]
+        assert [v.cause for v in (judge(r, gpus) for r in found)
+                if isinstance(v, Refused)] == ["not-kernel", "not-driver-prefix",
+                                               "unknown-gpu"]
+
+    def test_other_kernel_lines_are_neither_xid_nor_refused(self) -> None:
+        [loading] = self.records((6, "NVRM: loading NVIDIA UNIX x86_64 Kernel Module"))
+        assert judge(loading, frozenset({"0000:3b:00"})) is None
+
+    def test_node_gpus_are_the_gpu_functions_sysfs_lists(self, tmp_path: Path) -> None:
+        host = host_tree(tmp_path, ("0000:3b:00.0", "00000000:B1:00.0"))
+        audio = tmp_path / "sys/bus/pci/devices/0000:3b:00.1"
+        audio.mkdir()
+        for name, value in (("vendor", "0x10de"), ("device", "0x1aef"), ("class", "0x040300")):
+            (audio / name).write_text(value + "\n")
+        assert node_gpus(host) == frozenset({"0000:3b:00", "0000:b1:00"})
 
 
 class TestOpenSource:

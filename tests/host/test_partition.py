@@ -239,6 +239,13 @@ class TestMigParted:
         back = node.run("partition", *args, "--mig-config", "all-1g.10gb")
         assert back.returncode == 0, back.stderr
         gpu1 = (node.mig_dir / "gpu1").read_text()
+        lacking = node.run("partition", *args, "--mig-config", "custom")  # names GPU 2 too
+        assert lacking.returncode == 2, lacking.stderr
+        assert "mig-configs.custom[2].devices names GPU 2, which this node lacks" in \
+            lacking.stderr
+        assert (node.mig_dir / "gpu1").read_text() == gpu1
+        config.write_text(MIG_PARTED.replace("    - devices: [2]\n      mig-enabled: false\n",
+                                             ""))
         custom = node.run("partition", *args, "--mig-config", "custom")
         assert custom.returncode == 0, custom.stderr
         assert json.loads(custom.stdout)["changed"] == [0]

@@ -1,12 +1,13 @@
 """Runs inside the guest: issue 24's GPU health against the real /dev/kmsg, results as JSON.
 
-The test script has already injected Xid lines into the guest kernel's real log (`echo
-'<3>NVRM: Xid ...' > /dev/kmsg`, as the driver's lines look) before this starts: the
-backlog an agent finds at start. The strict fake API (tests/kubefake.py) listens on the
-guest's 127.0.0.1 with a Node that still carries our condition from an earlier boot. Then,
-as the agent does: clear that condition (the boot ID differs), read the log from its start
-(RealHost over the guest's /, /proc, /sys, /dev), wait for a live Xid written while the
-round waits, report; then a restarted agent re-reads the same log and must write nothing.
+The test script has already written Xid lines into the guest kernel's real log from user
+space (`echo '<3>NVRM: Xid ...' > /dev/kmsg`, as the driver's lines look) before this
+starts: the backlog an agent finds at start. The kernel stores them with facility LOG_USER,
+so they are forgeries the agent must refuse. The strict fake API (tests/kubefake.py)
+listens on the guest's 127.0.0.1 with a Node that still carries our condition from an
+earlier boot. Then, as the agent does: clear that condition (the boot ID differs), read the
+log from its start (RealHost over the guest's /, /proc, /sys, /dev), wait while a live
+forged line is written, report nothing; then a restarted agent re-reads the same log.
 Usage: python tests/kernel/health_guest.py OUT.json
 """
 
@@ -64,6 +65,15 @@ def inject_later(line: str, after_s: float) -> threading.Timer:
     return timer
 
 
+def xid_facilities() -> list[int]:
+    """The facility the real kernel stored with each `NVRM: Xid` record (read raw)."""
+    log = kmsg.Kmsg(Path("/dev/kmsg"))
+    try:
+        return [r.facility for r in log.wait(0.5) if "NVRM: Xid" in r.message]
+    finally:
+        log.close()
+
+
 def main() -> dict[str, Any]:
     WORK.mkdir(parents=True, exist_ok=True)
     (WORK / "token").write_text(kubefake.TOKEN + "\n")
@@ -88,6 +98,7 @@ def main() -> dict[str, Any]:
         timer.join()
         rounds.append([[x.gpu, x.code] for x in live])
         out["rounds"] = rounds
+        out["refused"] = dict(getattr(source, "refused", {}))
         out["counts"] = {gpu: dict(c) for gpu, c in watch.counts.items()}
         out["summary"] = watch.summary()
         source.close()
@@ -99,6 +110,7 @@ def main() -> dict[str, Any]:
         out["restart_counts"] = {gpu: dict(c) for gpu, c in restarted.counts.items()}
         out["restart_events"] = len(fake.events) - events_before_restart
         again.close()
+        out["facilities"] = xid_facilities()
     out["conditions"] = kubefake.conditions(fake)
     out["events"] = [{k: e[k] for k in ("reason", "type", "message")} for e in fake.events]
     out["errors"] = list(fake.errors)

@@ -10,6 +10,10 @@
  *   FAKE_NVML_NAME          GPU name (default "NVIDIA A100-SXM4-40GB")
  *   FAKE_NVML_NAMES         comma-separated names per GPU index (a mixed node); an index
  *                           past the list takes the last name
+ *   FAKE_NVML_NAME_HEX      "<index>:<hex bytes>[,...]": that GPU's name is these raw bytes
+ *                           (e.g. "1:4e56ff" for "NV\xff", not UTF-8: the real pynvml's
+ *                           convertStrBytes then raises UnicodeDecodeError)
+ *   FAKE_NVML_UUID_HEX      the same for nvmlDeviceGetUUID
  *   FAKE_NVML_MEMORY_MIB    comma-separated total memory per GPU in MiB (default 40960)
  *   FAKE_NVML_COMPUTE       comma-separated compute capability per GPU, "8.0" (default);
  *                           "unsupported" makes the query return NOT_SUPPORTED
@@ -182,8 +186,35 @@ static int list_item(const char *env, int index, char *out, size_t size) {
     return 1;
 }
 
+/* GPU `index`'s raw bytes from "<index>:<hex>[,<index>:<hex>...]" in `env` into `out`
+ * (NUL-terminated), or 0 when the list does not name that GPU. */
+static int hex_item(const char *env, int index, char *out, size_t size) {
+    const char *p = getenv(env);
+    while (p && *p) {
+        char *colon;
+        long at = strtol(p, &colon, 10);
+        if (*colon != ':') return 0;
+        const char *hex = colon + 1;
+        size_t n = strcspn(hex, ",");
+        if (at == index) {
+            size_t k = 0;
+            for (; k + 1 < size && 2 * k + 1 < n; k++) {
+                unsigned int byte;
+                if (sscanf(hex + 2 * k, "%2x", &byte) != 1) break;
+                out[k] = (char)byte;
+            }
+            out[k] = 0;
+            return 1;
+        }
+        p = hex[n] == ',' ? hex + n + 1 : NULL;
+    }
+    return 0;
+}
+
 nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length) {
     char item[96];
+    if (hex_item("FAKE_NVML_NAME_HEX", device->index, item, sizeof item))
+        return copy_out(name, length, item);
     if (list_item("FAKE_NVML_NAMES", device->index, item, sizeof item))
         return copy_out(name, length, item);
     return copy_out(name, length, env_str("FAKE_NVML_NAME", "NVIDIA A100-SXM4-40GB"));
@@ -201,6 +232,8 @@ nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int len
     char text[96];
     nvmlReturn_t mig;
     if (mig_uuid(device, uuid, length, &mig)) return mig; /* nvml_standin_mig_devices.c */
+    if (hex_item("FAKE_NVML_UUID_HEX", device->index, text, sizeof text))
+        return copy_out(uuid, length, text);
     if (!metrics_value(device->index, "uuid", text, sizeof text))
         snprintf(text, sizeof text, "GPU-5fa0c2d4-0000-4000-8000-%012d", device->index);
     return copy_out(uuid, length, text);

@@ -106,6 +106,10 @@ def _gpus(snap: Snapshot) -> Iterator[Metric]:
                               "driver loaded", labels=[*GPU_LABELS, "type"])
     rows = _gauge(PREFIX + "gpu_remapped_rows", "Remapped memory rows by cause (Ampere+)",
                   [*GPU_LABELS, "cause"])
+    unreadable = _gauge(PREFIX + "gpu_unreadable", "1 for a GPU not served: NVML gave its "
+                        "name, UUID or PCI bus id in bytes that are not UTF-8", ["gpu", "reason"])
+    for index, cause in snap.unreadable:
+        unreadable.add_metric([str(index), cause], 1)
     for gpu in snap.gpus:
         labels = _gpu_labels(gpu, gpu.index)
         if gpu.duty_cycle is not None:
@@ -117,7 +121,7 @@ def _gpus(snap: Snapshot) -> Iterator[Metric]:
             ecc.add_metric([*labels, kind], count)
         for cause, count in sorted(gpu.remapped.items()):
             rows.add_metric([*labels, cause], count)
-    yield from (duty, used, total, temp, power, ecc, rows)
+    yield from (duty, used, total, temp, power, ecc, rows, unreadable)
 
 
 def _gke_triple(suffix: str, labels: list[str]) -> tuple[GaugeMetricFamily, ...]:

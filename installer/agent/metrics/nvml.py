@@ -5,6 +5,11 @@ utilisation samples (nvmlDeviceGetSamples, NVML_GPU_UTILIZATION_SAMPLES) newer t
 last one seen, so every sample counts once; where the GPU or driver has no samples, the
 instant nvmlDeviceGetUtilizationRates, said in the log once and in `utilization_source`.
 One GPU's NVML error leaves the others' readings and the rest of its own.
+
+A GPU's name, UUID and PCI bus id label every series of it; pynvml decodes them as UTF-8
+and raises UnicodeDecodeError when the hardware gave other bytes. Such a GPU is not
+served (no label could name it truthfully): it is listed as unreadable, with the cause,
+and every other GPU is read as usual.
 """
 
 from __future__ import annotations
@@ -26,9 +31,11 @@ _NO_SAMPLES = (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_F
 
 @dataclass
 class PassResult:
-    """One pass: the GPUs read, the CUDA version, and each failure as (source, message)."""
+    """One pass: the GPUs read, the CUDA version, each failure as (source, message), and the
+    GPUs not served as (index, cause)."""
 
     gpus: list[GpuReading] = field(default_factory=list)
+    unreadable: list[tuple[int, str]] = field(default_factory=list)
     cuda_version: str = ""
     failures: list[tuple[str, str]] = field(default_factory=list)
 
@@ -41,6 +48,7 @@ class NvmlReader:
         self.last_seen: dict[str, int] = {}  # UUID -> last sample's timestamp (us)
         self.duty: dict[str, float] = {}  # UUID -> last duty cycle (no new samples: kept)
         self.no_samples_logged: set[str] = set()
+        self.unreadable: dict[int, str] = {}  # index -> cause, said in the log once
 
     def read(self) -> PassResult:
         """Every GPU NVML lists; NVML must be initialised (the agent's `nvml_ready`)."""
@@ -56,19 +64,37 @@ class NvmlReader:
         except pynvml.NVMLError as exc:
             result.failures.append(("nvml", f"nvmlSystemGetCudaDriverVersion: {exc}"))
         for index in range(count):
-            gpu, errors = self._gpu(index)
+            try:
+                gpu, errors = self._gpu(index)
+            except UnicodeDecodeError as exc:
+                gpu, errors = None, [self._unreadable(index, exc)]
+                result.unreadable.append((index, self.unreadable[index]))
+            else:
+                self.unreadable.pop(index, None)
             if gpu is not None:
                 result.gpus.append(gpu)
             result.failures += [("nvml_gpu", f"GPU {index}: {e}") for e in errors[:1]]
         return result
 
+    def _unreadable(self, index: int, exc: UnicodeDecodeError) -> str:
+        """The cause (`name is not UTF-8`), logged once per GPU while it lasts."""
+        what = exc.reason if exc.reason in _IDENTITY else "a string"
+        cause = f"its NVML {what} is not UTF-8"
+        if self.unreadable.get(index) != cause:
+            self.log.warning("GPU not served: unreadable", gpu=index, reason=cause,
+                             raw=repr(exc.object[:64]))
+        self.unreadable[index] = cause
+        return f"{cause}: {exc.object[:64]!r}"
+
     def _gpu(self, index: int) -> tuple[GpuReading | None, list[str]]:
+        """One GPU's readings; UnicodeDecodeError (its `reason` naming the string) when its
+        name, UUID or bus id is not UTF-8."""
         errors: list[str] = []
         try:
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
-            name = _text(pynvml.nvmlDeviceGetName(handle))
-            bus = _text(pynvml.nvmlDeviceGetPciInfo(handle).busId)
+            uuid = _identity("UUID", lambda: pynvml.nvmlDeviceGetUUID(handle))
+            name = _identity("name", lambda: pynvml.nvmlDeviceGetName(handle))
+            bus = _identity("PCI bus id", lambda: pynvml.nvmlDeviceGetPciInfo(handle).busId)
         except pynvml.NVMLError as exc:
             return None, [str(exc)]
 
@@ -148,5 +174,14 @@ def _quiet(fn: Callable[[], T]) -> T | None:
         return None
 
 
-def _text(value: str | bytes) -> str:
-    return value.decode() if isinstance(value, bytes) else value
+_IDENTITY = ("UUID", "name", "PCI bus id")
+
+
+def _identity(what: str, read: Callable[[], str | bytes]) -> str:
+    """A label string from NVML; UnicodeDecodeError whose `reason` is `what` when the bytes
+    are not UTF-8 (pynvml's own decode, or ours of a struct field)."""
+    try:
+        value = read()
+        return value.decode() if isinstance(value, bytes) else value
+    except UnicodeDecodeError as exc:
+        raise UnicodeDecodeError(exc.encoding, exc.object, exc.start, exc.end, what) from exc

@@ -4,18 +4,27 @@
 A private registry with `describe()` (so registering never runs a collection), and a
 collector whose `collect()` cannot raise: a rendering bug costs one group of families,
 not the scrape.
+
+Under load the server stays bounded: the listen backlog holds `LISTEN_BACKLOG` connections
+(Python's default of 5 dropped SYNs, and clients retried for up to ~30 s), at most
+`MAX_THREADS` connections are served at once (the next wait in the backlog, not in a new
+thread), every read waits at most `READ_TIMEOUT_S` (an idle client is disconnected) and a
+connection lives at most `CONNECTION_DEADLINE_S` (a client trickling one byte per read
+timeout is cut off too). One request per connection (HTTP/1.0, as wsgiref serves).
 """
 
 from __future__ import annotations
 
+import contextlib
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from socketserver import ThreadingMixIn
 from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
+import structlog
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
@@ -24,6 +33,10 @@ from installer.agent.metrics.families import sections
 from installer.agent.metrics.snapshot import Snapshot
 
 STALE_INTERVALS = 3  # /healthz fails once no collection finished for this many intervals
+LISTEN_BACKLOG = 256  # connections the kernel queues while every thread is busy
+MAX_THREADS = 16  # connections served at once
+READ_TIMEOUT_S = 5.0  # the longest wait for a client's next bytes
+CONNECTION_DEADLINE_S = 30.0  # the longest a connection is kept, however it trickles
 
 
 class SnapshotCollector(Collector):
@@ -45,8 +58,90 @@ class SnapshotCollector(Collector):
             yield from built
 
 
-class _Server(ThreadingMixIn, WSGIServer):
-    daemon_threads = True  # a stuck scraper never blocks the agent's exit
+class _Reaper:
+    """Shuts down connections older than their deadline (one thread, one check a second):
+    the read timeout bounds each wait, this bounds the whole connection."""
+
+    def __init__(self, limit_s: float) -> None:
+        self.limit_s = limit_s
+        self._open: dict[int, tuple[float, socket.socket]] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        threading.Thread(target=self._run, name="metrics-reaper", daemon=True).start()
+
+    def add(self, conn: socket.socket) -> None:
+        with self._lock:
+            self._open[id(conn)] = (time.monotonic() + self.limit_s, conn)
+
+    def remove(self, conn: socket.socket) -> None:
+        with self._lock:
+            self._open.pop(id(conn), None)
+
+    def _run(self) -> None:
+        while not self._stop.wait(min(1.0, self.limit_s / 4)):
+            now = time.monotonic()
+            with self._lock:
+                late = [conn for deadline, conn in self._open.values() if deadline <= now]
+            for conn in late:  # wakes the handler's blocked read: it sees end-of-file
+                with contextlib.suppress(OSError):
+                    conn.shutdown(socket.SHUT_RDWR)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+class _Server(WSGIServer):
+    """wsgiref's server with a deep backlog and a bounded set of handler threads."""
+
+    request_queue_size = LISTEN_BACKLOG
+
+    def __init__(self, address: tuple[str, int], handler: type[WSGIRequestHandler], *,
+                 max_threads: int, deadline_s: float) -> None:
+        super().__init__(address, handler)
+        self._slots = threading.BoundedSemaphore(max_threads)
+        self._reaper = _Reaper(deadline_s)
+        self._closing = threading.Event()
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """Serve on a thread once one of the slots is free (until then the accept loop
+        waits and new connections queue in the kernel's backlog); a shutdown stops the
+        wait, so the agent's exit never waits on busy slots."""
+        while not self._slots.acquire(timeout=0.5):
+            if self._closing.is_set():
+                self.shutdown_request(request)
+                return
+        try:
+            threading.Thread(target=self._work, args=(request, client_address),
+                             name="metrics-conn", daemon=True).start()
+        except BaseException:
+            self._slots.release()
+            self.shutdown_request(request)
+            raise
+
+    def _work(self, request: socket.socket, client_address: Any) -> None:
+        self._reaper.add(request)
+        try:
+            self.finish_request(request, client_address)
+        except Exception:
+            self.handle_error(request, client_address)
+        finally:
+            self._reaper.remove(request)
+            self.shutdown_request(request)
+            self._slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that timed out or went away is routine; anything else, one line."""
+        error = sys.exc_info()[1]
+        if not isinstance(error, OSError):
+            structlog.get_logger().warning("metrics request failed", detail=repr(error))
+
+    def shutdown(self) -> None:
+        self._closing.set()
+        super().shutdown()
+
+    def server_close(self) -> None:
+        self._reaper.stop()
+        super().server_close()
 
 
 class _Server6(_Server):
@@ -54,6 +149,8 @@ class _Server6(_Server):
 
 
 class _Quiet(WSGIRequestHandler):
+    timeout = READ_TIMEOUT_S  # socketserver sets it on the connection: every read waits so long
+
     def log_message(self, format: str, *args: Any) -> None:
         return  # a scrape every 15 s is not news
 
@@ -82,10 +179,16 @@ def make_app(latest: Callable[[], Snapshot], interval_s: float, log: Any) -> Any
     return app
 
 
-def serve(address: str, port: int, app: Any) -> tuple[WSGIServer, threading.Thread]:
-    """Bind and serve on a daemon thread; OSError if the port is taken."""
+def serve(address: str, port: int, app: Any, *, read_timeout_s: float = READ_TIMEOUT_S,
+          max_threads: int = MAX_THREADS, deadline_s: float = CONNECTION_DEADLINE_S
+          ) -> tuple[WSGIServer, threading.Thread]:
+    """Bind and serve on a daemon thread; OSError if the port is taken. The limits are
+    the module's (tests pass shorter ones)."""
     server_class = _Server6 if ":" in address else _Server
-    httpd = make_server(address, port, app, server_class, handler_class=_Quiet)
+    handler = type("_Handler", (_Quiet,), {"timeout": read_timeout_s})
+    httpd = server_class((address, port), handler, max_threads=max_threads,
+                         deadline_s=deadline_s)
+    httpd.set_app(app)
     thread = threading.Thread(target=httpd.serve_forever, name="metrics-http", daemon=True)
     thread.start()
     return httpd, thread

@@ -62,5 +62,6 @@ class Snapshot:
     fabric: tuple[tuple[int, str], ...] = ()  # (GPU index, state)
     xids: tuple[tuple[str, int, int], ...] = ()  # (GPU, Xid, count)
     gpus: tuple[GpuReading, ...] = ()
+    unreadable: tuple[tuple[int, str], ...] = ()  # (GPU index, cause): GPUs not served
     containers: tuple[ContainerDevices, ...] | None = None  # None: PodResources unavailable
     errors: tuple[tuple[str, int], ...] = ()  # (source, count since the agent started)

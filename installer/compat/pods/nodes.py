@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from installer.compat.pods import fields
 from installer.compat.pods.rules import NodeView
 from installer.compat.pods.workloads import WorkloadError
 from installer.node.documents import read_yaml, show
@@ -57,14 +58,15 @@ def _mapping(found: Any) -> dict[str, Any]:
 
 
 def _node(document: Mapping[str, Any], source: str, driver: str | None) -> NodeView:
-    """One Node document: its labels, NoSchedule/NoExecute taints and allocatable."""
+    """One Node document: its labels, NoSchedule/NoExecute taints and allocatable, each
+    of the type the API gives it (a Node whose fields are of other types is refused)."""
     metadata, spec = _mapping(document.get("metadata")), _mapping(document.get("spec"))
     name = str(metadata.get("name") or "(unnamed)")
+    wrong = fields.node_problem(document)
+    if wrong is not None:
+        raise WorkloadError(f"--node-labels {source}: Node {name}: {wrong.path} {wrong.why}",
+                            remedy=wrong.fix)
     labels = _mapping(metadata.get("labels"))
-    if not all(isinstance(v, str | int | float) and not isinstance(v, bool)
-               for v in labels.values()):
-        raise WorkloadError(f"--node-labels {source}: Node {name} has labels that are not "
-                            "strings", remedy=_REMEDY)
     found = spec.get("taints") or []
     taints = tuple(t for t in found if isinstance(t, dict)) if isinstance(found, list) else ()
     raw = _mapping(document.get("status")).get("allocatable")

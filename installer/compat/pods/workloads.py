@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from installer.compat.pods import shapes
+from installer.compat.pods import fields, shapes
 from installer.compat.pods.template import ShapeError, Template
 from installer.errors import ConfigError, printable
 from installer.node.documents import YamlBudget, read_yaml
@@ -86,9 +86,15 @@ class Documents:
         return bool(self.workloads)
 
 
-def read_input(source: str) -> bytes:
-    """The bytes of FILE, or of stdin for `-`, refusing more than MAX_BYTES; FILE must be a
-    regular file (a FIFO, device, socket or directory is named as such, never read)."""
+WORKLOAD_REMEDY = "give the workload's own manifest (a few KiB)"
+NODES_REMEDY = ("give --node-labels `kubectl get node NAME -o yaml` (one Node) or `kubectl get "
+                "nodes -o yaml` output")
+
+
+def read_input(source: str, *, too_large: str = WORKLOAD_REMEDY) -> bytes:
+    """The bytes of FILE, or of stdin for `-`, refusing more than MAX_BYTES (with the
+    remedy `too_large`: a workload's and a node file's differ); FILE must be a regular file
+    (a FIFO, device, socket or directory is named as such, never read)."""
     if source == "-":
         try:
             data = sys.stdin.buffer.read(MAX_BYTES + 1)
@@ -96,16 +102,18 @@ def read_input(source: str) -> bytes:
             raise WorkloadError(f"cannot read stdin: {exc.strerror or exc}",
                                 remedy="give a readable YAML or JSON file, or - for stdin"
                                 ) from None
-        if len(data) > MAX_BYTES:
-            raise WorkloadError(f"stdin is larger than {MAX_BYTES // (1024 * 1024)} MiB",
-                                remedy="give the workload's own manifest (a few KiB)")
-        return data
-    found = read_regular(Path(source), MAX_BYTES, error=WorkloadError, name=source,
-                         remedy="give a regular YAML or JSON file, or pipe it to - (stdin)")
-    if found is None:
-        raise WorkloadError(f"cannot read {source}: No such file or directory",
-                            remedy="give a readable YAML or JSON file, or - for stdin")
-    return found
+    else:
+        found = read_regular(Path(source), MAX_BYTES, error=WorkloadError, name=source,
+                             oversize=False, remedy="give a regular YAML or JSON file, or "
+                                                    "pipe it to - (stdin)")
+        if found is None:
+            raise WorkloadError(f"cannot read {source}: No such file or directory",
+                                remedy="give a readable YAML or JSON file, or - for stdin")
+        data = found
+    if len(data) > MAX_BYTES:
+        raise WorkloadError(f"{source} is larger than {MAX_BYTES // (1024 * 1024)} MiB",
+                            remedy=too_large)
+    return data
 
 
 @dataclass(frozen=True)
@@ -219,11 +227,19 @@ class _Found:
     def _template(self, document: Mapping[str, Any], kind: str, number: int, where: str,
                   template: Template) -> None:
         spec = _named_containers(template.spec, strict=kind in shapes.BUILT_IN)
+        inside = f" in {template.path}" if template.path else ""
+        base = "" if template.path else "spec"  # a Pod's own PodSpec is its `spec`
+        wrong = fields.spec_problem(template.spec if spec is None else spec, base) \
+            if isinstance(template.spec, Mapping) else None
         if spec is None:
-            inside = f" in {template.path}" if template.path else ""
+            detail = f" ({wrong.path} {wrong.why})" if wrong is not None else ""
             self.problems.append(Problem(
-                f"{where} ({kind}) has no list of named containers{inside}",
+                f"{where} ({kind}) has no list of named containers{inside}{detail}",
                 "the PodSpec needs containers: [{name: ..., image: ...}]"))
+            return
+        if wrong is not None:
+            self.problems.append(Problem(f"{where} ({kind}){inside}: {wrong.path} {wrong.why}",
+                                         wrong.fix))
             return
         found = document.get("metadata")
         metadata: Mapping[str, Any] = found if isinstance(found, Mapping) else {}

@@ -39,6 +39,7 @@ class Entry:
     devices: tuple[int, ...] | None  # None: all
     device_filter: tuple[str, ...]  # PCI ids as `0xDDDDVVVV` (upper case); empty: any GPU
     layout: GpuLayout
+    where: str = ""  # the entry in its file, for an error line
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,7 @@ class Source:
             return {gpu.index: _filled(gpu, self.fill) for gpu in gpus}
         wanted: dict[int, GpuLayout] = {}
         for entry in self.entries:
+            _on_this_node(entry, gpus)
             for gpu in gpus:
                 if entry.devices is not None and gpu.index not in entry.devices:
                     continue
@@ -63,6 +65,20 @@ class Source:
                     continue
                 wanted[gpu.index] = entry.layout  # a later entry wins, as in mig-parted
         return wanted
+
+
+def _on_this_node(entry: Entry, gpus: list[GpuNow]) -> None:
+    """An entry naming a GPU index the node lacks is refused (as mig-parted's `devices`
+    out of range), not quietly applied to the GPUs it does have."""
+    have = sorted(gpu.index for gpu in gpus)
+    lacking = sorted(set(entry.devices or ()) - set(have))
+    if lacking:
+        shown = f"{have[0]} to {have[-1]}" if have == list(range(have[0], have[-1] + 1)) \
+            and len(have) > 2 else ", ".join(map(str, have)) or "none"
+        raise MigConfigError(
+            f"{entry.where}.devices names GPU {', '.join(map(str, lacking))}, which this node "
+            f"lacks (it has {len(have)} GPU{'s' if len(have) != 1 else ''}: {shown})",
+            remedy="name only the node's GPU indexes, or devices: all")
 
 
 def _filled(gpu: GpuNow, profile: str) -> GpuLayout:
@@ -175,29 +191,58 @@ def _entry(raw: Any, where: str) -> Entry:
     devices = _devices(raw.get("devices"), where)
     counts = _mig_devices(raw.get("mig-devices"), f"{where}.mig-devices", enabled=enabled)
     return Entry(devices, _filter(raw.get("device-filter"), where),
-                 GpuLayout(enabled, tuple(sorted(counts.items()))))
+                 GpuLayout(enabled, tuple(sorted(counts.items()))), where)
+
+
+_DEVICES_FIX = "set devices: all, or a list of GPU indexes like [0, 1]"
+_EXAMPLE_ID = "0x20B010DE"
+_MAX_GPUS = 64  # more GPUs than any node has: beyond it an index is a typo
 
 
 def _devices(raw: Any, where: str) -> tuple[int, ...] | None:
+    """mig-parted's `devices`: `all` or a list of GPU indexes (which of them this node has
+    is checked against its GPUs, `_on_this_node`)."""
     if raw == "all":
         return None
-    if (isinstance(raw, list) and raw and all(isinstance(i, int) and not isinstance(i, bool)
-                                              and 0 <= i < 64 for i in raw)):
-        return tuple(sorted(set(raw)))
-    raise MigConfigError(f"{where}.devices is {raw!r}",
-                         remedy="set devices: all, or a list of GPU indexes like [0, 1]")
+    if not isinstance(raw, list) or not raw:
+        raise MigConfigError(f"{where}.devices is {_shown(raw)}, not `all` or a list of GPU "
+                             "indexes", remedy=_DEVICES_FIX)
+    for item in raw:
+        if isinstance(item, bool) or not isinstance(item, int):
+            raise MigConfigError(f"{where}.devices holds {_shown(item)}, not a GPU index",
+                                 remedy=_DEVICES_FIX)
+        if not 0 <= item < _MAX_GPUS:
+            raise MigConfigError(f"{where}.devices holds {_shown(item)}: GPU indexes run from "
+                                 f"0 to {_MAX_GPUS - 1} at most", remedy=_DEVICES_FIX)
+    return tuple(sorted(set(raw)))
+
+
+def _shown(value: Any) -> str:
+    """A value of a config in an error line, bounded (a YAML number may be long)."""
+    text = repr(value) if not isinstance(value, int) or len(str(value)) <= 40 else \
+        f"a number of {len(str(value))} digits"
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _filter(raw: Any, where: str) -> tuple[str, ...]:
     """`device-filter`: one PCI id or a list of them, as `0x20B010DE` (device, vendor)."""
     if raw is None:
         return ()
-    items = [raw] if isinstance(raw, str) else raw
-    if isinstance(items, list) and items and all(
-            isinstance(i, str) and _pci_id(i) is not None for i in items):
-        return tuple(_pci_id(i) or "" for i in items)
-    raise MigConfigError(f"{where}.device-filter is {raw!r}",
-                         remedy="give PCI ids as 0x<device><vendor>, e.g. 0x20B010DE")
+    items = [raw] if isinstance(raw, str | int) and not isinstance(raw, bool) else raw
+    if not isinstance(items, list) or not items:
+        raise MigConfigError(f"{where}.device-filter is {_shown(raw)}",
+                             remedy=f"give PCI ids as 0x<device><vendor>, e.g. {_EXAMPLE_ID}")
+    for item in items:
+        if isinstance(item, int) and not isinstance(item, bool) and 0 <= item < 1 << 32:
+            raise MigConfigError(  # YAML reads an unquoted 0x20B010DE as a number
+                f"{where}.device-filter holds the number {item} (0x{item:08X} unquoted: "
+                "YAML reads 0x... as a number)",
+                remedy=f'quote each PCI id: device-filter: "0x{item:08X}"')
+        if not isinstance(item, str) or _pci_id(item) is None:
+            raise MigConfigError(f"{where}.device-filter holds {_shown(item)}, not a PCI id",
+                                 remedy="give PCI ids as quoted 0x<device><vendor>, e.g. "
+                                        f'"{_EXAMPLE_ID}"')
+    return tuple(_pci_id(i) or "" for i in items)
 
 
 def _pci_id(text: str) -> str | None:

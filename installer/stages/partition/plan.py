@@ -97,8 +97,16 @@ def _well_formed(index: int, wanted: GpuLayout, gpus: dict[int, GpuNow]) -> None
                              remedy="name only the node's GPU indexes (or `all`)")
     for name, count in wanted.devices:
         if not isinstance(name, str) or not PROFILE_NAME.match(name) or not known_profile(name):
-            raise MigConfigError(f"GPU {index}: {name!r} is not a MIG profile NVIDIA defines "
-                                 f"(sizes are named like 1g.10gb or 1g.10gb+me)")
+            gpu = gpus[index]
+            model = mig_model(gpu.name, gpu.memory_mib)
+            where = f"GPU {index} ({gpu.name})"
+            if model is None:
+                raise MigConfigError(f"{where}: {name!r} is not a MIG profile NVIDIA defines, "
+                                     "and this GPU has no MIG",
+                                     remedy="leave MIG off for this GPU (mig-enabled false)")
+            raise MigConfigError(f"{where}: {name!r} is not a MIG profile NVIDIA defines; "
+                                 f"this GPU's profiles are {', '.join(model.profiles)}",
+                                 remedy=f"use one of them (e.g. {next(iter(model.profiles))})")
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise MigConfigError(f"GPU {index}: the count of {name} must be a whole number "
                                  f"of 1 or more, not {count!r}")

@@ -1,0 +1,271 @@
+"""MIG configs that cannot apply to this node: `devices` naming GPUs the node lacks (or not
+GPU indexes at all), profiles NVIDIA does not define (the line lists this GPU's), and
+`device-filter` PCI ids written unquoted (YAML reads `0x20B010DE` as a number: the line
+shows it in hex and says to quote it). Each is exit 2 with one line, before any GPU is
+touched.
+
+The node: 8 A100-40GB GPUs (the NVML stand-in's MIG state in the arena), the driver
+installed once per module (the real CLI, `tests/fakenode_gpus.py`) and the installed node
+copied into each case's arena. Each case runs `partition` sandboxed as the adversarial suite
+does and asserts the exit code, the one line, that no GPU's MIG state changed and that
+nothing in the arena changed but the readiness a refused partition withdraws.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from e2e import INSTALL_DIR, NODE, Scene, add_version, standin_env
+
+from adversarial.harness import (
+    KERNEL_STATE,
+    SANDBOX,
+    SANDBOX_FAILED,
+    Arena,
+    Result,
+    assert_ok,
+    assert_refused,
+    assert_untouched,
+)
+from installer.testing import SAMPLE_NODES, PciSpec, build_node
+
+V = "535.261.03"
+A100 = ("NVIDIA A100-SXM4-40GB", 40960, 0x20B0)
+GPUS = 8
+A100_SIZES = "1g.5gb, 1g.5gb+me, 1g.10gb, 2g.10gb, 3g.20gb, 4g.20gb, 7g.40gb"
+FAKENODE_GPUS = Path(__file__).resolve().parents[1] / "fakenode_gpus.py"
+TIMEOUT = 5  # seconds per refused run
+# What a refused `partition` may change: the readiness it withdraws (the node is not as
+# configured), and the installer's own work area.
+# configured), the installer's own work area, the simulated kernel's and the NVML
+# stand-in's bookkeeping (its lock; a GPU's MIG state is checked on its own).
+WITHDRAWN = (f"node/{INSTALL_DIR}/.ready.json", "node/run/nvidia/validations/",
+             f"node/{INSTALL_DIR}/.lock", f"node/{INSTALL_DIR}/.cache/tmp", KERNEL_STATE,
+             "mig/lock")
+
+
+def _addresses() -> list[str]:
+    return [f"0000:{0x10 + i:02x}:00.0" for i in range(GPUS)]
+
+
+def _env(base: Path) -> dict[str, str]:
+    name, memory, _ = A100
+    env = {**standin_env(V, GPUS), "FAKE_NVML_NAMES": ",".join([name] * GPUS),
+           "FAKE_NVML_MEMORY_MIB": ",".join([str(memory)] * GPUS),
+           "FAKE_NVML_BUS_IDS": ",".join(f"0000{a}" for a in _addresses()),
+           "FAKE_NVML_MIG_DIR": str(base / "mig"),
+           "FAKE_NVML_PROC_DIR": str(base / "node" / "proc"), "FAKE_KERNEL_GPUS": str(GPUS)}
+    from installer.config import SETTINGS
+
+    for setting in SETTINGS:
+        if setting.envvar:
+            env.pop(setting.envvar, None)
+    env.pop("KUBERNETES_SERVICE_HOST", None)
+    return env
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """An 8-GPU A100 node with the driver installed (MIG not configured yet)."""
+    base = tmp_path_factory.mktemp("mig-template")
+    _, _, device = A100
+    spec = dataclasses.replace(SAMPLE_NODES[NODE], pci=tuple(
+        PciSpec(a, device, 0x030200, driver=None) for a in _addresses()))
+    (base / "node").mkdir()
+    build_node(base / "node", spec)
+    scene = Scene(base / "node", base / "repo", base / "work")
+    scene.work.mkdir()
+    add_version(scene, V)
+    (base / "mig").mkdir()
+    done = subprocess.run(
+        [sys.executable, str(FAKENODE_GPUS), "install",
+         *scene.args("--mirror", f"file://{scene.repo}", "--driver-version", V)],
+        capture_output=True, text=True, env=_env(base), timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    shutil.rmtree(scene.work)
+    yield base
+
+
+@pytest.fixture
+def node(installed: Path, tmp_path: Path) -> Arena:
+    """A copy of the installed node in this case's arena, with sentinels outside it."""
+    base = tmp_path / "arena"
+    shutil.copytree(installed, base, symlinks=True)
+    scene = Scene(base / "node", base / "repo", base / "work")
+    scene.work.mkdir()
+    outside = base / "outside"
+    (outside / "etc").mkdir(parents=True)
+    (outside / "etc" / "sentinel.conf").write_text("not the installer's\n")
+    return Arena(base, scene, outside, _env(base))
+
+
+def _run(arena: Arena, *args: str) -> Result:
+    """`fakenode_gpus.py ARGS` (a simulated kernel with 8 GPUs) in the suite's sandbox:
+    every filesystem but the arena read-only (`adversarial.harness.SANDBOX`)."""
+    tmp = arena.scene.work / "tmp"
+    tmp.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", SANDBOX,
+                           "sandbox", str(arena.base), sys.executable, str(FAKENODE_GPUS),
+                           *args], capture_output=True, text=True, timeout=TIMEOUT,
+                          env={**arena.env, "TMPDIR": str(tmp)}, check=False, errors="replace")
+    assert done.returncode != SANDBOX_FAILED, f"sandbox not set up: {done.stderr[-500:]}"
+    return Result(done.returncode, done.stdout, done.stderr)
+
+
+def _partition(arena: Arena, config: str, name: str, *extra: str) -> Result:
+    path = arena.scene.work / "mig.yaml"
+    path.write_text(config)
+    return _run(arena, "partition", *arena.args("--output", "json", "--mig-config-file",
+                                                str(path), "--mig-config", name, *extra))
+
+
+def _config(entry: str) -> str:
+    return f"version: v1\nmig-configs:\n  case:\n{entry}"
+
+
+def _refused(arena: Arena, config: str, *causes: str, dry_run: bool = False) -> None:
+    (arena.scene.work / "mig.yaml").write_text(config)
+    before = arena.snapshot()
+    done = _partition(arena, config, "case", *(("--dry-run",) if dry_run else ()))
+    assert_refused(done, 2, "error(config): [partition] ", *causes)
+    assert done.stdout == ""
+    assert not any((arena.base / "mig").glob("gpu*")), "a GPU's MIG state changed"
+    assert_untouched(before, arena.snapshot(), WITHDRAWN)
+
+
+def test_a_config_naming_only_its_gpus_applies(node: Arena) -> None:
+    """The baseline the cases differ from: GPUs 0 and 7, 7x1g.5gb each."""
+    done = _partition(node, _config('    - devices: [0, 7]\n      mig-enabled: true\n'
+                                    '      mig-devices: {"1g.5gb": 7}\n'
+                                    '      device-filter: "0x20B010DE"\n'), "case", "--dry-run")
+    assert_ok(done)
+    assert json.loads(done.stdout)["changed"] == [0, 7]
+
+
+# ------------------------------------------------------------------------ devices
+
+DEVICES = {
+    "GPUs 9 and 12 of 8": ("[9, 12]", "mig-configs.case[0].devices names GPU 9, 12, which "
+                           "this node lacks (it has 8 GPUs: 0 to 7)"),
+    "GPU 8 beside real ones": ("[0, 1, 8]", "devices names GPU 8, which this node lacks"),
+    "a negative index": ("[-1]", "devices holds -1: GPU indexes run from 0 to 63 at most"),
+    "an index beyond any node": ("[4096]", "devices holds 4096: GPU indexes run from 0 to 63"),
+    "a huge number": ("[" + "9" * 60 + "]", "devices holds a number of 60 digits"),
+    "a string index": ('["0"]', "devices holds '0', not a GPU index"),
+    "a boolean index": ("[true]", "devices holds True, not a GPU index"),
+    "one index, not a list": ("3", "devices is 3, not `all` or a list of GPU indexes"),
+    "ALL in capitals": ("ALL", "devices is 'ALL', not `all` or a list of GPU indexes"),
+    "an empty list": ("[]", "devices is [], not `all` or a list of GPU indexes"),
+}
+
+
+@pytest.mark.parametrize("case", DEVICES)
+def test_devices_the_node_lacks_are_refused(node: Arena, case: str) -> None:
+    devices, said = DEVICES[case]
+    _refused(node, _config(f"    - devices: {devices}\n      mig-enabled: true\n"
+                           '      mig-devices: {"1g.5gb": 7}\n'),
+             said, "fix: ")
+
+
+def test_devices_the_node_lacks_are_refused_in_a_dry_run_too(node: Arena) -> None:
+    _refused(node, _config("    - devices: [9, 12]\n      mig-enabled: false\n"),
+             "devices names GPU 9, 12, which this node lacks", dry_run=True)
+
+
+def test_a_later_entry_naming_a_lacking_gpu_stops_the_earlier_ones(node: Arena) -> None:
+    """Nothing is applied when any entry cannot be: the first entry is fine on its own."""
+    _refused(node, _config('    - devices: all\n      mig-enabled: true\n'
+                           '      mig-devices: {"1g.5gb": 7}\n'
+                           "    - devices: [8]\n      mig-enabled: false\n"),
+             "mig-configs.case[1].devices names GPU 8")
+
+
+# ----------------------------------------------------------------------- profiles
+
+PROFILES = {
+    "a size no GPU has": '"1g.6gb"',
+    "a slice count above 7": '"9g.40gb"',
+    "not a profile's shape": '"big"',
+    "a number": "7",
+}
+
+
+@pytest.mark.parametrize("case", PROFILES)
+def test_an_unknown_profile_lists_this_gpus_sizes(node: Arena, case: str) -> None:
+    profile = PROFILES[case]
+    _refused(node, _config(f"    - devices: [0]\n      mig-enabled: true\n"
+                           f"      mig-devices: {{{profile}: 1}}\n"),
+             "GPU 0 (NVIDIA A100-SXM4-40GB): ", "is not a MIG profile NVIDIA defines; this "
+             f"GPU's profiles are {A100_SIZES}", "fix: use one of them")
+
+
+def test_an_unknown_mig_profile_setting_lists_them_too(node: Arena) -> None:
+    """MIG_PROFILE (one size for every GPU), as GKE's gpu-partition-size would say it."""
+    before = node.snapshot()
+    done = _run(node, "partition", *node.args("--mig-profile", "1g.6gb", "--dry-run"))
+    assert_refused(done, 2, "GPU 0 (NVIDIA A100-SXM4-40GB): '1g.6gb' is not a MIG profile",
+                   f"this GPU's profiles are {A100_SIZES}")
+    assert_untouched(before, node.snapshot(), WITHDRAWN)
+
+
+def test_an_unknown_gke_partition_size_lists_them_too(node: Arena) -> None:
+    """GKE's /etc/nvidia/gpu_config.json on the node (a node pool's gpu-partition-size)."""
+    gke = node.root / "etc/nvidia/gpu_config.json"
+    gke.parent.mkdir(parents=True, exist_ok=True)
+    gke.write_text(json.dumps({"GPUPartitionSize": "2g.12gb"}))
+    before = node.snapshot()
+    done = _run(node, "partition", *node.args("--dry-run"))
+    assert_refused(done, 2, "GPU 0 (NVIDIA A100-SXM4-40GB): '2g.12gb' is not a MIG profile",
+                   f"this GPU's profiles are {A100_SIZES}")
+    assert_untouched(before, node.snapshot(), WITHDRAWN)
+
+
+def test_a_size_of_another_model_is_exit_14_with_the_sizes(node: Arena) -> None:
+    """3g.40gb is NVIDIA's (an A100-80GB's), not an A100-40GB's: the layout cannot fit
+    this GPU (14), and the line lists the sizes it offers."""
+    config = _config('    - devices: all\n      mig-enabled: true\n'
+                     '      mig-devices: {"3g.40gb": 2}\n')
+    before = node.snapshot()
+    done = _partition(node, config, "case")
+    assert_refused(done, 14, "GPU 0 (NVIDIA A100-SXM4-40GB, 40960 MiB) has no MIG size "
+                   "3g.40gb; it offers 1g.5gb (x7), 1g.5gb+me (x1), 1g.10gb (x4), 2g.10gb (x3), "
+                   "3g.20gb (x2), 4g.20gb (x1), 7g.40gb (x1)")
+    assert_untouched(before, node.snapshot(), WITHDRAWN)
+
+
+# ------------------------------------------------------------------ device-filter
+
+FILTERS = {
+    "one id unquoted": ("0x20B010DE", 'device-filter holds the number 548409566 (0x20B010DE '
+                        'unquoted', 'fix: quote each PCI id: device-filter: "0x20B010DE"'),
+    "an unquoted id in a list": ('["0x20B210DE", 0x20B010DE]',
+                                 "holds the number 548409566 (0x20B010DE unquoted",
+                                 'quote each PCI id: device-filter: "0x20B010DE"'),
+    "a short id": ('"0x20B0"', "device-filter holds '0x20B0', not a PCI id",
+                   'e.g. "0x20B010DE"'),
+    "a mapping": ("{device: 0x20B0}", "device-filter is {'device': 8368}", "0x<device><vendor>"),
+    "an empty list": ("[]", "device-filter is []", "0x<device><vendor>"),
+}
+
+
+@pytest.mark.parametrize("case", FILTERS)
+def test_an_unquoted_or_malformed_device_filter_is_refused(node: Arena, case: str) -> None:
+    value, said, fix = FILTERS[case]
+    _refused(node, _config(f"    - devices: all\n      device-filter: {value}\n"
+                           "      mig-enabled: false\n"), said, fix)
+
+
+def test_the_refusals_never_reached_nvml_writes(node: Arena) -> None:
+    """The stand-in's MIG state stays empty across every kind of refusal in one node."""
+    for config in (_config("    - devices: [9]\n      mig-enabled: false\n"),
+                   _config('    - devices: all\n      mig-enabled: true\n'
+                           '      mig-devices: {"1g.6gb": 7}\n')):
+        assert _partition(node, config, "case").code == 2
+    assert not any((node.base / "mig").glob("gpu*"))
