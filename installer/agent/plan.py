@@ -18,9 +18,11 @@ from installer.config import Config
 from installer.installdir.daemons import StagedDaemon, require_daemons, staged_daemons
 from installer.installdir.layout import install_root
 from installer.node.fabric import FabricKind, fabric_kind
+from installer.node.files import read_capped
 from installer.node.host import Host, write_atomic
 
 FM_CONFIG_COPY = "fabricmanager.cfg"
+_MAX_FM_CONFIG = 1024 * 1024  # the shipped config is a few KiB
 PATH_FIELDS = ("TOPOLOGY_FILE_PATH", "DATABASE_PATH")  # /usr/share/nvidia/nvswitch upstream
 
 
@@ -86,8 +88,8 @@ def _fm_config(fm: StagedDaemon, overrides: Mapping[str, str], work: Path) -> Pa
     text = ""
     if fm.config is not None:
         try:
-            text = fm.config.read_text(encoding="utf-8", errors="replace")
-        except OSError:
+            text = read_capped(fm.config, _MAX_FM_CONFIG).decode("utf-8", errors="replace")
+        except OSError:  # absent, unreadable, or not a regular file
             text = ""
     # the topology files and database sit beside the staged config, not in /usr/share
     beside = {} if fm.config is None else {key: str(fm.config.parent) for key in PATH_FIELDS}

@@ -24,8 +24,15 @@ from typing import Any
 
 from installer.config import Config
 from installer.installdir.layout import AGENT_DIR, AGENT_VIEW
-from installer.installdir.readiness import check_ready, clear_readiness, ready_paths
+from installer.installdir.readiness import (
+    READY_FREE_TEXT,
+    check_ready,
+    clear_readiness,
+    ready_paths,
+)
 from installer.node import kmod
+from installer.node.documents import DocumentError, read_document
+from installer.node.files import read_capped
 from installer.node.host import Host, write_atomic
 
 VIEW_FILE = AGENT_VIEW
@@ -109,14 +116,15 @@ class Keeper:
     def _load_saved(self) -> Saved | None:
         """A copy an earlier agent kept, if it is for the driver the kernel has now."""
         directory = work_dir(self.config, self.host)
-        try:
-            ready = (directory / SAVED_READY).read_bytes()[:MAX_VIEW * 4]
-            env = (directory / SAVED_ENV).read_bytes()[:MAX_VIEW]
-            document = json.loads(ready)
-        except (OSError, ValueError):
+        try:  # regular files only: a FIFO planted there must not hang the agent
+            ready = read_capped(directory / SAVED_READY, MAX_VIEW * 4)
+            env = read_capped(directory / SAVED_ENV, MAX_VIEW)
+            document = read_document(ready, name=SAVED_READY, limit=MAX_VIEW * 4,
+                                     free_text=READY_FREE_TEXT)
+        except (OSError, DocumentError):
             return None
         loaded = kmod.loaded_driver(self.host)
-        version = document.get("driver_version") if isinstance(document, dict) else None
+        version = document.get("driver_version")
         if loaded is None or loaded.version != version:
             return None
         return Saved(ready, env, str(version))
@@ -132,11 +140,10 @@ def write_view(config: Config, host: Host, view: dict[str, Any]) -> None:
 def read_view(config: Config, host: Host) -> dict[str, Any] | None:
     """The agent's last view, or None (absent or unreadable)."""
     path = host.roots.node(config.install_dir) / VIEW_FILE
-    with contextlib.suppress(OSError, ValueError):
-        data = host.read_bytes(path, MAX_VIEW)
-        document = json.loads(data) if data is not None else None
-        if isinstance(document, dict):
-            return document
+    with contextlib.suppress(OSError, DocumentError):
+        data = host.read_bytes(path, MAX_VIEW + 1)
+        return None if data is None else read_document(data, name=VIEW_FILE, limit=MAX_VIEW,
+                                                      any_text=True)
     return None
 
 

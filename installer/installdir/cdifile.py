@@ -26,6 +26,7 @@ from installer.installdir import cdi, cdimig
 from installer.installdir.layout import CDI_RECORD
 from installer.installdir.ownership import guard_cdi
 from installer.installdir.versions import current_name
+from installer.node.documents import DocumentError, read_json_file
 from installer.node.host import Host, Roots, write_atomic
 
 SPEC_FILE = "gpu-node-installer-nvidia.json"
@@ -131,10 +132,10 @@ def read_record(install: Path) -> dict[str, Any]:
     """`.cdi.json`, or {} when absent or malformed (then nothing counts as ours)."""
     path = install / CDI_RECORD
     try:
-        if path.is_symlink() or not path.is_file():
+        if path.is_symlink():
             return {}
-        data = json.loads(path.read_bytes()[:_MAX_RECORD_BYTES])
-    except (OSError, ValueError):
+        data = read_json_file(path, limit=_MAX_RECORD_BYTES)
+    except (OSError, DocumentError):
         return {}
     if not isinstance(data, dict) or not _our_name(data.get("path")):
         return {}

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from installer.installdir.layout import MIG_RECORD
+from installer.node.documents import DocumentError, read_json_file
 
 _MAX_BYTES = 256 * 1024
 
@@ -22,9 +23,8 @@ def read(install_root: Path) -> dict[str, Any] | None:
     devices, mig_devices: [{index, uuid, gi, ci}]}]}` or None
     (absent or unreadable: the node's MIG is not ours to describe)."""
     try:
-        with open(install_root / MIG_RECORD, "rb") as handle:
-            data = json.loads(handle.read(_MAX_BYTES))
-    except (OSError, ValueError):
+        data = read_json_file(install_root / MIG_RECORD, limit=_MAX_BYTES)
+    except DocumentError:
         return None
     if not isinstance(data, dict) or not isinstance(data.get("gpus"), list):
         return None

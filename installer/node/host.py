@@ -14,12 +14,13 @@ import subprocess
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import BinaryIO, Protocol
+from typing import Protocol
 
 from installer.config import Config
 from installer.errors import UnsupportedNodeError, space_for
 from installer.node import confine as _confine
 from installer.node import syscalls
+from installer.node.files import NodeFileError, NotRegularFile, read_capped
 
 
 @dataclass(frozen=True)
@@ -78,19 +79,6 @@ class Roots:
             return path
         return _confine.resolve(self.host, PurePosixPath(relative.as_posix()),
                                 follow_last=False)
-
-
-def _read_chunks(handle: BinaryIO, limit: int) -> bytes:
-    """Read in small chunks: procfs and sysfs refuse (ENOMEM) one huge read() count."""
-    chunks: list[bytes] = []
-    remaining = limit
-    while remaining > 0:
-        chunk = handle.read(min(65536, remaining))
-        if not chunk:
-            break
-        chunks.append(chunk)
-        remaining -= len(chunk)
-    return b"".join(chunks)
 
 
 @dataclass(frozen=True)
@@ -167,10 +155,11 @@ class RealHost:
 
     def read_bytes(self, path: Path, limit: int = 16 * 1024 * 1024) -> bytes | None:
         try:
-            with self.roots.confine(path).open("rb", buffering=0) as handle:
-                return _read_chunks(handle, limit)
+            return read_capped(self.roots.confine(path), limit)
         except (FileNotFoundError, NotADirectoryError):
             return None
+        except NotRegularFile as exc:  # a FIFO would block, a device never end
+            raise NodeFileError(path, exc.strerror or "not a regular file") from None
         except PermissionError as exc:
             raise UnsupportedNodeError(
                 f"cannot read {path}: permission denied",

@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from installer.errors import LockHeldError, StagingError
+from installer.node.files import read_capped
 
 POLL_SECONDS = 0.2
 WaitHook = Callable[[int | None], None]
@@ -65,7 +66,7 @@ def _acquire(fd: int, path: Path, timeout: float, on_wait: WaitHook | None) -> N
 def holder_pid(path: Path) -> int | None:
     """The PID the current holder wrote, if readable."""
     try:
-        text = path.read_text(encoding="utf-8").strip()
+        text = read_capped(path, 64).decode("utf-8", "replace").strip()  # regular files only
     except OSError:
         return None
     return int(text) if text.isdigit() else None

@@ -28,10 +28,12 @@ from pathlib import Path
 from typing import IO, Any
 
 from installer.errors import StagingError, disk_full, space_for
+from installer.node.files import read_capped
 from installer.node.host import rename_confined
 from installer.packages.documents import DocumentError, read_document, read_file
 from installer.packages.manifest import (
     HASH_CHUNK,
+    MAX_MANIFEST_BYTES,
     FileEntry,
     Manifest,
     ManifestError,
@@ -226,7 +228,7 @@ class Cache:
     def manifest_data(self, digest: str) -> bytes | None:
         path = self.blob(digest)
         try:
-            data = path.read_bytes()
+            data = read_capped(path, MAX_MANIFEST_BYTES + 1)  # a regular file, bounded
         except OSError:
             return None
         return data if hashlib.sha256(data).hexdigest() == digest else None

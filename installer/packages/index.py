@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from installer.errors import ConfigError, IntegrityError
+from installer.node.documents import read_document
+from installer.node.files import read_regular
 from installer.node.host import write_atomic
 from installer.packages.manifest import FLAVOURS, MANIFEST_NAME, MAX_MANIFEST_BYTES, sha256_hex
 from installer.packages.repository import (
@@ -102,10 +104,9 @@ def index_repository(repo: Path, aliases: dict[str, str]) -> IndexResult:
 
 def _old_index(repo: Path) -> Index:
     path = repo / INDEX_NAME
-    if not path.is_file():
-        return Index()
-    with path.open("rb") as handle:
-        return parse_index(handle.read(MAX_INDEX_BYTES + 1), str(path))
+    data = read_regular(path, MAX_INDEX_BYTES, error=RepositoryIndexError, oversize=False,
+                        remedy="remove it (it is rewritten from the packages)")
+    return Index() if data is None else parse_index(data, str(path))
 
 
 def _places(repo: Path) -> list[Path]:
@@ -167,16 +168,16 @@ def _receipt_file(repo: Path, place: Path) -> Path:
 
 def _receipt(repo: Path, relpath: str) -> str | None:
     path = repo / RECEIPTS / f"{relpath}.sha256"
-    if not path.is_file():
-        return None
-    with path.open("rb") as handle:
-        return handle.read(_RECEIPT_BYTES).decode(errors="replace").strip()
+    data = read_regular(path, _RECEIPT_BYTES, error=RepositoryIndexError,
+                        remedy="remove it and rerun that package's shard")
+    return None if data is None else data.decode(errors="replace").strip()
 
 
 def _verified(place: Path, relpath: str, expected: str) -> Candidate:
     """The package at `place`, once its manifest digest and every file check out."""
-    with (place / MANIFEST_NAME).open("rb") as handle:
-        digest = sha256_hex(handle.read(MAX_MANIFEST_BYTES + 1))
+    data = read_regular(place / MANIFEST_NAME, MAX_MANIFEST_BYTES, oversize=False,
+                        error=RepositoryIndexError)
+    digest = sha256_hex(data or b"")
     if digest != expected:
         raise RepositoryIndexError(
             f"{relpath}/{MANIFEST_NAME} has sha256 {digest[:16]}..., but its build recorded "
@@ -212,10 +213,12 @@ def parse_aliases(pairs: tuple[str, ...], from_file: Path | None) -> dict[str, s
     `NAME=VERSION` flags (which win), checked as index.json checks them."""
     aliases: dict[str, str] = {}
     if from_file is not None:
-        try:
-            data = json.loads(from_file.read_bytes()[:MAX_INDEX_BYTES])
-        except (OSError, ValueError) as exc:
-            raise ConfigError(f"--aliases-from {from_file}: {exc}") from None
+        where = f"--aliases-from {from_file}"
+        raw = read_regular(from_file, MAX_INDEX_BYTES, error=ConfigError, name=where)
+        if raw is None:
+            raise ConfigError(f"{where}: no such file",
+                              remedy="give an index.json or a JSON object of name -> version")
+        data = read_document(raw, name=where, limit=MAX_INDEX_BYTES, error=ConfigError)
         table = data.get("aliases", data) if isinstance(data, dict) else data
         aliases.update(_checked(table, f"--aliases-from {from_file}"))
     for pair in pairs:

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from installer.compat.nodelabels import OWN_PREFIX
 from installer.errors import UpgradeTimeoutError
 from installer.node import kmod, kube
+from installer.node.documents import DocumentError, read_document
 from installer.node.holders import Holder
 from installer.stages import load
 
@@ -42,6 +43,7 @@ PAUSED_LABELS = f"{OWN_PREFIX}/paused-labels"  # annotation: JSON {label: previo
 # the operator's driver DaemonSet is not a GPU client: the installer replaces it, as NVIDIA's
 # driver manager leaves its own label alone
 _NOT_PAUSED = (f"{DEPLOY_PREFIX}driver",)
+_MAX_ANNOTATION_BYTES = 256 * 1024  # all of an object's annotations, the API server's cap
 _DONE_PHASES = ("Succeeded", "Failed")
 
 
@@ -225,11 +227,11 @@ def _paused_before(node: dict[str, Any]) -> dict[str, str]:
     """Our annotation: the labels this installer paused and their values before."""
     annotations = node.get("metadata", {}).get("annotations") or {}
     try:
-        found = json.loads(annotations.get(PAUSED_LABELS) or "{}")
-    except ValueError:
+        found = read_document(str(annotations.get(PAUSED_LABELS) or "{}").encode(
+            "utf-8", "replace"), name=PAUSED_LABELS, limit=_MAX_ANNOTATION_BYTES)
+    except DocumentError:
         return {}
-    return {str(k): str(v) for k, v in found.items() if str(k).startswith(DEPLOY_PREFIX)} \
-        if isinstance(found, dict) else {}
+    return {str(k): str(v) for k, v in found.items() if str(k).startswith(DEPLOY_PREFIX)}
 
 
 def _labels(node: dict[str, Any]) -> dict[str, Any]:

@@ -263,7 +263,7 @@ class TestBadInput:
          "(Deployment) has no spec.template.spec"),
         ("kind: Pod\nspec: {containers: [{name: c}]}\n", "has no apiVersion or kind"),
         ("", "holds no workload"),
-        ("[" * 5000, "not valid YAML or JSON"),
+        ("[" * 5000, "nested deeper than 100 levels"),
     ])
     def test_one_line_exit_2(self, tmp_path: Path, content: str, message: str) -> None:
         path = tmp_path / "bad.yaml"

@@ -72,8 +72,8 @@ class TestGke:
             config.find(make_ctx(root))
 
     @pytest.mark.parametrize(("text", "names"), [
-        ("{not json", "is not JSON"),
-        ("[1, 2]", "is not a JSON object"),
+        ("{not json", "not valid JSON"),
+        ("[1, 2]", "not an object"),
         ('{"GPUPartitionSize": 7}', "GPUPartitionSize is 7"),
     ])
     def test_malformed(self, tmp_path: Path, text: str, names: str) -> None:

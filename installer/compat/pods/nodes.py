@@ -10,6 +10,7 @@ from typing import Any
 from installer.compat.pods import fields
 from installer.compat.pods.rules import NodeView
 from installer.compat.pods.workloads import WorkloadError
+from installer.node.documents import read_yaml, show
 
 _REMEDY = "give `kubectl get node NAME -o yaml` (or `get nodes`) output or a mapping of labels"
 
@@ -20,11 +21,15 @@ def node_views_from_document(data: bytes, source: str, driver: str | None) -> \
     import yaml  # type: ignore[import-untyped]
 
     try:
-        document = yaml.safe_load(data)
-    except yaml.YAMLError as exc:
+        documents = read_yaml(data, name=f"--node-labels {source}", error=WorkloadError)
+    except (yaml.YAMLError, ValueError, TypeError, OverflowError) as exc:
         raise WorkloadError(f"--node-labels {source} is not valid YAML or JSON: "
-                            f"{getattr(exc, 'problem', None) or type(exc).__name__}",
+                            f"{show(getattr(exc, 'problem', None) or type(exc).__name__)}",
                             remedy=_REMEDY) from None
+    if len(documents) > 1:
+        raise WorkloadError(f"--node-labels {source} holds {len(documents)} documents, not one",
+                            remedy=_REMEDY)
+    document = documents[0] if documents else None
     if isinstance(document, dict) and document.get("kind") == "List" \
             and isinstance(document.get("items"), list) and document["items"]:
         items = document["items"]

@@ -18,6 +18,8 @@ from typing import Any
 from installer.compat.pods import fields, shapes
 from installer.compat.pods.template import ShapeError, Template
 from installer.errors import ConfigError, printable
+from installer.node.documents import YamlBudget, read_yaml
+from installer.node.files import read_regular
 
 MAX_BYTES = 4 * 1024 * 1024
 # A line that starts a YAML document; no document's content can start with it at column 0.
@@ -91,16 +93,23 @@ NODES_REMEDY = ("give --node-labels `kubectl get node NAME -o yaml` (one Node) o
 
 def read_input(source: str, *, too_large: str = WORKLOAD_REMEDY) -> bytes:
     """The bytes of FILE, or of stdin for `-`, refusing more than MAX_BYTES (with the
-    remedy `too_large`: a workload's and a node file's differ)."""
-    try:
-        if source == "-":
+    remedy `too_large`: a workload's and a node file's differ); FILE must be a regular file
+    (a FIFO, device, socket or directory is named as such, never read)."""
+    if source == "-":
+        try:
             data = sys.stdin.buffer.read(MAX_BYTES + 1)
-        else:
-            with Path(source).open("rb") as handle:
-                data = handle.read(MAX_BYTES + 1)
-    except OSError as exc:
-        raise WorkloadError(f"cannot read {source}: {exc.strerror or exc}",
-                            remedy="give a readable YAML or JSON file, or - for stdin") from None
+        except OSError as exc:
+            raise WorkloadError(f"cannot read stdin: {exc.strerror or exc}",
+                                remedy="give a readable YAML or JSON file, or - for stdin"
+                                ) from None
+    else:
+        found = read_regular(Path(source), MAX_BYTES, error=WorkloadError, name=source,
+                             oversize=False, remedy="give a regular YAML or JSON file, or "
+                                                    "pipe it to - (stdin)")
+        if found is None:
+            raise WorkloadError(f"cannot read {source}: No such file or directory",
+                                remedy="give a readable YAML or JSON file, or - for stdin")
+        data = found
     if len(data) > MAX_BYTES:
         raise WorkloadError(f"{source} is larger than {MAX_BYTES // (1024 * 1024)} MiB",
                             remedy=too_large)
@@ -146,12 +155,17 @@ def read_documents(data: bytes, source: str) -> Documents:
 def _read(data: bytes, source: str) -> tuple[Documents, list[Problem]]:
     import yaml  # type: ignore[import-untyped]  # only check-pod needs it
 
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # both are safe loaders
     found = _Found(source)
+    budget = YamlBudget()  # one input's bounds, whatever the number of its documents
     number = 0
     for first_line, chunk in _chunks(_text(data, source)):
         try:
-            loaded = [d for d in yaml.load_all(chunk, Loader=loader) if d is not None]
+            loaded = read_yaml(chunk, name=f"{source} document {number + 1}",
+                               error=WorkloadError, budget=budget)
+        except WorkloadError as exc:  # past a bound: this document only, the rest is read
+            number += 1
+            found.problems.append(Problem(exc.message, exc.remedy))
+            continue
         except (yaml.YAMLError, ValueError, TypeError, OverflowError, RecursionError,
                 MemoryError) as exc:
             number += 1

@@ -17,13 +17,13 @@ instant leaves nothing listed that is not whole; rerunning the shard replaces it
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from installer.node.documents import read_json_file
 from installer.node.host import write_atomic
 from installer.packages.build import BuildRequest, BuildResult
 from installer.packages.build.headers import group_headers
@@ -74,10 +74,10 @@ def _costs(path: Path | None) -> dict[str, float]:
     """`{"<release> <flavour>": seconds}` from an earlier build (see docs/build-farm.md)."""
     if path is None:
         return {}
-    try:
-        data = json.loads(path.read_bytes()[:_MAX_COSTS_BYTES])
-    except (OSError, ValueError) as exc:
-        raise PackageBuildError(f"--shard-costs {path}: {exc}") from None
+    data = read_json_file(path, limit=_MAX_COSTS_BYTES, name=f"--shard-costs {path}",
+                          error=PackageBuildError)
+    if data is None:
+        raise PackageBuildError(f"--shard-costs {path}: no such file")
     if not isinstance(data, dict) or not all(
             isinstance(k, str) and isinstance(v, int | float) and not isinstance(v, bool)
             and v >= 0 for k, v in data.items()):

@@ -20,7 +20,9 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
+from installer.errors import InstallerError
 from installer.node import kmod
+from installer.node.documents import read_document
 from installer.node.host import Host, write_atomic
 
 NVIDIA_MAJOR = 195
@@ -193,8 +195,9 @@ def read_record(host: Host, record: Path) -> dict[str, Identity]:
     """The nodes this installer made in this boot (none when the record is from another
     boot, absent or unreadable: then nothing counts as ours)."""
     try:
-        data = json.loads(host.read_bytes(record, _MAX_RECORD_BYTES) or b"{}")
-    except (ValueError, OSError):
+        data = read_document(host.read_bytes(record, _MAX_RECORD_BYTES + 1) or b"{}",
+                             name=str(record), limit=_MAX_RECORD_BYTES)
+    except (InstallerError, OSError):  # malformed, or not a regular file
         return {}
     if not isinstance(data, dict) or data.get("boot_id") != _boot_id(host):
         return {}

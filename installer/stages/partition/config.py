@@ -12,7 +12,6 @@ A malformed source is MigConfigError (exit 2) naming the file, the field and the
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -22,6 +21,8 @@ from typing import Any
 from installer.compat.mig import mig_model
 from installer.context import Context
 from installer.errors import MigConfigError
+from installer.node.documents import read_document, read_yaml
+from installer.node.files import read_regular
 from installer.stages.partition.plan import GpuLayout, GpuNow
 
 GKE_CONFIG = PurePosixPath("/etc/nvidia/gpu_config.json")
@@ -111,25 +112,18 @@ def find(ctx: Context) -> Source | None:
 def _read(path: Path) -> str | None:
     """The file's text (None: absent); a directory, FIFO, unreadable or oversized file is
     refused naming it (opened non-blocking: a FIFO in its place cannot hang the run)."""
-    from installer.packages.documents import DocumentError, read_file
-
-    try:
-        data = read_file(path, _MAX_BYTES)
-    except DocumentError as exc:
-        raise MigConfigError(exc.message, remedy="make it a readable file, or remove it"
-                             ) from exc
-    if data is not None and len(data) > _MAX_BYTES:
-        raise MigConfigError(f"{path} is larger than 1 MiB",
-                             remedy="point at a MIG config, not another file")
+    data = read_regular(path, _MAX_BYTES, error=MigConfigError,
+                        remedy="make it a regular, readable file, or remove it")
     return None if data is None else data.decode("utf-8", errors="replace")
 
 
 def gke_source(text: str, path: PurePosixPath | str) -> Source | None:
     """GKE's file: `GPUPartitionSize` names one profile; empty or absent means none."""
     try:
-        document = json.loads(text)
-    except ValueError as exc:
-        raise MigConfigError(f"{path} is not JSON ({exc})",
+        document = read_document(text.encode("utf-8", "replace"), name=str(path),
+                                 limit=_MAX_BYTES, error=MigConfigError)
+    except MigConfigError as exc:  # the bounded loader's line, with this file's remedy
+        raise MigConfigError(exc.message,
                              remedy=f'write {{"{GKE_FIELD}": "1g.5gb"}} or remove the file'
                              ) from None
     if not isinstance(document, dict):
@@ -150,13 +144,14 @@ def mig_parted_source(text: str, path: str, name: str | None) -> Source:
     import yaml  # type: ignore[import-untyped]
 
     try:
-        document = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
+        documents = read_yaml(text, name=path, error=MigConfigError)
+    except (yaml.YAMLError, ValueError, TypeError, OverflowError) as exc:
         where = getattr(exc, "problem_mark", None)
         line = f" at line {where.line + 1}" if where is not None else ""
         raise MigConfigError(f"{path} is not YAML{line}",
                              remedy="fix the YAML (mig-parted's format: version: v1, "
                                     "mig-configs)") from None
+    document = documents[0] if len(documents) == 1 else None
     if not isinstance(document, dict) or document.get("version") != "v1":
         raise MigConfigError(f"{path}: version is not v1",
                              remedy="start the file with `version: v1` (mig-parted's format)")
