@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import reprlib
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
@@ -192,6 +193,23 @@ def _check_text(text: str, where: str, refused: re.Pattern[str]) -> None:
 def show(text: str, limit: int = 80) -> str:
     """A piece of a hostile document as printable ASCII, for one-line messages."""
     return ascii(text[:limit]) + ("..." if len(text) > limit else "")
+
+
+_BOUNDED = reprlib.Repr()  # keyword arguments only from Python 3.12
+_BOUNDED.maxlevel, _BOUNDED.maxstring, _BOUNDED.maxlong, _BOUNDED.maxother = 2, 60, 40, 60
+_BOUNDED.maxdict = _BOUNDED.maxlist = _BOUNDED.maxtuple = _BOUNDED.maxset = 4
+
+
+def quote(value: object, limit: int = 80) -> str:
+    """Any parsed value (a string, a 4 MiB list, a 5000-digit int) as a bounded, printable
+    prefix: error lines quote what they refuse, never the whole of it."""
+    if isinstance(value, str):
+        return show(value, limit)
+    try:
+        shown = ascii(_BOUNDED.repr(value))[1:-1]  # Python's own notation, not quoted again
+    except ValueError:  # an int past Python's 4300-digit str() limit, however deep
+        return "<a number too long to show>"
+    return shown[:limit] + ("..." if len(shown) > limit else "")
 
 
 # YAML: what the API server's own YAML reader (go-yaml) allows a document to expand to, and

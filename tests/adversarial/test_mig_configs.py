@@ -269,3 +269,31 @@ def test_the_refusals_never_reached_nvml_writes(node: Arena) -> None:
                            '      mig-devices: {"1g.6gb": 7}\n')):
         assert _partition(node, config, "case").code == 2
     assert not any((node.base / "mig").glob("gpu*"))
+
+
+BOUNDED = {
+    "a 1000-character field name": ('{"devices": "all", "mig-enabled": true, "'
+                                     + "f" * 1000 + '": 1}', "has unknown field 'fff"),
+    "a 5000-digit count": ('{"devices": "all", "mig-enabled": true, "mig-devices": '
+                           '{"1g.5gb": ' + "9" * 5000 + "}}", "holds a value YAML cannot build"),
+    "a 1000-character profile": ('{"devices": "all", "mig-enabled": true, "mig-devices": {"'
+                                  + "1g." * 333 + '": 1}}', "is not a MIG profile"),
+    "a count that is a long list": ('{"devices": "all", "mig-enabled": true, "mig-devices": '
+                                     '{"1g.5gb": [' + ",".join(["1"] * 50_000) + "]}}",
+                                     "is [1, 1, 1, 1, ...]"),
+}
+
+
+@pytest.mark.parametrize("case", BOUNDED)
+def test_a_refused_value_is_quoted_by_a_bounded_prefix(node: Arena, case: str) -> None:
+    """A refusal names the value it refuses by its first characters, never the whole of it:
+    the one line stays short however large the config's value (YAML itself caps a key at
+    1024 characters)."""
+    entry, cause = BOUNDED[case]
+    config = _config(f"    - {entry}\n")
+    (node.scene.work / "mig.yaml").write_text(config)
+    before = node.snapshot()
+    done = _partition(node, config, "case", "--dry-run")
+    assert_refused(done, 2, "error(config): [partition] ", cause)
+    assert max(len(line) for line in done.lines) < 500, "a refusal quoted a whole value"
+    assert_untouched(before, node.snapshot(), WITHDRAWN)

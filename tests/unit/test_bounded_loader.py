@@ -18,6 +18,7 @@ from installer.node.documents import (
     YAML_MAX_EXPANSION,
     DocumentError,
     YamlBudget,
+    quote,
     read_document,
     read_json_file,
     read_yaml,
@@ -94,3 +95,19 @@ def test_reader_limits_and_absence(tmp_path: Path) -> None:
     assert read_regular(path, 10, error=ConfigError, oversize=False) == b"x" * 11
     path.write_bytes(b'{"a": 1}')
     assert read_json_file(path, limit=100) == {"a": 1}
+
+
+@pytest.mark.parametrize(("value", "shown"), [
+    ("x" * 10_000, "'" + "x" * 80 + "'..."),
+    (list(range(1_000_000)), "[0, 1, 2, 3, ...]"),
+    ({"a": [1, [2, [3]]]}, "{'a': [1, [...]]}"),
+    (7, "7"),
+    (True, "True"),
+    ("\x1b[31m\u202e", "'\\x1b[31m\\u202e'"),
+])
+def test_quote_shows_a_bounded_printable_prefix(value: object, shown: str) -> None:
+    assert quote(value) == shown
+
+
+def test_quote_survives_a_number_past_pythons_digit_limit() -> None:
+    assert quote([10 ** 5000]) == "<a number too long to show>"

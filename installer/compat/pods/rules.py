@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
+from installer.node.documents import quote
+
 GPU = "nvidia.com/gpu"
 PASS, WARN, FAIL, SKIP = "pass", "warn", "fail", "skip"
 _QUANTITY = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+))([eE][+-]?\d+|[KMGTPE]i|[numkMGTPE])?$")
@@ -133,7 +135,7 @@ def whole_rule(spec: Mapping[str, Any], names: Sequence[str]) -> RuleResult:
                 number = quantity(raw)
                 if number is None or number < 0 or number.denominator != 1:
                     problems.append(f"container {container['name']}: {name} {which[:-1]} "
-                                    f"{raw!r} is not a whole number")
+                                    f"{quote(raw)} is not a whole number")
     if problems:
         return RuleResult("whole", FAIL, "; ".join(problems),
                           "ask for whole GPUs (1, 2, ...); share a GPU through MIG or "

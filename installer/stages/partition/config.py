@@ -21,7 +21,7 @@ from typing import Any
 from installer.compat.mig import mig_model
 from installer.context import Context
 from installer.errors import MigConfigError
-from installer.node.documents import read_document, read_yaml
+from installer.node.documents import quote, read_document, read_yaml
 from installer.node.files import read_regular
 from installer.stages.partition.plan import GpuLayout, GpuNow
 
@@ -133,7 +133,7 @@ def gke_source(text: str, path: PurePosixPath | str) -> Source | None:
     if size in (None, ""):
         return None  # GKE's own partitioner does nothing then, nor do we
     if not isinstance(size, str):
-        raise MigConfigError(f"{path}: {GKE_FIELD} is {size!r}, not a profile name",
+        raise MigConfigError(f"{path}: {GKE_FIELD} is {quote(size)}, not a profile name",
                              remedy=f"set {GKE_FIELD} to a size like 1g.5gb (the node pool's "
                                     "gpu-partition-size)")
     return Source(f"{path} ({GKE_FIELD}={size})", fill=size.strip())
@@ -148,7 +148,9 @@ def mig_parted_source(text: str, path: str, name: str | None) -> Source:
     except (yaml.YAMLError, ValueError, TypeError, OverflowError) as exc:
         where = getattr(exc, "problem_mark", None)
         line = f" at line {where.line + 1}" if where is not None else ""
-        raise MigConfigError(f"{path} is not YAML{line}",
+        what = ("is not YAML" if isinstance(exc, yaml.YAMLError)
+                else f"holds a value YAML cannot build ({quote(str(exc), 60)})")
+        raise MigConfigError(f"{path} {what}{line}",
                              remedy="fix the YAML (mig-parted's format: version: v1, "
                                     "mig-configs)") from None
     document = documents[0] if len(documents) == 1 else None
@@ -163,10 +165,10 @@ def mig_parted_source(text: str, path: str, name: str | None) -> Source:
         raise MigConfigError(f"{path}: no config chosen (node label {MIG_CONFIG_LABEL} "
                              "absent and MIG_CONFIG unset)",
                              remedy=f"label the node {MIG_CONFIG_LABEL}=<one of "
-                                    f"{', '.join(map(str, configs))}> or set MIG_CONFIG")
+                                    f"{_names(configs)}> or set MIG_CONFIG")
     if name not in configs:
-        raise MigConfigError(f"{path}: mig-configs has no config {name!r}",
-                             remedy=f"choose one of {', '.join(map(str, configs))}")
+        raise MigConfigError(f"{path}: mig-configs has no config {quote(name)}",
+                             remedy=f"choose one of {_names(configs)}")
     entries = configs[name]
     if not isinstance(entries, list) or not entries:
         raise MigConfigError(f"{path}: mig-configs.{name} is not a list of entries",
@@ -176,17 +178,23 @@ def mig_parted_source(text: str, path: str, name: str | None) -> Source:
                   entries=tuple(_entry(e, f"{where}[{i}]") for i, e in enumerate(entries)))
 
 
+def _names(configs: Mapping[Any, Any], most: int = 8) -> str:
+    """The config names a remedy offers, each quoted and at most `most` of them."""
+    shown = ", ".join(quote(str(name), 40) for name in list(configs)[:most])
+    return shown + (f" (and {len(configs) - most} more)" if len(configs) > most else "")
+
+
 def _entry(raw: Any, where: str) -> Entry:
     if not isinstance(raw, dict):
         raise MigConfigError(f"{where} is not a mapping",
                              remedy="each entry has devices, mig-enabled, mig-devices")
     unknown = sorted(set(map(str, raw)) - _ENTRY_KEYS)
     if unknown:
-        raise MigConfigError(f"{where} has unknown field {unknown[0]!r}",
+        raise MigConfigError(f"{where} has unknown field {quote(unknown[0])}",
                              remedy=f"use only {', '.join(sorted(_ENTRY_KEYS))}")
     enabled = raw.get("mig-enabled")
     if not isinstance(enabled, bool):
-        raise MigConfigError(f"{where}.mig-enabled is {enabled!r}",
+        raise MigConfigError(f"{where}.mig-enabled is {quote(enabled)}",
                              remedy="set mig-enabled: true or false")
     devices = _devices(raw.get("devices"), where)
     counts = _mig_devices(raw.get("mig-devices"), f"{where}.mig-devices", enabled=enabled)
@@ -264,7 +272,7 @@ def _mig_devices(raw: Any, where: str, *, enabled: bool) -> dict[str, int]:
     counts: dict[str, int] = {}
     for profile, count in raw.items():
         if not isinstance(count, int) or isinstance(count, bool) or not 0 <= count <= 7:
-            raise MigConfigError(f"{where}.{profile} is {count!r}",
+            raise MigConfigError(f"{where}.{str(profile)[:40]} is {quote(count)}",
                                  remedy="give a whole count from 0 to 7")
         if count:
             counts[str(profile)] = count

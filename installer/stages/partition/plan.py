@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from installer.compat.mig import PROFILE_NAME, MigModel, known_profile, mig_model
 from installer.errors import MigConfigError, MigLayoutError
+from installer.node.documents import quote
 
 
 @dataclass(frozen=True)
@@ -101,15 +102,15 @@ def _well_formed(index: int, wanted: GpuLayout, gpus: dict[int, GpuNow]) -> None
             model = mig_model(gpu.name, gpu.memory_mib)
             where = f"GPU {index} ({gpu.name})"
             if model is None:
-                raise MigConfigError(f"{where}: {name!r} is not a MIG profile NVIDIA defines, "
+                raise MigConfigError(f"{where}: {quote(name)} is not a MIG profile NVIDIA defines, "
                                      "and this GPU has no MIG",
                                      remedy="leave MIG off for this GPU (mig-enabled false)")
-            raise MigConfigError(f"{where}: {name!r} is not a MIG profile NVIDIA defines; "
+            raise MigConfigError(f"{where}: {quote(name)} is not a MIG profile NVIDIA defines; "
                                  f"this GPU's profiles are {', '.join(model.profiles)}",
                                  remedy=f"use one of them (e.g. {next(iter(model.profiles))})")
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise MigConfigError(f"GPU {index}: the count of {name} must be a whole number "
-                                 f"of 1 or more, not {count!r}")
+                                 f"of 1 or more, not {quote(count)}")
     if wanted.devices and not wanted.mig_enabled:
         raise MigConfigError(f"GPU {index}: MIG instances asked for with mig-enabled false",
                              remedy="set mig-enabled true, or drop the instances")
