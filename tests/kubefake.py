@@ -209,15 +209,41 @@ def _node(cluster: Cluster, method: str, name: str, body: Doc | None, content_ty
     if name not in cluster.nodes:
         return 404, _status(404, f"nodes {name} not found"), body
     if method == "GET":
-        return 200, cluster.nodes[name], None
+        return 200, _versioned(cluster.nodes[name]), None
     if method != "PATCH" or content_type != "application/merge-patch+json":
         cluster.errors.append(f"{method} node with {content_type}")
         return 415, _status(415, "unsupported"), body
-    patched = merge_patch(cluster.nodes[name], body)
+    stored = _versioned(cluster.nodes[name])
+    patched = merge_patch(stored, body)
+    if patched["metadata"]["resourceVersion"] != stored["metadata"]["resourceVersion"]:
+        return 409, _status(409, f'Operation cannot be fulfilled on nodes "{name}": '
+                                 f"{OPTIMISTIC_LOCK}"), body
     validate(patched)
-    cluster.nodes[name] = patched
+    cluster.nodes[name] = _bump(patched)
     _daemonsets_reconcile(cluster)
     return 200, patched, body
+
+
+# --- resourceVersion: optimistic concurrency on the Node -----------------------------------
+# Every write gives the Node a new resourceVersion. A patch that carries
+# `metadata.resourceVersion` writes only if it is still the stored one, else 409 Conflict
+# with the API's message: kubernetes/kubernetes@f565665e0604a5aebe7116339096b961becf7e23,
+# staging/src/k8s.io/apiserver/pkg/registry/generic/registry/store.go (Store.Update:
+# `newResourceVersion != existingResourceVersion` -> NewConflict(OptimisticLockErrorMsg));
+# a merge patch without one is applied to the current object unconditionally (patch.go).
+OPTIMISTIC_LOCK = ("the object has been modified; please apply your changes to the latest "
+                   "version and try again")
+
+
+def _versioned(node: Doc) -> Doc:
+    """The Node with a resourceVersion (nodes built by node_doc start without one)."""
+    node["metadata"].setdefault("resourceVersion", "1")
+    return node
+
+
+def _bump(node: Doc) -> Doc:
+    node["metadata"]["resourceVersion"] = str(int(node["metadata"]["resourceVersion"]) + 1)
+    return node
 
 
 def _pod(cluster: Cluster, method: str, parts: list[str], body: Doc | None
@@ -493,7 +519,7 @@ def _node_status(cluster: Cluster, method: str, name: str, body: Doc | None,
         cluster.errors.append(f"PATCH node status: {exc}")
         return 400, _status(400, str(exc)), body
     validate(patched)
-    cluster.nodes[name] = patched
+    cluster.nodes[name] = _bump(_versioned(patched))
     return 200, patched, body
 
 
