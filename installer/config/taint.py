@@ -77,7 +77,7 @@ def parse(text: str) -> Taint | None:
     return Taint(key, taint_value, effect)
 
 
-DEFAULT_TAINT = parse(DEFAULT)
+DEFAULT_TAINT = Taint("gpu-node-installer/driver-not-ready", "", "NoSchedule")
 
 
 def restore(text: str) -> bool:

@@ -21,7 +21,7 @@ from agentnode import daemon_package, make_node, wait_for
 from kubefake import TOKEN, Cluster, node_doc
 
 from installer.agent.taint import ABSENT, ADDED, PRESENT, REMOVED, sync_startup_taint
-from installer.config.taint import DEFAULT_TAINT, Taint, parse
+from installer.config.taint import DEFAULT, DEFAULT_TAINT, Taint, parse
 from installer.node.kube import ApiServer, KubeError
 from installer.packages.manifest import Package
 
@@ -180,7 +180,7 @@ class TestSetting:
 
     def test_accepted(self) -> None:
         assert parse("") is None and parse("  ") is None
-        assert parse(str(DEFAULT_TAINT)) == DEFAULT_TAINT
+        assert parse(str(DEFAULT_TAINT)) == DEFAULT_TAINT == parse(DEFAULT)
         taint = parse("example.com/gpu=pending:PreferNoSchedule")
         assert taint == Taint("example.com/gpu", "pending", "PreferNoSchedule")
         assert taint.to_api() == {"key": "example.com/gpu", "value": "pending",
