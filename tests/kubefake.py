@@ -5,7 +5,8 @@ every body is validated against the Kubernetes schemas bundled with kubernetes-v
 (Node after applying a merge patch, Eviction, DeleteOptions, Event; the Pods and DaemonSets
 it serves too), the bearer token and content types are checked, Evictions answer 201, 429
 (a PodDisruptionBudget), 403 (NamespaceTerminating) or 404 as scripted, and every call is
-recorded in order with the Node's `upgrade-state` label and cordon at that moment. Anything
+recorded in order with the Node's `upgrade-state` label and cordon at that moment. Every
+Node write bumps its resourceVersion, and a patch carrying a stale one is a 409. Anything
 it does not know is a 404 and a recorded error, so a test that forgets to expect a call fails.
 
 Pods terminate as on a real cluster: an accepted eviction or delete sets
