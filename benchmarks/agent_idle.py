@@ -22,7 +22,8 @@ tests/kubefake.py, in this process), so `requests` is loaded as it is there; and
 `rich`, which the image does not have (it is no dependency of the installer; this project's
 dev virtualenv has it through import-linter, and structlog imports it when present:
 `--with-rich` measures that too).
-Target (issue 24): agent RSS <= 40 MB, CPU about 0.
+Target (issues 24, 36): agent RSS <= 40 MB as shipped (metrics on), CPU about 0; the report
+says whether it is met, and `--check` exits 1 when it is not.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -44,6 +46,7 @@ import kubefake  # noqa: E402
 from agentnode import NODE, REPO, daemon_package, make_node  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
+TARGET_RSS_MB = 40.0
 
 
 def rss_mb(pid: int) -> float:
@@ -93,6 +96,12 @@ def measure(pids: dict[str, int], seconds: float, sample: float) -> dict[str, di
             for name, pid in pids.items()}
 
 
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
 def wait_ready(node: object, agent: subprocess.Popen[bytes]) -> bool:
     deadline = time.monotonic() + 120
     while node.view().get("ready") is not True:  # type: ignore[attr-defined]
@@ -109,10 +118,16 @@ def main() -> int:
     parser.add_argument("--json", action="store_true", help="print JSON only")
     parser.add_argument("--with-rich", action="store_true",
                         help="let structlog import rich, as in the dev virtualenv")
+    parser.add_argument("--check", action="store_true",
+                        help=f"exit 1 when the agent's RSS max is above {TARGET_RSS_MB:g} MB")
+    parser.add_argument("--metrics-off", action="store_true",
+                        help="METRICS_PORT=0 (the DaemonSet ships with metrics on)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="agent-idle-") as tmp:
         work = Path(tmp)
-        node = make_node(work, daemon_package(work / "pkg"))
+        metrics = {"METRICS_PORT": "0"} if args.metrics_off else {
+            "METRICS_PORT": str(free_port()), "METRICS_ADDRESS": "127.0.0.1"}
+        node = make_node(work, daemon_package(work / "pkg"), env=metrics)
         kmsg = node.root / "dev/kmsg"
         os.mkfifo(kmsg)
         reader = os.open(kmsg, os.O_RDONLY | os.O_NONBLOCK)
@@ -148,21 +163,26 @@ def main() -> int:
                 process.wait()
             os.close(writer)
     report = {"seconds": args.seconds, "load_average": os.getloadavg(), "rich": args.with_rich,
+              "metrics": not args.metrics_off,
               "still_ready": still_ready, "api_calls": len(cluster.calls),
-              "processes": results}
+              "processes": results, "target_rss_mb": TARGET_RSS_MB,
+              "target_met": results["agent"]["rss_max_mb"] <= TARGET_RSS_MB}
+    failed = 1 if args.check and not report["target_met"] else 0
     if args.json:
         print(json.dumps(report, indent=2))
-        return 0
+        return failed
     print(f"agent idle for {args.seconds:g} s (load average {os.getloadavg()[0]:.2f}); "
           f"still ready: {still_ready}; rich loaded: {args.with_rich}; API calls in all: "
-          f"{len(cluster.calls)}")
+          f"{len(cluster.calls)}; metrics: {'off' if args.metrics_off else 'on'}")
     print(f"{'process':<8} {'RSS max MB':>10} {'RSS last':>9} {'PSS':>6} {'private':>8} "
           f"{'CPU %':>7} {'CPU s':>6} {'wakeups/min':>12}")
     for name, row in results.items():
         print(f"{name:<8} {row['rss_max_mb']:>10} {row['rss_last_mb']:>9} {row['pss_mb']:>6} "
               f"{row['private_mb']:>8} {row['cpu_percent']:>7} {row['cpu_s']:>6} "
               f"{row['wakeups_per_min']:>12}")
-    return 0
+    print(f"target: agent RSS <= {TARGET_RSS_MB:g} MB: "
+          f"{'met' if report['target_met'] else 'NOT met'} ({results['agent']['rss_max_mb']} MB)")
+    return failed
 
 
 if __name__ == "__main__":

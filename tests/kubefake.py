@@ -5,7 +5,8 @@ every body is validated against the Kubernetes schemas bundled with kubernetes-v
 (Node after applying a merge patch, Eviction, DeleteOptions, Event; the Pods and DaemonSets
 it serves too), the bearer token and content types are checked, Evictions answer 201, 429
 (a PodDisruptionBudget), 403 (NamespaceTerminating) or 404 as scripted, and every call is
-recorded in order with the Node's `upgrade-state` label and cordon at that moment. Anything
+recorded in order with the Node's `upgrade-state` label and cordon at that moment. Every
+Node write bumps its resourceVersion, and a patch carrying a stale one is a 409. Anything
 it does not know is a 404 and a recorded error, so a test that forgets to expect a call fails.
 
 Pods terminate as on a real cluster: an accepted eviction or delete sets
@@ -209,15 +210,41 @@ def _node(cluster: Cluster, method: str, name: str, body: Doc | None, content_ty
     if name not in cluster.nodes:
         return 404, _status(404, f"nodes {name} not found"), body
     if method == "GET":
-        return 200, cluster.nodes[name], None
+        return 200, _versioned(cluster.nodes[name]), None
     if method != "PATCH" or content_type != "application/merge-patch+json":
         cluster.errors.append(f"{method} node with {content_type}")
         return 415, _status(415, "unsupported"), body
-    patched = merge_patch(cluster.nodes[name], body)
+    stored = _versioned(cluster.nodes[name])
+    patched = merge_patch(stored, body)
+    if patched["metadata"]["resourceVersion"] != stored["metadata"]["resourceVersion"]:
+        return 409, _status(409, f'Operation cannot be fulfilled on nodes "{name}": '
+                                 f"{OPTIMISTIC_LOCK}"), body
     validate(patched)
-    cluster.nodes[name] = patched
+    cluster.nodes[name] = _bump(patched)
     _daemonsets_reconcile(cluster)
     return 200, patched, body
+
+
+# --- resourceVersion: optimistic concurrency on the Node -----------------------------------
+# Every write gives the Node a new resourceVersion. A patch that carries
+# `metadata.resourceVersion` writes only if it is still the stored one, else 409 Conflict
+# with the API's message: kubernetes/kubernetes@f565665e0604a5aebe7116339096b961becf7e23,
+# staging/src/k8s.io/apiserver/pkg/registry/generic/registry/store.go (Store.Update:
+# `newResourceVersion != existingResourceVersion` -> NewConflict(OptimisticLockErrorMsg));
+# a merge patch without one is applied to the current object unconditionally (patch.go).
+OPTIMISTIC_LOCK = ("the object has been modified; please apply your changes to the latest "
+                   "version and try again")
+
+
+def _versioned(node: Doc) -> Doc:
+    """The Node with a resourceVersion (nodes built by node_doc start without one)."""
+    node["metadata"].setdefault("resourceVersion", "1")
+    return node
+
+
+def _bump(node: Doc) -> Doc:
+    node["metadata"]["resourceVersion"] = str(int(node["metadata"]["resourceVersion"]) + 1)
+    return node
 
 
 def _pod(cluster: Cluster, method: str, parts: list[str], body: Doc | None
@@ -493,7 +520,7 @@ def _node_status(cluster: Cluster, method: str, name: str, body: Doc | None,
         cluster.errors.append(f"PATCH node status: {exc}")
         return 400, _status(400, str(exc)), body
     validate(patched)
-    cluster.nodes[name] = patched
+    cluster.nodes[name] = _bump(_versioned(patched))
     return 200, patched, body
 
 

@@ -12,6 +12,7 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
+from installer.agent import taint
 from installer.config import Config
 
 if TYPE_CHECKING:
@@ -28,7 +29,7 @@ class Reporter:
     """The node's label, condition and Events, when a node name and the API are known."""
 
     def __init__(self, config: Config, log: FilteringBoundLogger) -> None:
-        self.node = config.node_name
+        self.node, self.config = config.node_name, config
         self.log = log
         self.api: ApiServer | None = None
         if self.node:
@@ -56,6 +57,8 @@ class Reporter:
         label = "ready" if ready else "not-ready"
         self._call("label the node", lambda api: kube.patch_node_labels(
             api, str(self.node), {STATUS_LABEL: label}))
+        self._call("update the startup taint", lambda api: taint.on_verdict(
+            api, str(self.node), self.config, self.log, ready=ready))
 
     def event(self, reason: str, message: str, *, warning: bool = True,
               once_key: str | None = None) -> None:

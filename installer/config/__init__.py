@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from installer.config import agent, checks, health, mig, upgrade, values
+from installer.config import agent, checks, health, mig, taint, upgrade, values
 from installer.config.modparams import ModuleParam as ModuleParam
 from installer.config.modparams import parse_module_param as parse_module_param
 from installer.config.modparams import read_params_file
@@ -255,6 +255,7 @@ SETTINGS: tuple[Setting, ...] = (
             agent.POD_RESOURCES_DIR, "the container's read-only mount of the host's kubelet "
             "pod-resources directory (its kubelet.sock labels GPU metrics per container)",
             "an absolute path", values.abs_path),
+    *(Setting(*row) for row in taint.ROWS),  # the agent's startup taint: config/taint.py
 )
 
 SETTINGS_BY_NAME = {setting.name: setting for setting in SETTINGS}
@@ -323,6 +324,8 @@ class Config(mig.MigSettings):
     cdi: str = "on"
     cdi_spec_dir: PurePosixPath = PurePosixPath("/var/run/cdi")
     pod_resources_dir: Path = Path(agent.POD_RESOURCES_DIR)
+    startup_taint: taint.Taint | None = taint.DEFAULT_TAINT
+    startup_taint_restore: bool = False
 
 
 def _raw_value(setting: Setting, flags: Mapping[str, Any], environ: Mapping[str, str]

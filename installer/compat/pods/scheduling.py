@@ -38,6 +38,7 @@ from installer.compat.pods.rules import (
     terms,
     tolerates,
 )
+from installer.config.taint import DEFAULT_TAINT
 
 # where a node says how many NVIDIA GPUs it has, when no allocatable is given
 COUNT_KEYS = (f"{nodelabels.OWN_PREFIX}/gpu.count", f"{nodelabels.NVIDIA_PREFIX}/gpu.count",
@@ -71,6 +72,8 @@ def toleration_rule(spec: Mapping[str, Any], node: NodeView, platform: Platform,
         wanted = demand.names or ("",)
         taints = list({taint_text(t): t for t in map(platform.expected_taint, wanted)}.values())
     tolerations = _tolerations(spec)
+    starting = [t for t in taints if t.get("key") == DEFAULT_TAINT.key]
+    taints = [t for t in taints if t not in starting]  # not the pod's to tolerate
     missing = [t for t in taints if not any(tolerates(tol, t) for tol in tolerations)]
     added = [t for t in missing if platform.adds_toleration(t, demand.names)]
     missing = [t for t in missing if t not in added]
@@ -80,13 +83,37 @@ def toleration_rule(spec: Mapping[str, Any], node: NodeView, platform: Platform,
         map(taint_text, added)) if added else ""
     if not missing:
         shown = ", ".join(map(taint_text, taints)) or "no taints"
-        return RuleResult("toleration", PASS, f"tolerates {where}: {shown}{note}")
+        return _startup_taint(tolerations, starting, RuleResult(
+            "toleration", PASS, f"tolerates {where}: {shown}{note}"))
     status = FAIL if known else WARN
     consequence = "so it cannot land there" if known else \
         "so it cannot land on a GPU node that carries it"
-    return RuleResult("toleration", status, f"does not tolerate the taint "
-                      f"{', '.join(map(taint_text, missing))} of {where}, {consequence}{note}",
-                      _toleration_fix(missing))
+    return _startup_taint(tolerations, starting, RuleResult(
+        "toleration", status, f"does not tolerate the taint "
+        f"{', '.join(map(taint_text, missing))} of {where}, {consequence}{note}",
+        _toleration_fix(missing)))
+
+
+def _startup_taint(tolerations: list[Mapping[str, Any]], on_node: list[Mapping[str, Any]],
+                   result: RuleResult) -> RuleResult:
+    """The installer's startup taint (STARTUP_TAINT's default): the agent removes it once
+    the driver is ready, so a GPU pod should wait for that, not tolerate it."""
+    if any(tolerates(tol, DEFAULT_TAINT.to_api()) for tol in tolerations):
+        return RuleResult(result.rule, WARN if result.status == PASS else result.status,
+                          f"{result.why}; it tolerates the startup taint {DEFAULT_TAINT}: "
+                          "tolerating the startup taint lets the pod land before the driver "
+                          "is ready", result.fix or f"drop the toleration that matches "
+                          f"{DEFAULT_TAINT.key} (a catch-all `operator: Exists` one too): "
+                          "the node agent removes that taint once the driver is ready")
+    if on_node:
+        return RuleResult(result.rule, WARN if result.status == PASS else result.status,
+                          f"{result.why}; the node carries the startup taint "
+                          f"{taint_text(on_node[0])}: its driver is not ready yet, and the "
+                          "node agent removes the taint when it is (the pod lands then; "
+                          "it need not tolerate it)", result.fix or "wait for the node's "
+                          "driver (condition gpu-node-installer/DriverReady); do not tolerate "
+                          "the startup taint")
+    return result
 
 
 def _matches_fields(term: Mapping[str, Any], node: NodeView) -> bool:
