@@ -574,7 +574,8 @@ def serve(cluster: Cluster, tls: tuple[Path, Path] | None = None) -> Iterator[st
 # Enough of an HTTP proxy for the client: CONNECT host:port (answered 200, then bytes are
 # relayed both ways, as squid does for https) and absolute-form requests (rewritten to
 # origin form and relayed). Every connection's request line is recorded; targets other
-# than 127.0.0.1 are refused (502), so nothing leaves the machine.
+# than 127.0.0.1 are refused with 403, as squid's access rules refuse, so nothing leaves
+# the machine.
 
 
 class Proxy:
@@ -617,7 +618,7 @@ class Proxy:
         method, target, _ = [*line.split(" "), "", ""][:3]
         host, port, rest = _proxy_target(method, target, head)
         if host != "127.0.0.1":
-            client.sendall(b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\n\r\n")
+            client.sendall(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n")
             return
         with socket.create_connection((host, port), timeout=10) as upstream:
             if method == "CONNECT":

@@ -25,6 +25,7 @@ from installer.config import Config
 from installer.node import kubehttp
 from installer.node.kubehttp import KubeError as KubeError
 from installer.node.kubehttp import Late as Late
+from installer.node.kubehttp import Malformed as Malformed
 
 COMPONENT = "gpu-node-installer"
 DEFAULT_DEADLINE_S = 15.0  # one call, retries included, unless the caller gives a deadline
@@ -253,7 +254,7 @@ def list_items(api: ApiServer, path: str, *, deadline: float | None = None,
         metadata = answer.get("metadata")
         token = metadata.get("continue") or "" if isinstance(metadata, dict) else ""
         if not isinstance(token, str):
-            raise KubeError(f"GET {path}: the answer's metadata.continue is a "
+            raise Malformed(f"GET {path}: the answer's metadata.continue is a "
                             f"{type(token).__name__}, not a string")
         if not token:
             return items
@@ -264,12 +265,11 @@ def _items(answer: dict[str, Any], path: str) -> list[dict[str, Any]]:
     """A list answer's items, or KubeError naming what came instead."""
     found = answer.get("items")
     if not isinstance(found, list):
-        raise KubeError(f"GET {path}: the answer's items is "
+        raise Malformed(f"GET {path}: the answer's items is "
                         f"{'missing' if found is None else 'a ' + type(found).__name__}, "
                         f"not a list: {kubehttp.shown(json.dumps(answer).encode())}")
-    odd = next((item for item in found if not isinstance(item, dict)), None)
-    if odd is not None:
-        raise KubeError(f"GET {path}: an item of the answer is a {type(odd).__name__}, "
+    for odd in (item for item in found if not isinstance(item, dict)):
+        raise Malformed(f"GET {path}: an item of the answer is a {type(odd).__name__}, "
                         f"not an object: {kubehttp.shown(json.dumps(odd).encode())}")
     return found
 

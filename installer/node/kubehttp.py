@@ -57,6 +57,11 @@ class Late(KubeError):
         self.bound = bound
 
 
+class Malformed(KubeError):
+    """A 2xx answer that is not what the call returns (not JSON, not an object, a list
+    without a list of items)."""
+
+
 @dataclass(frozen=True)
 class Answer:
     """A complete answer: its status, Retry-After (seconds, if any) and body."""
@@ -243,7 +248,7 @@ def decode(body: bytes, what: str) -> dict[str, Any]:
             if isinstance(document, dict):
                 return document
             problem = f"a JSON {type(document).__name__}, not an object"
-    raise KubeError(f"{what}: the answer is {problem}: {shown(body)}")
+    raise Malformed(f"{what}: the answer is {problem}: {shown(body)}")
 
 
 def _problem(body: bytes) -> str | None:

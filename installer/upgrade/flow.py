@@ -301,6 +301,10 @@ def _api(call: Callable[[], T]) -> T:
         raise UpgradeTimeoutError(f"Kubernetes API: {exc}; nothing was unloaded",
                                   remedy="check that the API server answers, or raise "
                                          "UPGRADE_TIMEOUT; the next run resumes") from exc
+    except kube.Malformed as exc:
+        raise UpgradeBlockedError(f"Kubernetes API: {exc}",
+                                  remedy="check what answers at the API server's address "
+                                         "(a proxy or load balancer in its place?)") from exc
     except kube.KubeError as exc:
         raise UpgradeBlockedError(f"Kubernetes API: {exc}",
                                   remedy="check the installer's RBAC (docs/deploy.md, the "
