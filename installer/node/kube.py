@@ -4,10 +4,10 @@ A handful of calls, so no client library: HTTP/1.1 on the standard library
 (`installer.node.kubehttp`) with the pod's service-account token (re-read on every call,
 since kubelet rotates it) and the cluster CA. Every call has one overall deadline
 (`deadline`, a time.monotonic() value; default DEFAULT_DEADLINE_S from now), retries
-included; label, condition and Event writes retry 429, 5xx and connection failures with
-backoff inside it. A 2xx answer that is not a JSON object, or a list whose `items` is not
-a list of objects, is a KubeError naming the answer. Used by the signal stage, the upgrade
-flow (`installer.upgrade.flow`) and the agent, hence a shared room.
+included; label, condition and Event writes retry 429 and 5xx with backoff inside it. A
+2xx answer that is not a JSON object, or a list whose `items` is not a list of objects, is
+a KubeError (Malformed) naming the answer. Used by the signal stage, the upgrade flow
+(`installer.upgrade.flow`) and the agent, hence a shared room.
 """
 
 from __future__ import annotations
@@ -71,8 +71,8 @@ class ApiServer:
     def call(self, method: str, path: str, body: Mapping[str, Any] | None, content_type: str,
              *, deadline: float | None = None, retry: bool = False) -> dict[str, Any]:
         """One request, its answer decoded; KubeError for any failure, a non-2xx answer or
-        a 2xx answer that is not a JSON object. With `retry`, 429, 5xx and connection
-        failures are tried again with backoff until `deadline`."""
+        a 2xx answer that is not a JSON object. With `retry`, 429 and 5xx answers are tried
+        again with backoff until `deadline`."""
         end, bound = self._deadline(deadline)
         data = b"" if body is None else json.dumps(body).encode("utf-8")
         for attempt in range(1000):
@@ -117,9 +117,9 @@ class ApiServer:
 
 def _backoff(exc: KubeError, attempt: int) -> float | None:
     """How long to wait before the next try of a write, or None when it is not retried."""
-    if exc.status is not None and exc.status != 429 and exc.status < 500:
-        return None
-    if exc.status is not None and exc.retry_after is not None:
+    if exc.status is None or (exc.status != 429 and exc.status < 500):
+        return None  # no answer (nothing listens, TLS refused) or a refusal: not retried
+    if exc.retry_after is not None:
         return min(exc.retry_after, BACKOFF_S[1] * 2)
     first, most = BACKOFF_S
     wait: float = min(most, first * 2.0 ** min(attempt, 10))

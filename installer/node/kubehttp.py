@@ -185,7 +185,9 @@ def _transport(exc: Exception, clock: _Clock, step: str) -> NoReturn:
     if isinstance(exc, TimeoutError | socket.timeout) or clock.deadline <= time.monotonic():
         raise Late(f"no complete answer within {clock.budget:.1f} s") from exc
     detail = str(exc) or repr(exc)
-    raise KubeError(f"cannot {step}: {type(exc).__name__}: {detail[:200]}") from exc
+    kind = ("SSLError" if isinstance(exc, ssl.SSLError) else "ConnectionError"
+            if isinstance(exc, OSError) else type(exc).__name__)  # what requests named them
+    raise KubeError(f"{kind}: cannot {step}: {type(exc).__name__}: {detail[:200]}") from exc
 
 
 def _open(server: Target, proxy: Target | None, ca_file: Path | None,
