@@ -140,10 +140,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("kube_api", "--kube-api", "KUBE_API_URL", None,
             "Kubernetes API server URL (default: https://$KUBERNETES_SERVICE_HOST:"
             "$KUBERNETES_SERVICE_PORT)", "an http:// or https:// URL", values.api_url),
-    Setting("kube_api_proxy", "--kube-api-proxy", "KUBE_API_PROXY", None,
-            "HTTP proxy to reach the Kubernetes API server through (CONNECT for https); "
-            "default: none, whatever HTTPS_PROXY says, which is for the mirrors",
-            "an http:// URL of a proxy, http://[user:password@]host:port", values.proxy_url),
+    Setting("kube_api_proxy", "--kube-api-proxy", "KUBE_API_PROXY", None, "HTTP proxy to the "
+            "API server (not HTTPS_PROXY)", "http://[user:password@]host:port", values.proxy_url),
     Setting("service_account_dir", "--service-account-dir", "SERVICE_ACCOUNT_DIR",
             "/var/run/secrets/kubernetes.io/serviceaccount",
             "where this pod's service-account token, ca.crt and namespace are",
