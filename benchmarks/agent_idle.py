@@ -18,7 +18,7 @@ processes are sampled for `--seconds`:
            idle agent wakes about once per AGENT_INTERVAL, plus its heartbeat)
 The daemons (the stand-ins, Python scripts) are not the agent and are not counted.
 The agent runs as in the DaemonSet: with NODE_NAME and the API (the strict fake API of
-tests/kubefake.py, in this process), so `requests` is loaded as it is there; and without
+tests/kubefake.py, in this process), so the Kubernetes client is loaded as it is there; and without
 `rich`, which the image does not have (it is no dependency of the installer; this project's
 dev virtualenv has it through import-linter, and structlog imports it when present:
 `--with-rich` measures that too).

@@ -13,6 +13,12 @@ Pods terminate as on a real cluster: an accepted eviction or delete sets
 `deletionTimestamp` and `deletionGracePeriodSeconds` (the request's, else the pod's own,
 else 30), and the pod leaves the API only when its processes exit (see `Cluster`).
 
+`faults` may also script a raw answer (`Reply`): any status and body bytes, optionally
+trickled one byte every `trickle_s` (an answer that never trips a per-read timeout), with
+headers such as Retry-After. `serve(cluster, tls=(cert, key))` serves https; `Proxy` is a
+forward proxy on 127.0.0.1 that records each connection (CONNECT or absolute-form) and
+relays it, to show which calls went through a proxy.
+
 Runs in the test process (host tier) or in the guest (kernel tier: `python -m kubefake`
 is not needed; the guest script imports `serve`). The documents it serves, and the schema
 check, are in tests/kubedocs.py.
@@ -22,6 +28,9 @@ from __future__ import annotations
 
 import copy
 import json
+import select
+import socket
+import ssl
 import threading
 import time
 import uuid
@@ -29,6 +38,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from socketserver import BaseRequestHandler, ThreadingTCPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -55,6 +66,17 @@ class Call:
     state: str | None
     unschedulable: bool
     observed: str = ""  # what `Cluster.observe` said at that moment (e.g. the loaded driver)
+    at: float = 0.0  # time.monotonic() when it was answered
+
+
+@dataclass
+class Reply:
+    """A scripted raw answer (see the module docstring)."""
+
+    status: int = 200
+    body: bytes = b""
+    trickle_s: float = 0.0
+    headers: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -66,12 +88,13 @@ class Cluster:
     once told (None: they ignore SIGTERM until the grace period ends). `on_evict(pod)` runs
     when a pod goes (kubelet's part: kill its processes). Every DaemonSet that owns a pod
     given at construction exists unless the test removes it from `daemonsets`.
-    `faults["GET /api/v1/nodes/n"] = [503]` fails that call in turn (then it is served)."""
+    `faults["GET /api/v1/nodes/n"] = [503]` fails that call in turn (then it is served);
+    a `Reply` in that list is sent as it is."""
 
     nodes: dict[str, Doc] = field(default_factory=dict)
     pods: dict[str, Doc] = field(default_factory=dict)
     evictions: dict[str, list[int]] = field(default_factory=dict)
-    faults: dict[str, list[int]] = field(default_factory=dict)
+    faults: dict[str, list[int | Reply]] = field(default_factory=dict)
     daemonsets: dict[str, Doc] = field(default_factory=dict)
     exits_after: dict[str, float | None] = field(default_factory=dict)
     terminating_namespaces: set[str] = field(default_factory=set)
@@ -129,13 +152,34 @@ def _handler(cluster: Cluster) -> type[BaseHTTPRequestHandler]:
                 cluster.calls.append(Call(
                     self.command, urlsplit(self.path).path, status, body,
                     node.get("metadata", {}).get("labels", {}).get(STATE),
-                    bool(node.get("spec", {}).get("unschedulable")), cluster.observe()))
+                    bool(node.get("spec", {}).get("unschedulable")), cluster.observe(),
+                    time.monotonic()))
+            if isinstance(reply, Reply):
+                return self._raw(reply)
             data = json.dumps(reply).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
+
+        def _raw(self, reply: Reply) -> None:
+            self.send_response(reply.status)
+            for key, value in {"Content-Type": "application/json", **reply.headers}.items():
+                self.send_header(key, value)
+            self.send_header("Content-Length", str(len(reply.body)))
+            self.end_headers()
+            try:
+                if not reply.trickle_s:
+                    self.wfile.write(reply.body)
+                    return
+                self.wfile.flush()
+                for value in reply.body:  # until done or the client hangs up
+                    time.sleep(reply.trickle_s)
+                    self.wfile.write(bytes([value]))
+                    self.wfile.flush()
+            except OSError:
+                self.close_connection = True
 
         do_GET = do_PATCH = do_POST = do_DELETE = _serve
 
@@ -175,8 +219,10 @@ def _route(cluster: Cluster, method: str, url: str, body: Doc | None, content_ty
     query = {k: v[0] for k, v in parse_qs(split.query).items()}
     fault = cluster.faults.get(f"{method} {split.path}")
     if fault:
-        code = fault.pop(0)
-        return code, _status(code, "scripted fault"), body
+        scripted = fault.pop(0)
+        if isinstance(scripted, Reply):
+            return scripted.status, scripted, body  # type: ignore[return-value]
+        return scripted, _status(scripted, "scripted fault"), body
     if parts[:3] == ["api", "v1", "nodes"] and parts[4:] == ["status"]:
         return _node_status(cluster, method, parts[3], body, content_type)
     if parts[:3] == ["api", "v1", "nodes"] and len(parts) == 4:
@@ -531,16 +577,104 @@ def conditions(cluster: Cluster, node: str | None = None) -> dict[str, Doc]:
 
 
 @contextmanager
-def serve(cluster: Cluster) -> Iterator[str]:
-    """The server's base URL while the block runs (127.0.0.1 only, any free port)."""
+def serve(cluster: Cluster, tls: tuple[Path, Path] | None = None) -> Iterator[str]:
+    """The server's base URL while the block runs (127.0.0.1 only, any free port); https
+    with `tls` (certificate, key)."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(cluster))
+    if tls is not None:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(*tls)
+        server.socket = context.wrap_socket(server.socket, server_side=True)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
+        yield f"{'https' if tls else 'http'}://127.0.0.1:{server.server_address[1]}"
     finally:
         for timer in cluster.timers:
             timer.cancel()
         server.shutdown()
         server.server_close()
         thread.join(timeout=10)
+
+
+# --- A forward proxy that records what went through it --------------------------------
+# Enough of an HTTP proxy for the client: CONNECT host:port (answered 200, then bytes are
+# relayed both ways, as squid does for https) and absolute-form requests (rewritten to
+# origin form and relayed). Every connection's request line is recorded; targets other
+# than 127.0.0.1 are refused with 403, as squid's access rules refuse, so nothing leaves
+# the machine.
+
+
+class Proxy:
+    """`with Proxy() as proxy:` ... `proxy.url`, `proxy.seen` (request lines, in order)."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+        proxy = self
+
+        class Handler(BaseRequestHandler):
+            def handle(self) -> None:
+                proxy._handle(self.request)
+
+        self.server = ThreadingTCPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def __enter__(self) -> Proxy:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def _handle(self, client: socket.socket) -> None:
+        client.settimeout(10)
+        head = b""
+        while b"\r\n\r\n" not in head and len(head) < 65536:
+            chunk = client.recv(4096)
+            if not chunk:
+                return
+            head += chunk
+        line = head.split(b"\r\n", 1)[0].decode("latin-1")
+        self.seen.append(line)
+        method, target, _ = [*line.split(" "), "", ""][:3]
+        host, port, rest = _proxy_target(method, target, head)
+        if host != "127.0.0.1":
+            client.sendall(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n")
+            return
+        with socket.create_connection((host, port), timeout=10) as upstream:
+            if method == "CONNECT":
+                client.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            else:
+                upstream.sendall(rest)
+            _relay(client, upstream)
+
+
+def _proxy_target(method: str, target: str, head: bytes) -> tuple[str, int, bytes]:
+    """Where to connect, and (absolute form) the request rewritten to origin form."""
+    if method == "CONNECT":
+        host, _, port = target.rpartition(":")
+        return host.strip("[]"), int(port), b""
+    split = urlsplit(target)
+    path = split.path + (f"?{split.query}" if split.query else "")
+    first, _, others = head.partition(b"\r\n")
+    rewritten = first.replace(target.encode("latin-1"), path.encode("latin-1"), 1)
+    return split.hostname or "", split.port or 80, rewritten + b"\r\n" + others
+
+
+def _relay(one: socket.socket, other: socket.socket) -> None:
+    """Copy bytes both ways until either side closes (or 10 s of silence)."""
+    while True:
+        ready, _, _ = select.select([one, other], [], [], 10)
+        if not ready:
+            return
+        for source in ready:
+            data = source.recv(65536)
+            if not data:
+                return
+            (other if source is one else one).sendall(data)

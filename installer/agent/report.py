@@ -33,10 +33,9 @@ class Reporter:
         self.log = log
         self.api: ApiServer | None = None
         if self.node:
-            from installer.node import kube  # loads requests: only with a node name
+            from installer.node import kube  # the API client: only with a node name
 
-            self.api = kube.api_server(config.kube_api, config.service_account_dir,
-                                       os.environ)
+            self.api = kube.connect(config, os.environ)
             if self.api is None:
                 log.warning("no API server URL or service-account token: the agent reports "
                             "readiness on the node only")

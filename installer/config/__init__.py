@@ -140,6 +140,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("kube_api", "--kube-api", "KUBE_API_URL", None,
             "Kubernetes API server URL (default: https://$KUBERNETES_SERVICE_HOST:"
             "$KUBERNETES_SERVICE_PORT)", "an http:// or https:// URL", values.api_url),
+    Setting("kube_api_proxy", "--kube-api-proxy", "KUBE_API_PROXY", None, "HTTP proxy to the "
+            "API server (not HTTPS_PROXY)", "http://[user:password@]host:port", values.proxy_url),
     Setting("service_account_dir", "--service-account-dir", "SERVICE_ACCOUNT_DIR",
             "/var/run/secrets/kubernetes.io/serviceaccount",
             "where this pod's service-account token, ca.crt and namespace are",
@@ -294,6 +296,7 @@ class Config(mig.MigSettings):
     download_parallel: int = 4
     node_name: str | None = None
     kube_api: str | None = None
+    kube_api_proxy: str | None = None
     service_account_dir: Path = Path("/var/run/secrets/kubernetes.io/serviceaccount")
     gpu_label_prefix: str = "gpu-node-installer"
     driver_root_layout: bool = False
@@ -389,7 +392,7 @@ def _parse_many(setting: Setting, flags: Mapping[str, Any], environ: Mapping[str
 
 
 # may carry credentials or tokens: never shown
-_URL_SETTINGS = ("mirrors", "kube_api", "cos_tools_url", "nvidia_runfile_url")
+_URL_SETTINGS = ("mirrors", "kube_api", "kube_api_proxy", "cos_tools_url", "nvidia_runfile_url")
 
 
 def _refusal(setting: Setting, source: str, raw: str, exc: _Invalid) -> ConfigError:

@@ -213,6 +213,18 @@ def api_url(value: str) -> str:
     return network_url(text, ("http", "https"))
 
 
+def proxy_url(value: str) -> str:
+    """An HTTP proxy: http://[user:password@]host[:port], nothing after the authority."""
+    text = api_url(value)
+    scheme, _, rest = text.partition("://")
+    if scheme.lower() != "http":
+        raise Invalid(value, "a proxy is reached over http:// (https to the API server "
+                             "goes through it with CONNECT)")
+    if re.search(r"[/?#]", rest):
+        raise Invalid(value, "a proxy URL has no path, query or fragment")
+    return text
+
+
 def int_range(low: int, high: int) -> Callable[[str], int]:
     def parse(value: str) -> int:
         number = integer(value)

@@ -71,7 +71,7 @@ def connect(ctx: Context, *, required: bool) -> Upgrade | None:
     node = ctx.config.node_name
     if ctx.config.upgrade_policy == "refuse" or not node:
         return None
-    api = kube.api_server(ctx.config.kube_api, ctx.config.service_account_dir, os.environ)
+    api = kube.connect(ctx.config, os.environ)
     if api is None and not required:
         ctx.log.warning("no Kubernetes API: a cordon left by an earlier upgrade stays")
         return None
@@ -102,11 +102,17 @@ def free_gpus(ctx: Context, package: Package) -> Upgrade | None:
                                   remedy="rerun: the next run reads the label first and "
                                          "keeps the driver")
     upgrade.cordoned = _is_ours(node)
+    base = upgrade.api  # every call while freeing ends by UPGRADE_TIMEOUT, however slow
+    upgrade.api = base.bounded(time.monotonic() + last_look(ctx.config.upgrade_timeout),
+                               "UPGRADE_TIMEOUT")
     try:
         _free(upgrade, package, other)
     except InstallerError as exc:
+        upgrade.api = base  # the failure is told with a deadline of its own
         failed(upgrade, exc)
         raise
+    finally:
+        upgrade.api = base
     return upgrade
 
 
@@ -263,6 +269,12 @@ def _give_back(upgrade: Upgrade) -> None:
         upgrade.ctx.log.warning("GPU DaemonSets not given back", detail=str(exc))
 
 
+def last_look(timeout: float) -> float:
+    """When API calls made while freeing the GPUs must have ended: UPGRADE_TIMEOUT and the
+    little more the waits' last look after it takes (then they name what is still pending)."""
+    return timeout + min(2.0, timeout / 2)
+
+
 def poll_interval(timeout: float) -> float:
     """Retry and poll period: kubectl drain's 5 s, shorter for short timeouts."""
     return min(5.0, max(0.1, timeout / 20))
@@ -278,9 +290,21 @@ def _step(ctx: Context, step: str, **fields: Any) -> Iterator[None]:
 
 
 def _api(call: Callable[[], T]) -> T:
-    """A Kubernetes call whose failure blocks the upgrade (exit 15) rather than crashing."""
+    """A Kubernetes call whose failure blocks the upgrade (exit 15) rather than crashing;
+    one that UPGRADE_TIMEOUT cut short is a timeout (exit 16)."""
     try:
         return call()
+    except kube.Late as exc:
+        if not exc.bound:
+            raise UpgradeBlockedError(f"Kubernetes API: {exc}",
+                                      remedy="check that the API server answers") from exc
+        raise UpgradeTimeoutError(f"Kubernetes API: {exc}; nothing was unloaded",
+                                  remedy="check that the API server answers, or raise "
+                                         "UPGRADE_TIMEOUT; the next run resumes") from exc
+    except kube.Malformed as exc:
+        raise UpgradeBlockedError(f"Kubernetes API: {exc}",
+                                  remedy="check what answers at the API server's address "
+                                         "(a proxy or load balancer in its place?)") from exc
     except kube.KubeError as exc:
         raise UpgradeBlockedError(f"Kubernetes API: {exc}",
                                   remedy="check the installer's RBAC (docs/deploy.md, the "

@@ -29,7 +29,8 @@ def free(ctx: Context, holders: Sequence[Holder], devices: Sequence[str]) -> Non
     config = ctx.config
     deadline = time.monotonic() + config.upgrade_timeout
     interval = flow.poll_interval(config.upgrade_timeout)
-    api = upgrade.api
+    api = upgrade.api.bounded(time.monotonic() + flow.last_look(config.upgrade_timeout),
+                              "UPGRADE_TIMEOUT")  # no call outlives the deadline
     pods = [selection.pod_from_api(p) for p in
             flow._api(lambda: kube.pods_on_node(api, upgrade.node))]
     rules = selection.Rules(config.upgrade_policy, config.upgrade_restart_daemonsets,

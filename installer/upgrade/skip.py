@@ -45,7 +45,7 @@ def check(ctx: Context, package: Package) -> Skipped | None:
     node = ctx.config.node_name
     if not node:
         return None  # a run by hand: no Node, no label
-    api = kube.api_server(ctx.config.kube_api, ctx.config.service_account_dir, os.environ)
+    api = kube.connect(ctx.config, os.environ)
     if api is None:
         ctx.log.warning(f"{UPGRADE_SKIP} not read: no Kubernetes API (no API server URL or "
                         "service-account token); the driver is replaced as without it")

@@ -1,4 +1,5 @@
-"""node.kube: API server discovery, and TLS against the in-cluster CA on 127.0.0.1."""
+"""node.kube: API server discovery, TLS against the in-cluster CA on 127.0.0.1, and what it
+does with slow, failing or malformed answers."""
 
 from __future__ import annotations
 
@@ -7,10 +8,12 @@ import shutil
 import ssl
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import kubefake
 import pytest
 
 from installer.node import kube
@@ -104,3 +107,112 @@ class TestTls:
         with pytest.raises(kube.KubeError, match="SSLError"):
             kube.patch_node_labels(api, "n1", {"a/b": "c"})
         assert seen == []
+
+
+# --- answers: one deadline per call, retried writes, refused shapes (tests/kubefake.py) ----
+
+NODE = "gpu-node-1"
+
+
+@pytest.fixture
+def fake(tmp_path: Path) -> Iterator[tuple[kube.ApiServer, kubefake.Cluster]]:
+    cluster = kubefake.Cluster(node_name=NODE, nodes={NODE: kubefake.node_doc(NODE)})
+    directory = tmp_path / "fake-sa"
+    directory.mkdir()
+    (directory / "token").write_text(kubefake.TOKEN + "\n")
+    with kubefake.serve(cluster) as url:
+        api = kube.api_server(url, directory, {})
+        assert api is not None
+        yield api, cluster
+
+
+class TestDeadline:
+    def test_a_trickled_answer_ends_at_the_deadline(
+            self, fake: tuple[kube.ApiServer, kubefake.Cluster]) -> None:
+        api, cluster = fake
+        body = json.dumps({"kind": "PodList", "metadata": {}, "items": []}).encode()
+        cluster.faults["GET /api/v1/pods"] = [kubefake.Reply(body=body, trickle_s=0.3)]
+        start = time.monotonic()
+        with pytest.raises(kube.Late, match=r"GET /api/v1/pods\?.*no complete answer "
+                                            r"within 1\.0 s") as caught:
+            kube.pods_on_node(api, NODE, deadline=start + 1.0)
+        assert time.monotonic() - start < 3.0  # one deadline, not one per read
+        assert caught.value.bound == ""
+
+    def test_a_bound_names_itself(self, fake: tuple[kube.ApiServer, kubefake.Cluster]) -> None:
+        api, cluster = fake
+        cluster.faults[f"GET /api/v1/nodes/{NODE}"] = [kubefake.Reply(body=b"{}" * 20,
+                                                                      trickle_s=0.3)]
+        bounded = api.bounded(time.monotonic() + 0.5, "UPGRADE_TIMEOUT")
+        with pytest.raises(kube.Late, match=r"\(UPGRADE_TIMEOUT ran out\)") as caught:
+            kube.get_node(bounded, NODE, deadline=time.monotonic() + 30)
+        assert caught.value.bound == "UPGRADE_TIMEOUT"
+
+    def test_a_path_that_could_split_the_request_is_refused(
+            self, fake: tuple[kube.ApiServer, kubefake.Cluster]) -> None:
+        api, cluster = fake
+        with pytest.raises(kube.KubeError, match="a path a request line cannot hold"):
+            kube.get_pod(api, "default", "x HTTP/1.1\r\nX-Injected: 1")
+        assert cluster.calls == []
+
+
+class TestRetries:
+    def test_label_writes_retry_429_and_503_with_backoff(
+            self, fake: tuple[kube.ApiServer, kubefake.Cluster]) -> None:
+        api, cluster = fake
+        cluster.faults[f"PATCH /api/v1/nodes/{NODE}"] = [
+            kubefake.Reply(429, b'{"kind":"Status"}', headers={"Retry-After": "1"}), 503]
+        kube.patch_node_labels(api, NODE, {"a/b": "c"}, deadline=time.monotonic() + 5)
+        patches = [c for c in cluster.calls if c.method == "PATCH"]
+        assert [c.status for c in patches] == [429, 503, 200]
+        assert patches[1].at - patches[0].at >= 0.9  # Retry-After: 1 was honoured
+        assert cluster.node()["metadata"]["labels"]["a/b"] == "c"
+
+    def test_retries_stop_at_the_deadline(
+            self, fake: tuple[kube.ApiServer, kubefake.Cluster]) -> None:
+        api, cluster = fake
+        cluster.faults["POST /api/v1/namespaces/default/events"] = [503] * 100
+        start = time.monotonic()
+        with pytest.raises(kube.KubeError, match="HTTP 503") as caught:
+            kube.post_node_event(api, NODE, reason="R", message="m", deadline=start + 1.0)
+        assert caught.value.status == 503 and time.monotonic() - start < 2.0
+        assert 2 <= len(cluster.calls) < 100
+
+    def test_reads_and_evictions_are_not_retried(
+            self, fake: tuple[kube.ApiServer, kubefake.Cluster]) -> None:
+        api, cluster = fake
+        cluster.faults[f"GET /api/v1/nodes/{NODE}"] = [503]
+        with pytest.raises(kube.KubeError, match="HTTP 503"):
+            kube.get_node(api, NODE)
+        assert len(cluster.calls) == 1
+
+
+class TestShapes:
+    @pytest.mark.parametrize(("body", "problem"), [
+        (b"<html>upstream gateway</html>", "not JSON"),
+        (b"", "empty"),
+        (b"[1, 2]", "a JSON list, not an object"),
+        (b'{"items": [' * 40 + b"]}" * 40, "nested deeper than 32 levels"),
+        (b'{"items": NaN}', "not JSON"),
+        (b'{"kind": "PodList", "items": {"a": 1}}', "items is a dict, not a list"),
+        (b'{"kind": "PodList", "items": null}', "items is missing, not a list"),
+        (b'{"kind": "PodList", "items": ["pod"]}', "an item of the answer is a str"),
+        (b'{"items": [], "metadata": {"continue": 7}}', "metadata.continue is a int"),
+    ])
+    def test_a_2xx_list_answer_that_is_not_a_list_is_an_error(
+            self, fake: tuple[kube.ApiServer, kubefake.Cluster], body: bytes,
+            problem: str) -> None:
+        api, cluster = fake
+        cluster.faults["GET /api/v1/pods"] = [kubefake.Reply(body=body)]
+        with pytest.raises(kube.KubeError) as caught:
+            kube.pods_on_node(api, NODE)
+        assert problem in str(caught.value), caught.value
+        assert len(str(caught.value)) < 600
+
+    def test_the_answer_is_named_by_a_bounded_prefix(
+            self, fake: tuple[kube.ApiServer, kubefake.Cluster]) -> None:
+        api, cluster = fake
+        cluster.faults[f"GET /api/v1/nodes/{NODE}"] = [
+            kubefake.Reply(body=b"<html>" + b"x" * 100_000 + b"\x1b[31m")]
+        with pytest.raises(kube.KubeError, match=r"not JSON.*'<html>xxx.*\.\.\.$"):
+            kube.get_node(api, NODE)

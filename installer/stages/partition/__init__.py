@@ -268,7 +268,7 @@ def _set_state(ctx: Context, state: str) -> None:
         return
     from installer.node import kube
 
-    api = kube.api_server(ctx.config.kube_api, ctx.config.service_account_dir, os.environ)
+    api = kube.connect(ctx.config, os.environ)
     if api is None:
         return
     try:

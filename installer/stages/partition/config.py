@@ -301,7 +301,7 @@ def _label(ctx: Context) -> str | None:
         return None
     from installer.node import kube
 
-    api = kube.api_server(ctx.config.kube_api, ctx.config.service_account_dir, os.environ)
+    api = kube.connect(ctx.config, os.environ)
     if api is None:
         return None
     try:

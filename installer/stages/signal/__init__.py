@@ -169,7 +169,7 @@ def _publish(ctx: Context, verified: Verified, labels: dict[str, str]) -> list[s
         return []
     from installer.node import kube
 
-    api = kube.api_server(ctx.config.kube_api, ctx.config.service_account_dir, os.environ)
+    api = kube.connect(ctx.config, os.environ)
     if api is None:
         return [f"node {node} not labelled: no API server URL or service-account token"]
     message = (f"NVIDIA driver {verified.driver_version} ready on {len(verified.gpus)} GPU(s) "
