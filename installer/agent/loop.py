@@ -142,6 +142,12 @@ class Agent:
         if self.no_install is not None:
             return Verdict(False, "NotInstalled",
                            f"the install has not made this node ready: {self.no_install}")
+        refused = self.supervisor.refused()
+        if refused:
+            message = f"{refused[0].spec.name} not started: {refused[0].refused}"
+            self.reporter.event("DaemonRefused", message,
+                                once_key=f"refused:{refused[0].spec.name}")
+            return Verdict(False, "DaemonRefused", message)
         failing = self.supervisor.failing()
         if failing:
             verdict = _failing_verdict(failing)
@@ -350,7 +356,8 @@ def run_once(agent: Agent, *, deadline_s: float) -> Verdict:
     try:
         while True:
             verdict = agent.round()
-            if verdict.ready or verdict.reason in ("NotInstalled", "DaemonFailing") or \
+            if verdict.ready or verdict.reason in ("NotInstalled", "DaemonFailing",
+                                                   "DaemonRefused") or \
                     agent.clock() >= end:
                 return verdict
             time.sleep(min(0.5, max(0.05, end - agent.clock())))
