@@ -162,7 +162,8 @@ class Agent:
             daemon = down[0]
             if daemon.state == STARTING:
                 return Verdict(False, "DaemonStarting", f"{daemon.spec.name} is starting")
-            code = f" (exit code {daemon.last_exit})" if daemon.last_exit is not None else ""
+            code = f" (exit code {daemon.last_exit})" if daemon.last_exit is not None else \
+                f" ({daemon.tail[-1]})" if daemon.tail else ""  # it could not even start
             return Verdict(False, "DaemonDown",
                            f"{daemon.spec.name} is not running{code}; restarting")
         if not self.plan.fabric:

@@ -28,7 +28,7 @@ from installer.packages.manifest import Package
 CASE_S = 5.0  # every case's bound
 FM_PID = "node/var/run/nvidia-fabricmanager/nv-fabricmanager.pid"
 AGENT_WRITES = (f"node/{INSTALL}/.agent", f"node/{INSTALL}/.ready.json",
-                "node/run/nvidia/validations/", "node/var/run/", "node/var/log/",
+                "node/run/nvidia/validations/", "node/var/",
                 "node/fabric", "node/termlog", "node/persistence", "tmp/")
 
 
@@ -40,14 +40,14 @@ def agent_node(base: Path, package: Package) -> AgentNode:
     return node
 
 
-def run_once(node: AgentNode) -> Result:
-    """`agent --once` in the sandbox, within CASE_S."""
+def run_once(node: AgentNode, env: dict[str, str] | None = None) -> Result:
+    """`agent --once` in the sandbox (with `env` added), within CASE_S."""
     arena = node.root.parent
     (arena / "tmp").mkdir(exist_ok=True)
     command = ["unshare", "-m", "--propagation", "private", "sh", "-c", SANDBOX, "sandbox",
                str(arena), *node.command("agent", "--once")]
-    done = subprocess.run(command, env={**node.env, "TMPDIR": str(arena / "tmp")}, cwd=REPO,
-                          capture_output=True, text=True, timeout=CASE_S, check=False,
+    done = subprocess.run(command, env={**node.env, **(env or {}), "TMPDIR": str(arena / "tmp")},
+                          cwd=REPO, capture_output=True, text=True, timeout=CASE_S, check=False,
                           errors="replace")
     assert done.returncode != SANDBOX_FAILED, f"sandbox not set up: {done.stderr[-500:]}"
     return Result(done.returncode, done.stdout, done.stderr)
