@@ -263,12 +263,28 @@ class Supervisor:
             path = seam.pid_file(self.host, daemon.spec.name)
             if seam.stop_daemon(self.host, path, timeout_s=timeout_s, records=self.records):
                 stopped.append(daemon.spec.name)
+            elif daemon.process is not None and daemon.process.poll() is None:
+                # our own child, whatever its pid file says now (a child not yet reaped
+                # keeps its pid: this signals no other process)
+                _stop_child(daemon.process, timeout_s)
+                stopped.append(daemon.spec.name)
             if daemon.process is not None:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     daemon.process.wait(timeout=1.0)
             self._forget(daemon)
             daemon.state = STOPPED
         return stopped
+
+
+def _stop_child(process: subprocess.Popen[bytes], timeout_s: float) -> None:
+    """SIGTERM, then SIGKILL after `timeout_s`: a daemon this process started itself."""
+    process.terminate()
+    try:
+        process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=5.0)
 
 
 def tail(path: Path, lines: int = TAIL_LINES) -> list[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import shutil
+import subprocess
 import time
 from pathlib import Path
 
@@ -150,3 +151,23 @@ def test_adopts_a_daemon_an_earlier_agent_left_and_sees_it_exit(tmp_path: Path) 
     first.daemons[0].process.wait()  # type: ignore[union-attr]
     assert [d.spec.name for d in second.tick(201.0)] == ["nvlsm"]
     assert second.daemons[0].state == daemons.BACKOFF
+
+
+def test_stop_signals_its_own_child_never_the_pid_a_rewritten_pid_file_names(
+        tmp_path: Path) -> None:
+    """The pid file now names a foreign process (written over by anyone root on the node):
+    the supervisor stops the daemon it started through its own child handle, and the
+    foreign process is never signalled."""
+    sup = supervisor(tmp_path, sleeper(tmp_path))
+    other = subprocess.Popen(["sleep", "300"])
+    try:
+        sup.tick(100.0)
+        ours = sup.daemons[0].process
+        assert ours is not None
+        (tmp_path / "var/run/nvidia-fabricmanager/nvlsm.pid").write_text(f"{other.pid}\n")
+        assert sup.stop_all(5.0) == ["nvlsm"]
+        assert ours.poll() is not None
+        assert other.poll() is None  # alive: never signalled
+    finally:
+        other.kill()
+        other.wait()
