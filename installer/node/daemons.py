@@ -155,7 +155,8 @@ def check_ours(pid: int, name: str, records: Path,
         data = programs.read_small(record_file(records, name), MAX_RECORD)
         record = json.loads(data) if data is not None else None
     except (OSError, ValueError) as exc:
-        raise NotOurs(f"its record cannot be read ({exc})") from None
+        raise NotOurs(f"its record cannot be read ({getattr(exc, 'strerror', None) or exc})"
+                      ) from None
     if not isinstance(record, dict):
         raise NotOurs("this installer has no record of starting it")
     if record.get("pid") != pid or record.get("boot_id") != programs.boot_id():

@@ -21,15 +21,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from installer.node import confine
+from installer.node import confine, files
+from installer.node.files import NotRegularFile, read_capped
 from installer.node.host import Host
 
 OWN_PROC = Path("/proc")  # the procfs of the pid namespace the daemons run in
 MAX_PROGRAM = 1 << 30  # no daemon binary is near 1 GiB; a bigger (sparse) file is refused
 _OPEN = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
-_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
-          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-          (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a symbolic link"))
+
 
 
 class ProgramError(Exception):
@@ -62,8 +61,8 @@ class Program:
 
 
 def kind_of(mode: int) -> str:
-    """What a file of this mode is, as a refusal names it."""
-    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+    """What a file of this mode (from lstat too) is, as a refusal names it."""
+    return "a symbolic link" if stat.S_ISLNK(mode) else files.kind_of(mode)
 
 
 def open_program(host: Host, path: Path, sha256: str | None) -> Program:
@@ -186,16 +185,10 @@ def boot_id() -> str:
 
 def read_small(path: Path, limit: int) -> bytes | None:
     """Up to `limit` bytes of a regular file, None when absent; OSError naming the kind of
-    anything else (a FIFO planted there cannot hang the caller: opened non-blocking).
-    The rules of installer.packages.documents.read_file, which this layer may not import."""
+    anything else (installer.node.files: a FIFO planted there is never waited on)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
-    except (FileNotFoundError, NotADirectoryError):
+        return read_capped(path, limit)
+    except FileNotFoundError:
         return None
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise OSError(errno.EINVAL, f"{path} is {kind_of(mode)}, not a regular file")
-        return os.read(fd, limit)
-    finally:
-        os.close(fd)
+    except NotRegularFile as exc:
+        raise OSError(errno.EINVAL, f"{path} is {exc.strerror}, not a regular file") from None
