@@ -100,6 +100,10 @@ def standin_program(name: str, version: str) -> Path:
     gcc = shutil.which("gcc")
     if gcc is None:
         raise RuntimeError("gcc is missing: run `make deps` (scripts/install-deps.sh)")
+    if not (Path(include) / "Python.h").is_file():
+        raise RuntimeError(f"{include}/Python.h is missing: the daemon stand-ins embed this "
+                           "interpreter (install its headers and libpython, e.g. "
+                           "python3.11-dev, or use a Python built with them)")
     library = f"python{sysconfig.get_config_var('LDVERSION')}"
     subprocess.run([gcc, "-O1", "-Wall", "-Werror", f"-I{include}",
                     f"-DSTANDIN_NAME={_c_string(repr(name))}",
