@@ -142,6 +142,12 @@ class Agent:
         if self.no_install is not None:
             return Verdict(False, "NotInstalled",
                            f"the install has not made this node ready: {self.no_install}")
+        refused = self.supervisor.refused()
+        if refused:
+            message = f"{refused[0].spec.name} not started: {refused[0].refused}"
+            self.reporter.event("DaemonRefused", message,
+                                once_key=f"refused:{refused[0].spec.name}")
+            return Verdict(False, "DaemonRefused", message)
         failing = self.supervisor.failing()
         if failing:
             verdict = _failing_verdict(failing)
@@ -156,7 +162,8 @@ class Agent:
             daemon = down[0]
             if daemon.state == STARTING:
                 return Verdict(False, "DaemonStarting", f"{daemon.spec.name} is starting")
-            code = f" (exit code {daemon.last_exit})" if daemon.last_exit is not None else ""
+            code = f" (exit code {daemon.last_exit})" if daemon.last_exit is not None else \
+                f" ({daemon.tail[-1]})" if daemon.tail else ""  # it could not even start
             return Verdict(False, "DaemonDown",
                            f"{daemon.spec.name} is not running{code}; restarting")
         if not self.plan.fabric:
@@ -350,7 +357,8 @@ def run_once(agent: Agent, *, deadline_s: float) -> Verdict:
     try:
         while True:
             verdict = agent.round()
-            if verdict.ready or verdict.reason in ("NotInstalled", "DaemonFailing") or \
+            if verdict.ready or verdict.reason in ("NotInstalled", "DaemonFailing",
+                                                   "DaemonRefused") or \
                     agent.clock() >= end:
                 return verdict
             time.sleep(min(0.5, max(0.05, end - agent.clock())))

@@ -1,5 +1,7 @@
 """Which daemons this node needs, from the node itself and the staged package.
 
+Each daemon's argv[0] is its staged binary and its Spec carries the binary's sha256 from
+the stage's record: the supervisor hashes the file against it before every start.
 Refusals happen here, before anything starts: a fabric node whose package lacks Fabric
 Manager (or NVLSM), or carries a Fabric Manager of another version than the driver, is
 exit 14 (`require_daemons`); a bad `NVFM_CONFIG_*` is exit 2. With FABRIC_MANAGER=host the
@@ -53,7 +55,8 @@ def make_plan(config: Config, host: Host, *, driver_version: str, work: Path,
         if persistenced is None:
             notes.append("the package has no nvidia-persistenced: persistence mode not run")
         else:
-            specs.append(persistenced_spec(config, persistenced.binary, driver_version))
+            specs.append(persistenced_spec(config, persistenced.binary, driver_version,
+                                           persistenced.sha256))
     else:
         notes.append("PERSISTENCE_MODE=off: nvidia-persistenced not run")
     if kind != "none" and config.fabric_manager == "host":
@@ -65,10 +68,10 @@ def make_plan(config: Config, host: Host, *, driver_version: str, work: Path,
         if kind == "nvlink5":
             nvlsm = staged["nvlsm"]
             argv = [str(nvlsm.binary)] + (["-F", str(nvlsm.config)] if nvlsm.config else [])
-            specs.append(Spec("nvlsm", tuple(argv), needs_ib=True))
-        specs.append(Spec("nv-fabricmanager",
-                          (str(staged["nv-fabricmanager"].binary), "-c", str(fm_config)),
-                          needs_ib=kind == "nvlink5"))
+            specs.append(Spec("nvlsm", tuple(argv), needs_ib=True, sha256=nvlsm.sha256))
+        fm = staged["nv-fabricmanager"]
+        specs.append(Spec("nv-fabricmanager", (str(fm.binary), "-c", str(fm_config)),
+                          needs_ib=kind == "nvlink5", sha256=fm.sha256))
     elif overrides:
         notes.append("NVFM_CONFIG_* set but this node has no NVSwitch: ignored")
     return Plan(kind, tuple(specs), tuple(notes), daemon_env(config, host, environ))

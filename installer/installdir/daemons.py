@@ -1,7 +1,8 @@
 """The driver's daemons staged in the install dir, and what a node's fabric needs of them.
 
 The stage records each daemon of the package (`manifest.daemons`) in the version's
-`.staged.json` with the staged paths of its files; `staged_daemons` reads that record
+`.staged.json` with the staged paths of its files and its binary's sha256 (the manifest's:
+the agent hashes the binary against it before each start); `staged_daemons` reads that record
 through `.current`, so the paths follow the version in service (an upgrade's one rename
 switches the daemons with the libraries). `require_daemons` refuses (exit 14) a node whose
 NVSwitch or NVLink5 fabric needs Fabric Manager (and NVLSM) when the package lacks them or
@@ -10,6 +11,7 @@ carries a Fabric Manager of another version than the driver: NVIDIA requires the
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -17,7 +19,7 @@ from typing import Any, Protocol, TypeGuard
 
 from installer.config import Config
 from installer.errors import IncompatibleError
-from installer.installdir.layout import CURRENT, KIND_DIRS, STAGED_META, install_root
+from installer.installdir.layout import AGENT_DIR, CURRENT, KIND_DIRS, STAGED_META, install_root
 from installer.node.host import Roots
 from installer.packages.daemons import (
     DAEMON_NAMES,
@@ -29,6 +31,7 @@ from installer.packages.daemons import (
 from installer.packages.documents import DocumentError, read_document, read_file
 from installer.packages.placement import Placed, destination
 
+SHA256_RE = re.compile(r"[0-9a-f]{64}\Z")
 MAX_META_BYTES = 64 * 1024  # as installer.installdir.versions reads .staged.json
 # what each fabric kind (installer.node.fabric.FabricKind) needs running
 NEEDED: dict[str, tuple[str, ...]] = {"none": (), "nvswitch": (FABRIC_MANAGER,),
@@ -42,7 +45,8 @@ _FLAGS = {FABRIC_MANAGER: "--fabricmanager fabricmanager-linux-<arch>-{driver}-a
 class StagedDaemon:
     """A daemon of the package in service: paths as seen here, under `<install>/.current`.
 
-    `files` are all its staged files (Fabric Manager's topology files sit beside its config).
+    `files` are all its staged files (Fabric Manager's topology files sit beside its config);
+    `sha256` the binary's, as the package's manifest says (None in a record from before it).
     """
 
     name: str
@@ -50,6 +54,13 @@ class StagedDaemon:
     binary: Path
     config: Path | None
     files: tuple[Path, ...] = ()
+    sha256: str | None = None
+
+
+def records_dir(config: Config, roots: Roots) -> Path:
+    """Where the agent records each daemon it starts (installer.node.daemons): its work
+    area, which the upgrade flow reads too before it stops them."""
+    return install_root(config, roots) / AGENT_DIR / "daemons"
 
 
 def staged_record(files: Iterable[Placed], daemons: Iterable[DaemonEntry]
@@ -61,6 +72,7 @@ def staged_record(files: Iterable[Placed], daemons: Iterable[DaemonEntry]
         return None if relpath is None else str(destination(by_path[relpath]))
 
     return {d.name: {"version": d.version, "binary": staged(d.binary),
+                     "sha256": getattr(by_path[d.binary], "sha256", None),
                      "config": staged(d.config),
                      "files": sorted(str(destination(by_path[p])) for p in d.files)}
             for d in daemons}
@@ -113,14 +125,15 @@ def _from_record(current: Path, name: str, entry: Any) -> StagedDaemon | None:
     if name not in DAEMON_NAMES or not isinstance(entry, dict):
         return None
     version, binary, config = entry.get("version"), entry.get("binary"), entry.get("config")
-    files = entry.get("files")
+    files, sha256 = entry.get("files"), entry.get("sha256")
     if (not isinstance(version, str) or not VERSION_RE.match(version)
             or not _staged_path(binary) or not (config is None or _staged_path(config))
-            or not isinstance(files, list) or not all(_staged_path(f) for f in files)):
+            or not isinstance(files, list) or not all(_staged_path(f) for f in files)
+            or not (sha256 is None or (isinstance(sha256, str) and SHA256_RE.match(sha256)))):
         return None
     return StagedDaemon(name, version, current / binary,
                         None if config is None else current / config,
-                        tuple(current / f for f in files))
+                        tuple(current / f for f in files), sha256)
 
 
 def _staged_path(value: Any) -> TypeGuard[str]:

@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 from installer.compat.nodelabels import OWN_PREFIX, UPGRADE_SKIP, UPGRADE_STATE
 from installer.context import Context
 from installer.errors import InstallerError, UpgradeBlockedError, UpgradeTimeoutError
+from installer.installdir.daemons import records_dir
 from installer.node import kmod, kube
 from installer.node.daemons import stop_all as stop_daemons
 from installer.node.holders import Holder, find_holders
@@ -126,7 +127,8 @@ def _free(upgrade: Upgrade, package: Package, other: load.OtherVersion) -> None:
         upgrade.event("DriverUpgradeRequired", f"driver {_loaded(other)} is in use; "
                       f"upgrading to {wanted} (policy {config.upgrade_policy})")
         load.preflight(ctx, package)
-        stop_daemons(ctx.host, timeout_s=config.daemon_stop_timeout)  # they hold the GPUs
+        stop_daemons(ctx.host, timeout_s=config.daemon_stop_timeout,  # they hold the GPUs
+                     records=records_dir(config, ctx.host.roots))
         _plan(upgrade, other)  # refuse what may not be evicted before anything changes
         rollout.wait_turn(upgrade.api, upgrade.node, config.upgrade_max_unavailable,
                           deadline=deadline, interval=interval)

@@ -1,10 +1,13 @@
 """installer.node.daemons and installer.agent.fmconfig: real processes started with pid files
-in a temp host tree, stopped through them, and never a process the pid file does not name.
+in a temp host tree and a record of each start, stopped through them, and never a process
+the record does not prove ours.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,7 +20,7 @@ from installer.agent import fmconfig
 from installer.agent.daemons import persistenced_spec
 from installer.config import load_config
 from installer.errors import ConfigError
-from installer.node import daemons
+from installer.node import daemons, programs
 from installer.node.host import RealHost, Roots
 
 SLEEPER = "import signal, sys, time\n{handler}\nprint('up', flush=True)\ntime.sleep(300)\n"
@@ -29,13 +32,27 @@ def host(tmp_path: Path) -> RealHost:
     return RealHost(Roots(tmp_path, tmp_path / "proc", tmp_path / "sys", tmp_path / "dev"))
 
 
-def fake_daemon(tmp_path: Path, name: str, *, ignore_term: bool = False) -> Path:
-    """A script named like the daemon (argv[1] under the interpreter names it)."""
-    script = tmp_path / "bin" / name
-    script.parent.mkdir(exist_ok=True)
+def fake_daemon(tmp_path: Path, name: str, *, ignore_term: bool = False) -> list[str]:
+    """A copy of this interpreter named like the daemon, under the host root (what the
+    agent execs is a program file; /proc/PID/exe is then that copy), with its script."""
+    program = tmp_path / "bin" / name
+    program.parent.mkdir(exist_ok=True)
+    shutil.copyfile(os.path.realpath(sys.executable), program)
+    program.chmod(0o755)
     handler = "signal.signal(signal.SIGTERM, signal.SIG_IGN)" if ignore_term else ""
-    script.write_text(SLEEPER.format(handler=handler))
-    return script
+    return [str(program), "-c", SLEEPER.format(handler=handler)]
+
+
+def start(node: RealHost, tmp_path: Path, name: str, argv: list[str],
+          log_file: Path) -> daemons.Started:
+    """start_daemon as the supervisor calls it: the program opened and hashed first."""
+    path = Path(argv[0])
+    program = programs.open_program(node, path, hashlib.sha256(path.read_bytes()).hexdigest())
+    try:
+        return daemons.start_daemon(node, name, argv, program=program, log_file=log_file,
+                                    records=tmp_path / "records")
+    finally:
+        program.close()
 
 
 def alive(pid: int) -> bool:
@@ -46,54 +63,56 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
+def wait_up(log_file: Path) -> None:
+    deadline = time.monotonic() + 30
+    while "up" not in log_file.read_text():  # its output is kept
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
 class TestStartAndStop:
     def test_start_writes_the_pid_file_on_the_node_and_stop_removes_it(
             self, tmp_path: Path) -> None:
         node = host(tmp_path)
-        script = fake_daemon(tmp_path, "nv-fabricmanager")
-        started = daemons.start_daemon(node, "nv-fabricmanager", [sys.executable, str(script)],
-                                       log_file=tmp_path / "logs/fm.log")
+        started = start(node, tmp_path, "nv-fabricmanager",
+                        fake_daemon(tmp_path, "nv-fabricmanager"), tmp_path / "logs/fm.log")
         pid_file = tmp_path / "var/run/nvidia-fabricmanager/nv-fabricmanager.pid"
         assert started.pid_file == pid_file
         assert pid_file.read_text() == f"{started.pid}\n"
-        deadline = time.monotonic() + 30
-        while "up" not in (tmp_path / "logs/fm.log").read_text():  # its output is kept
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-        assert daemons.running_pid(pid_file, "nv-fabricmanager") == started.pid
-        assert daemons.stop_daemon(node, pid_file, timeout_s=10) is True
+        assert started.start_ticks == programs.start_ticks(started.pid)
+        wait_up(tmp_path / "logs/fm.log")
+        assert os.readlink(f"/proc/{started.pid}/exe") == str(tmp_path / "bin/nv-fabricmanager")
+        records = tmp_path / "records"
+        assert daemons.running_pid(pid_file, "nv-fabricmanager", records) == started.pid
+        assert daemons.stop_daemon(node, pid_file, timeout_s=10, records=records) is True
         assert started.process.wait(timeout=10) == -signal.SIGTERM
         assert not pid_file.exists()
+        assert not (records / "nv-fabricmanager.json").exists()
 
     def test_sigkill_after_the_timeout(self, tmp_path: Path) -> None:
         node = host(tmp_path)
-        script = fake_daemon(tmp_path, "nvidia-persistenced", ignore_term=True)
-        started = daemons.start_daemon(node, "nvidia-persistenced",
-                                       [sys.executable, str(script)],
-                                       log_file=tmp_path / "p.log")
-        deadline = time.monotonic() + 30
-        while "up" not in (tmp_path / "p.log").read_text():  # SIGTERM ignored from here
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        started = start(node, tmp_path, "nvidia-persistenced",
+                        fake_daemon(tmp_path, "nvidia-persistenced", ignore_term=True),
+                        tmp_path / "p.log")
+        wait_up(tmp_path / "p.log")  # SIGTERM ignored from here
         begin = time.monotonic()
-        assert daemons.stop_daemon(node, started.pid_file, timeout_s=1.0) is True
+        assert daemons.stop_daemon(node, started.pid_file, timeout_s=1.0,
+                                   records=tmp_path / "records") is True
         assert time.monotonic() - begin >= 1.0  # waited for SIGTERM first
         assert started.process.wait(timeout=10) == -signal.SIGKILL
 
     def test_a_pid_file_naming_another_program_is_never_signalled(
             self, tmp_path: Path) -> None:
-        """A recycled pid: the file says nv-fabricmanager, the process is something else."""
+        """A recycled pid: the file says nv-fabricmanager, the process is something else,
+        even one whose argv names the daemon."""
         node = host(tmp_path)
-        other = subprocess.Popen(["sleep", "300"])
+        other = subprocess.Popen(["sleep", "300"], executable=shutil.which("sleep"))
         try:
-            deadline = time.monotonic() + 30  # Popen returns mid-exec: argv comes a bit later
-            while daemons.command_line(other.pid) != ["sleep", "300"]:
-                assert time.monotonic() < deadline
-                time.sleep(0.01)
             pid_file = daemons.pid_file(node, "nv-fabricmanager")
             pid_file.parent.mkdir(parents=True)
             pid_file.write_text(f"{other.pid}\n")
-            assert daemons.stop_daemon(node, pid_file, timeout_s=1) is False
+            assert daemons.stop_daemon(node, pid_file, timeout_s=1,
+                                       records=tmp_path / "records") is False
             assert alive(other.pid)
             assert pid_file.exists()  # not ours to judge: left as found
         finally:
@@ -107,7 +126,8 @@ class TestStartAndStop:
         pid_file = daemons.pid_file(node, "nvlsm")
         pid_file.parent.mkdir(parents=True)
         pid_file.write_text(content)
-        assert daemons.stop_daemon(node, pid_file, timeout_s=1) is False
+        assert daemons.stop_daemon(node, pid_file, timeout_s=1,
+                                   records=tmp_path / "records") is False
         assert not pid_file.exists()
 
     def test_a_dead_daemons_pid_file_is_stale(self, tmp_path: Path) -> None:
@@ -117,22 +137,16 @@ class TestStartAndStop:
         pid_file = daemons.pid_file(node, "nvidia-persistenced")
         pid_file.parent.mkdir(parents=True)
         pid_file.write_text(f"{gone.pid}\n")
-        assert daemons.stop_all(node, timeout_s=1) == []
+        assert daemons.stop_all(node, timeout_s=1, records=tmp_path / "records") == []
         assert not pid_file.exists()
 
     def test_stop_all_stops_every_known_daemon(self, tmp_path: Path) -> None:
         node = host(tmp_path)
-        started = [daemons.start_daemon(node, name, [sys.executable,
-                                                     str(fake_daemon(tmp_path, name))],
-                                        log_file=tmp_path / f"{name}.log")
+        started = [start(node, tmp_path, name, fake_daemon(tmp_path, name),
+                         tmp_path / f"{name}.log")
                    for name in ("nvidia-persistenced", "nv-fabricmanager")]
-        for one in started:  # wait until each runs its script (argv names the daemon)
-            deadline = time.monotonic() + 30
-            while not daemons.running_pid(one.pid_file, one.name):
-                assert time.monotonic() < deadline
-                time.sleep(0.05)
-        assert daemons.stop_all(node, timeout_s=10) == ["nv-fabricmanager",
-                                                        "nvidia-persistenced"]
+        assert daemons.stop_all(node, timeout_s=10, records=tmp_path / "records") == [
+            "nv-fabricmanager", "nvidia-persistenced"]
         assert all(one.process.wait(timeout=10) < 0 for one in started)
         assert not any(os.path.exists(one.pid_file) for one in started)
 

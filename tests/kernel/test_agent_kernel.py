@@ -45,9 +45,9 @@ def guest_run(kernel: Kernel, tmp_path_factory: pytest.TempPathFactory) -> dict[
 class TestSigtermInTheGuest:
     def test_the_daemons_ran_as_the_agent_started_them(self, guest_run: dict[str, Any]
                                                        ) -> None:
-        fm = guest_run["cmdlines"]["nv-fabricmanager"]
-        assert Path(fm[1]).name == "nv-fabricmanager" and fm[2] == "-c"
-        assert guest_run["cmdlines"]["nvidia-persistenced"][2:] == [
+        fm = guest_run["cmdlines"]["nv-fabricmanager"]  # the stand-ins are ELF programs
+        assert Path(fm[0]).name == "nv-fabricmanager" and fm[1] == "-c"
+        assert guest_run["cmdlines"]["nvidia-persistenced"][1:] == [
             "--persistence-mode", "--foreground"]
         assert guest_run["view"]["fabric_kind"] == "nvswitch"
 

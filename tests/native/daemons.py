@@ -1,7 +1,11 @@
 """Stand-ins for NVIDIA's fabric and persistence daemons, with their real command lines.
 
-`write_daemon_standins(bin_dir, version=...)` writes three executables (Python scripts with
-this interpreter in the shebang) that behave, as far as the agent can see, like:
+`write_daemon_standins(bin_dir, version=...)` writes three executables that behave, as far
+as the agent can see, like the ones below. Each is a real ELF program (daemon_standin.c,
+compiled once per name and version, cached): the agent execs a daemon through a descriptor
+of its staged file and adopts or stops one only when `/proc/PID/exe` is that file, which a
+script run by an interpreter would not be. The program embeds this interpreter, which runs
+`main` below:
 
 - `nv-fabricmanager -c <cfg> [-g <guid>]`: Fabric Manager. Fails (exit 1) when the config
   file is missing or its version differs from the driver's (FAKE_NVML_DRIVER, default
@@ -40,10 +44,14 @@ fabric file: FAKE_NVML_FABRIC_FILE (default `<root>/fabric`), rewritten atomical
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
 import signal
+import subprocess
 import sys
+import sysconfig
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -62,22 +70,54 @@ LOG = "var/log/daemon-standins.jsonl"
 NOT_STARTED, IN_PROGRESS, COMPLETED = 1, 2, 3
 _ENV_PREFIX = {FM: "FAKE_FM", NVLSM: "FAKE_NVLSM", PERSISTENCED: "FAKE_PERSISTENCED"}
 _STEP_S = 0.05
+STANDIN_CACHE = Path.home() / ".cache/gpu-node-installer-test/daemon-standins"
 
 
 def write_daemon_standins(bin_dir: Path, *, version: str,
                           nvlsm_version: str | None = None) -> None:
     """nv-fabricmanager, nvlsm and nvidia-persistenced executables in `bin_dir`."""
     bin_dir.mkdir(parents=True, exist_ok=True)
-    tests_dir = Path(__file__).resolve().parent.parent
     for name in (FM, NVLSM, PERSISTENCED):
         shown = nvlsm_version or version if name == NVLSM else version
-        script = bin_dir / name
-        script.write_text(
-            f"#!{sys.executable}\n"
-            f"import sys\nsys.path.insert(0, {str(tests_dir)!r})\n"
-            "from native.daemons import main\n"
-            f"sys.exit(main({name!r}, {shown!r}, sys.argv[1:]))\n", encoding="utf-8")
-        script.chmod(0o755)
+        shutil.copyfile(standin_program(name, shown), bin_dir / name)
+        (bin_dir / name).chmod(0o755)
+
+
+def standin_program(name: str, version: str) -> Path:
+    """The compiled stand-in `name` printing `version`, from the per-user cache (gcc once
+    per name, version and interpreter; a temp file renamed into place, so runs in parallel
+    never see half a file)."""
+    tests_dir = str(Path(__file__).resolve().parent.parent)
+    include, libdir = sysconfig.get_paths()["include"], sysconfig.get_config_var("LIBDIR")
+    source = (Path(__file__).parent / "daemon_standin.c").read_bytes()
+    key = hashlib.sha256(repr((source, name, version, tests_dir, include, libdir,
+                               sys.version)).encode()).hexdigest()[:20]
+    program = STANDIN_CACHE / key / name
+    if program.is_file():
+        return program
+    program.parent.mkdir(parents=True, exist_ok=True)
+    temp = program.with_name(f".{name}.{os.getpid()}.tmp")
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        raise RuntimeError("gcc is missing: run `make deps` (scripts/install-deps.sh)")
+    if not (Path(include) / "Python.h").is_file():
+        raise RuntimeError(f"{include}/Python.h is missing: the daemon stand-ins embed this "
+                           "interpreter (install its headers and libpython, e.g. "
+                           "python3.11-dev, or use a Python built with them)")
+    library = f"python{sysconfig.get_config_var('LDVERSION')}"
+    subprocess.run([gcc, "-O1", "-Wall", "-Werror", f"-I{include}",
+                    f"-DSTANDIN_NAME={_c_string(repr(name))}",
+                    f"-DSTANDIN_VERSION={_c_string(repr(version))}",
+                    f"-DTESTS_DIR={_c_string(repr(tests_dir))}",
+                    str(Path(__file__).parent / "daemon_standin.c"), "-o", str(temp),
+                    f"-L{libdir}", f"-l{library}", f"-Wl,-rpath,{libdir}"], check=True)
+    os.replace(temp, program)
+    return program
+
+
+def _c_string(text: str) -> str:
+    """`text` as a C string literal (what the compiler's -D gets)."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def pid_file(root: Path, name: str) -> Path:

@@ -223,7 +223,7 @@ class TestStagedDaemons:
         assert planned["nv-fabricmanager"] == StagedDaemon(
             "nv-fabricmanager", DRIVER, current / "bin/nv-fabricmanager",
             current / "etc/fabricmanager.cfg",
-            tuple(current / p for p in sorted(FM_FILES)))
+            tuple(current / p for p in sorted(FM_FILES)), "d" * 64)  # the binary's sha256
         assert planned["nvlsm"].config == current / "etc/nvlsm.conf"
 
     @pytest.mark.parametrize("record", [
@@ -234,7 +234,10 @@ class TestStagedDaemons:
         {"nvlsm": {"version": "1.0", "binary": "bin/nvlsm", "config": 3, "files": []}},
         {"dcgm": {"version": "1.0", "binary": "bin/dcgm", "config": None, "files": []}},
         ["nvlsm"],
-    ], ids=["absolute", "dotdot", "not-a-kind-dir", "version", "config", "unknown", "list"])
+        {"nvlsm": {"version": "1.0", "binary": "bin/nvlsm", "config": None, "files": [],
+                   "sha256": "D" * 64}},
+    ], ids=["absolute", "dotdot", "not-a-kind-dir", "version", "config", "unknown", "list",
+            "sha256"])
     def test_a_foreign_record_is_ignored(self, tmp_path: Path, record: Any) -> None:
         write_current(tmp_path, {"digest": "a" * 64, "daemons": record})
         assert staged_daemons(*host(tmp_path)) == {}
