@@ -119,7 +119,7 @@ class TestNvswitchNode:
         (event,) = [e for e in api.events if e["reason"] == "FabricNotReady"]
         assert event["type"] == "Warning"
         assert "8 GPUs: 8 in-progress" in event["message"]
-        assert "GPU 0: in-progress" in event["message"]
+        assert "0000:07:00.0 in-progress" in event["message"]  # by PCI address
         assert condition(api)["status"] == "False"
         assert "8 GPUs: 8 in-progress" in str(condition(api)["message"])
         assert label(api) == "not-ready"
