@@ -18,19 +18,16 @@ ready. Beside the loop, for its whole life (not `--once`), the metrics server
 from __future__ import annotations
 
 import contextlib
-import json
 import signal
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
 
 from installer.agent import health
 from installer.agent.daemons import (
     FABRIC_DAEMONS,
-    RUNNING,
     STARTING,
     WAITING,
     Supervised,
@@ -47,6 +44,13 @@ from installer.agent.fabric import (
 from installer.agent.plan import Plan, make_plan
 from installer.agent.readiness import HEARTBEAT_S, Keeper, remove_view, work_dir, write_view
 from installer.agent.report import Reporter
+from installer.agent.verdict import (
+    Verdict,
+    failing_verdict,
+    load_announced,
+    running,
+    save_announced,
+)
 from installer.context import Context
 from installer.errors import VerificationError
 from installer.installdir.layout import install_root
@@ -60,31 +64,6 @@ WAKE_S = 0.5  # between rounds, a daemon's exit is looked for this often
 
 class AgentNotReadyError(VerificationError):
     """`agent --once`: the node is not ready (daemons, fabric, or no verified install)."""
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """What a round concluded."""
-
-    ready: bool
-    reason: str  # CamelCase, as a condition's reason
-    message: str
-    gpus: tuple[GpuFabric, ...] = ()
-
-    def to_text(self) -> str:
-        lines = [f"{'ready' if self.ready else 'not ready'} ({self.reason}): {self.message}"]
-        lines += [f"GPU {g.index}{f' ({g.pci})' if g.pci else ''}: fabric {g.state}"
-                  + (f" status {g.status}" if g.status is not None else "")
-                  for g in self.gpus]
-        return "\n".join(lines)
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_view(), indent=2)
-
-    def to_view(self) -> dict[str, Any]:
-        return {"ready": self.ready, "reason": self.message, "cause": self.reason,
-                "fabric": [{"index": g.index, "pci": g.pci, "state": g.state,
-                            "status": g.status} for g in self.gpus]}
 
 
 @dataclass
@@ -157,7 +136,7 @@ class Agent:
                            f"the install has not made this node ready: {self.no_install}")
         failing = self.supervisor.failing()
         if failing:
-            verdict = _failing_verdict(failing)
+            verdict = failing_verdict(failing)
             self.reporter.event("DaemonFailing", verdict.message,
                                 once_key=f"failing:{failing[0].spec.name}")
             return verdict
@@ -174,7 +153,7 @@ class Agent:
                            f"{daemon.spec.name} is not running{code}; restarting")
         if not self.plan.fabric:
             return Verdict(True, "Ready", "driver ready; "
-                           f"{_running(self.supervisor) or 'no daemons needed'}")
+                           f"{running(self.supervisor) or 'no daemons needed'}")
         return self._fabric_verdict(now)
 
     def _starting_up(self, daemon: Supervised, now: float) -> bool:
@@ -318,18 +297,6 @@ class Agent:
         return stopped
 
 
-def _running(supervisor: Supervisor) -> str:
-    return ", ".join(f"{d.spec.name} running" for d in supervisor.daemons if d.state == RUNNING)
-
-
-def _failing_verdict(failing: list[Supervised]) -> Verdict:
-    daemon = failing[0]
-    lines = " | ".join(daemon.tail[-5:]) or "no output"
-    return Verdict(False, "DaemonFailing",
-                   f"{daemon.spec.name} keeps failing ({daemon.failures} exits in a row, "
-                   f"last exit code {daemon.last_exit}); last lines: {lines}")
-
-
 @contextmanager
 def stop_on_signal() -> Iterator[threading.Event]:
     """SIGTERM/SIGINT only set the returned event; the loop acts on it between waits."""
@@ -354,6 +321,7 @@ def run_forever(agent: Agent, stop: threading.Event) -> Verdict | None:
                                  lambda: health.clear_after_reboot(api, config.node_name or "",
                                                                    boot))
     watched = agent.health
+    announced = load_announced(agent.work, boot)
     source = health.open_xid_source(agent.host, use_nvml=agent.nvml_ready())
     verdict = None
     try:
@@ -364,9 +332,12 @@ def run_forever(agent: Agent, stop: threading.Event) -> Verdict | None:
                 agent.state.trimmed = True
             if stop.is_set():
                 break
+            before = len(announced)
             agent.wait(agent.wait_s(), lambda timeout: health.watch_once(
                 source, watched, api=api, node=config.node_name, boot_id=boot,
-                timeout_s=timeout, log=agent.log))
+                timeout_s=timeout, log=agent.log, announced=announced))
+            if len(announced) != before:
+                save_announced(agent.work, boot, announced)
     finally:
         source.close()
         agent.stop()
