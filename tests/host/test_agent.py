@@ -233,6 +233,8 @@ class TestOtherNodes:
             wait_for(lambda: node.view().get("cause") == "WaitingForInfiniBand", 60)
             assert "mlx5_core, ib_umad" in str(node.view()["reason"])
             wait_for(lambda: node.view().get("cause") == "InfiniBandModulesMissing", 60)
+            wait_for(lambda: any(e["reason"] == "InfiniBandModulesMissing"  # queued: the
+                                 for e in api.events), 10)  # files first, the API after
             (event,) = [e for e in api.events if e["reason"] == "InfiniBandModulesMissing"]
             assert "mlx5_core, ib_umad not loaded" in event["message"]
             assert node.started() == ["nvidia-persistenced"]  # neither fabric daemon yet

@@ -301,3 +301,16 @@ class TestL4Node:
         assert len(samples) > 100
         assert withdrawn == []
         assert node.ready() and label(api) == "ready"
+
+
+class TestHeldCopy:
+    def test_a_malformed_held_copy_is_never_published(self, tmp_path: Path,
+                                                      package: Package) -> None:
+        node = make_node(tmp_path, package, boot=True)
+        write_fabric(node.fabric, [COMPLETED] * 8)  # the fabric is no reason to wait
+        (node.install / ".agent/ready.json").write_bytes(b"[not json")
+        done = node.run("agent", "--once", timeout=60)
+        assert done.returncode == 12, done.stderr[-2000:]
+        lines = [line for line in done.stderr.splitlines() if line.startswith("error(")]
+        assert len(lines) == 1 and "held readiness" in lines[0] and "malformed" in lines[0]
+        assert not any(path.exists() for path in node.ready_files())
