@@ -263,9 +263,11 @@ class Agent:
                                 f" ready on {self.keeper.saved.gpus} GPU(s): readiness "
                                 f"published, {verdict.message}", warning=False)
 
-    def wait(self, timeout_s: float, wait_once: Callable[[float], object]) -> None:
+    def wait(self, timeout_s: float, wait_once: Callable[[float], object],
+             stop: threading.Event | None = None) -> None:
         """Wait up to `timeout_s` in slices of WAKE_S (`wait_once` waits one slice, for
-        Xids), ending early when a daemon exited: its readiness goes in the next round."""
+        Xids), ending early when a daemon exited (its readiness goes in the next round) or
+        `stop` is set."""
         assert self.supervisor is not None
         end = self.clock() + timeout_s
         while True:
@@ -273,7 +275,7 @@ class Agent:
             if left <= 0:
                 return
             wait_once(min(WAKE_S, left))
-            if self.supervisor.any_exited():
+            if self.supervisor.any_exited() or (stop is not None and stop.is_set()):
                 return
 
     def wait_s(self) -> float:
@@ -335,7 +337,7 @@ def run_forever(agent: Agent, stop: threading.Event) -> Verdict | None:
             before = len(announced)
             agent.wait(agent.wait_s(), lambda timeout: health.watch_once(
                 source, watched, api=api, node=config.node_name, boot_id=boot,
-                timeout_s=timeout, log=agent.log, announced=announced))
+                timeout_s=timeout, log=agent.log, announced=announced), stop)
             if len(announced) != before:
                 save_announced(agent.work, boot, announced)
     finally:
