@@ -158,8 +158,11 @@ class AgentNode:
 
 
 def make_node(tmp_path: Path, package: Package, *, sample: str = "gke-cos-a100x8",
-              gpus: int = 8, env: dict[str, str] | None = None) -> AgentNode:
-    """Build the node, stage the package, load the "driver", signal readiness for real."""
+              gpus: int = 8, env: dict[str, str] | None = None, boot: bool = False
+              ) -> AgentNode:
+    """Build the node, stage the package, load the "driver", signal readiness for real.
+    `boot`: as at a fabric node's boot, signal runs before Fabric Manager (the fabric not
+    started), so it holds readiness for the agent and publishes nothing."""
     root = build_node(tmp_path / "node", SAMPLE_NODES[sample])
     stage.stage_package(make_ctx(root), package)
     (root / "proc/driver/nvidia").mkdir(parents=True)
@@ -180,12 +183,12 @@ def make_node(tmp_path: Path, package: Package, *, sample: str = "gke-cos-a100x8
                 "METRICS_PORT": "0",  # a server only where a test asks for one
                 **(env or {})}
     node = AgentNode(root, node_env)
-    write_fabric(node.fabric, [(3, 0)] * gpus)  # what verify sees: a trained fabric
+    write_fabric(node.fabric, [(1 if boot else 3, 0)] * gpus)  # what signal sees
     with _environ(node_env):
         done = CliRunner().invoke(cli, ["signal", *node_args(root), "--log-format", "json",
                                         "--termination-log", str(root / "termlog")])
     assert done.exit_code == 0, done.output
-    assert node.ready()
+    assert node.ready() is not boot
     write_fabric(node.fabric, [(1, 0)] * gpus)  # the daemons are not running yet
     return node
 

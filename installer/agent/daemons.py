@@ -235,6 +235,10 @@ class Supervisor:
         with contextlib.suppress(FileNotFoundError):
             seam.record_file(self.records, daemon.spec.name).unlink()
 
+    def any_exited(self) -> bool:
+        """Has a daemon that was alive exited since the last tick? (The loop wakes for it.)"""
+        return any(d.state in ALIVE and self._exited(d) for d in self.daemons)
+
     def failing(self) -> list[Supervised]:
         """Daemons that keep failing (FAILING_AFTER short runs in a row)."""
         return [d for d in self.daemons if d.failures >= FAILING_AFTER]

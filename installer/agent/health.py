@@ -3,7 +3,9 @@
 A critical Xid (the `XID_CRITICAL` setting: GKE's set by default, 48 always, never one of
 NVIDIA's application errors) sets the node condition `gpu-node-installer/XidCriticalError`
 to True, Reason `Xid:<codes>` (every critical Xid of this boot), Message this boot's ID, and
-posts a Warning Event `XIDError` naming the GPU and the driver's words: GKE's device plugin
+posts a Warning Event `XIDError` per GPU, naming it and the driver's words (a GPU hitting a
+Xid the condition already lists gets its own Event too, where the caller keeps the set of
+GPU:Xid pairs announced this boot, as the agent does in its work area): GKE's device plugin
 does the same under the plain type `XidCriticalError`, which we leave to it. A broken GPU
 stays broken until the node reboots, so the condition clears only when its boot ID is not
 the current one (`clear_after_reboot`, at the agent's start); an agent restart never clears
@@ -101,9 +103,10 @@ def _now() -> str:
 
 
 def report_critical(api: kube.ApiServer | None, node: str, xids: list[Xid],
-                    boot_id: str) -> None:
-    """Set the condition (this boot's critical Xids) and post a Warning Event for the Xids it
-    did not list yet; nothing when it already lists them all. KubeError as is."""
+                    boot_id: str, announced: set[str] | None = None) -> None:
+    """Set the condition (this boot's critical Xids) and post a Warning Event per GPU: for
+    the GPU:Xid pairs not in `announced` (added to it once posted), or without it for the
+    Xids the condition did not list yet. KubeError as is."""
     if api is None or not node or not xids:
         return
     current = our_condition(api, node)
@@ -111,18 +114,31 @@ def report_critical(api: kube.ApiServer | None, node: str, xids: list[Xid],
                  and current.get("message") == boot_id)
     known = condition_codes(current) if same_boot else set()
     new = [xid for xid in xids if xid.code not in known]
-    if not new:
-        return  # this boot's condition already says so (a restarted agent re-read the log)
+    told = new if announced is None else [x for x in xids if _pair(x) not in announced]
+    if new:
+        _set_condition(api, node, current, known | {xid.code for xid in new}, boot_id,
+                       same_boot)
+    for gpu in dict.fromkeys(xid.gpu for xid in told):  # one Event per GPU, in order
+        mine = [xid for xid in told if xid.gpu == gpu]
+        kube.post_node_event(api, node, reason=EVENT_REASON, event_type="Warning",
+                             message="; ".join(_describe(xid) for xid in mine)
+                             + f" (boot {boot_id or 'unknown'})")
+        if announced is not None:
+            announced.update(_pair(xid) for xid in mine)
+
+
+def _pair(xid: Xid) -> str:
+    return f"{xid.gpu}:{xid.code}"
+
+
+def _set_condition(api: kube.ApiServer, node: str, current: dict[str, Any] | None,
+                   codes: set[int], boot_id: str, same_boot: bool) -> None:
     now = _now()
-    codes = sorted(known | {xid.code for xid in new})
     since = str(current.get("lastTransitionTime") or now) if same_boot and current else now
     kube.patch_node_status(api, node, [{
         "type": CONDITION, "status": "True",
-        "reason": _REASON_PREFIX + ",".join(map(str, codes)), "message": boot_id,
+        "reason": _REASON_PREFIX + ",".join(map(str, sorted(codes))), "message": boot_id,
         "lastHeartbeatTime": now, "lastTransitionTime": since}])
-    kube.post_node_event(api, node, reason=EVENT_REASON, event_type="Warning",
-                         message="; ".join(_describe(xid) for xid in new)
-                         + f" (boot {boot_id or 'unknown'})")
 
 
 def _describe(xid: Xid) -> str:
@@ -147,7 +163,8 @@ def clear_after_reboot(api: kube.ApiServer | None, node: str, boot_id: str) -> b
 
 
 def watch_once(source: XidSource, health: Health, *, api: kube.ApiServer | None,
-               node: str | None, boot_id: str, timeout_s: float, log: Any) -> list[Xid]:
+               node: str | None, boot_id: str, timeout_s: float, log: Any,
+               announced: set[str] | None = None) -> list[Xid]:
     """One round: wait up to `timeout_s` for Xids, count them, log them, report the new
     critical ones (kept for the next round when the API fails). Returns those new ones."""
     xids, dropped = source.wait(timeout_s), health.dropped
@@ -166,7 +183,7 @@ def watch_once(source: XidSource, health: Health, *, api: kube.ApiServer | None,
         health.unreported = []
         return new
     try:
-        report_critical(api, node, health.unreported, boot_id)
+        report_critical(api, node, health.unreported, boot_id, announced)
     except kube.KubeError as exc:
         log.warning("critical Xid not yet on the Node: retried next round", detail=str(exc))
         return new

@@ -3,75 +3,67 @@ source (Xid events) or a >= 5 s interval, never busy-polls.
 
 A round: the supervisor reaps and (re)starts daemons; the verdict is computed from the
 daemons, the InfiniBand modules (NVLink5) and every GPU's fabric state (NVML); readiness is
-withdrawn or restored on a change; the cluster hears of changes only. SIGTERM (the kubelet
-deleting the pod) is only noted by its handler (as `installer.node.interrupts` does); the
-loop then stops the daemons through their pid files and leaves readiness as the node really
-is: on a fabric node, without Fabric Manager, not ready. Beside the loop, for its whole
-life (not `--once`), the metrics server (`installer.agent.metrics`) collects and serves.
+withdrawn or published (the install's held bytes) and the probe's view written in the
+round itself; the cluster hears of changes only, through a queue that never blocks the
+round (`installer.agent.publish`). Between rounds the loop also wakes when a daemon exits.
+Off a fabric, a daemon's first start is no failure: for its first START_GRACE_S it counts
+as up, so an agent's start (or a rollout) never withdraws readiness; only an exit does.
+SIGTERM (the kubelet deleting the pod) is only noted by its handler (as
+`installer.node.interrupts` does); the loop then stops the daemons through their pid files
+and leaves readiness as the node really is: on a fabric node, without Fabric Manager, not
+ready. Beside the loop, for its whole life (not `--once`), the metrics server
+(`installer.agent.metrics`) collects and serves.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import signal
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
 
 from installer.agent import health
 from installer.agent.daemons import (
     FABRIC_DAEMONS,
-    RUNNING,
     STARTING,
     WAITING,
     Supervised,
     Supervisor,
 )
-from installer.agent.fabric import GpuFabric, fabric_summary, read_fabric
+from installer.agent.fabric import (
+    GpuFabric,
+    fabric_done,
+    fabric_summary,
+    not_done,
+    not_done_detail,
+    read_fabric,
+)
 from installer.agent.plan import Plan, make_plan
 from installer.agent.readiness import HEARTBEAT_S, Keeper, remove_view, work_dir, write_view
 from installer.agent.report import Reporter
+from installer.agent.verdict import (
+    Verdict,
+    failing_verdict,
+    load_announced,
+    running,
+    save_announced,
+)
 from installer.context import Context
 from installer.errors import VerificationError
 from installer.installdir.layout import install_root
 from installer.node import kmod, kmsg
 from installer.node.fabric import missing_ib_modules
-from installer.node.kube import KubeError
 
 ONCE_START_S = 10.0  # `--once` off a fabric: the daemons' start (START_S), a retry or two
+START_GRACE_S = 10.0  # off a fabric: a daemon's first start counts as up for this long
+WAKE_S = 0.5  # between rounds, a daemon's exit is looked for this often
 
 
 class AgentNotReadyError(VerificationError):
     """`agent --once`: the node is not ready (daemons, fabric, or no verified install)."""
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """What a round concluded."""
-
-    ready: bool
-    reason: str  # CamelCase, as a condition's reason
-    message: str
-    gpus: tuple[GpuFabric, ...] = ()
-
-    def to_text(self) -> str:
-        lines = [f"{'ready' if self.ready else 'not ready'} ({self.reason}): {self.message}"]
-        lines += [f"GPU {g.index}: fabric {g.state}"
-                  + (f" status {g.status}" if g.status is not None else "")
-                  for g in self.gpus]
-        return "\n".join(lines)
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_view(), indent=2)
-
-    def to_view(self) -> dict[str, Any]:
-        return {"ready": self.ready, "reason": self.message, "cause": self.reason,
-                "fabric": [{"index": g.index, "state": g.state, "status": g.status}
-                           for g in self.gpus]}
 
 
 @dataclass
@@ -101,6 +93,7 @@ class Agent:
         self.supervisor: Supervisor | None = None
         self.no_install: str | None = None
         self.health = health.Health(health.critical_set(self.config))  # Xid counts
+        self.start_grace = True  # `--once` confirms the daemons run: no grace there
 
     def prepare(self) -> Plan:
         """Refuse bad settings and packages (exit 2, 14) before anything starts."""
@@ -135,10 +128,9 @@ class Agent:
 
     def _decide(self, now: float) -> Verdict:
         assert self.supervisor is not None and self.plan is not None
-        if self.no_install is not None:
-            self.no_install = self._capture()  # the install may signal later (a rerun)
-        elif (mismatch := self.keeper.driver_changed()) is not None:
-            self.no_install = mismatch  # a driver swapped under the agent: not its readiness
+        # every round: a rerun may hold new bytes, a failed one none, a driver swapped
+        # under the agent makes them not its readiness
+        self.no_install = self._capture()
         if self.no_install is not None:
             return Verdict(False, "NotInstalled",
                            f"the install has not made this node ready: {self.no_install}")
@@ -150,11 +142,11 @@ class Agent:
             return Verdict(False, "DaemonRefused", message)
         failing = self.supervisor.failing()
         if failing:
-            verdict = _failing_verdict(failing)
+            verdict = failing_verdict(failing)
             self.reporter.event("DaemonFailing", verdict.message,
                                 once_key=f"failing:{failing[0].spec.name}")
             return verdict
-        down = self.supervisor.down()
+        down = [d for d in self.supervisor.down() if not self._starting_up(d, now)]
         waiting = [d for d in down if d.state == WAITING]
         if waiting:
             return self._ib_verdict(now)
@@ -168,8 +160,17 @@ class Agent:
                            f"{daemon.spec.name} is not running{code}; restarting")
         if not self.plan.fabric:
             return Verdict(True, "Ready", "driver ready; "
-                           f"{_running(self.supervisor) or 'no daemons needed'}")
+                           f"{running(self.supervisor) or 'no daemons needed'}")
         return self._fabric_verdict(now)
+
+    def _starting_up(self, daemon: Supervised, now: float) -> bool:
+        """Off a fabric, a daemon in its first start (no failure yet) counts as up for
+        START_GRACE_S from when the supervisor started it: readiness stays."""
+        return (self.start_grace and not self.plan_fabric() and daemon.state == STARTING
+                and not daemon.failures and now - daemon.started_at < START_GRACE_S)
+
+    def plan_fabric(self) -> bool:
+        return self.plan is not None and self.plan.fabric
 
     def _ib_verdict(self, now: float) -> Verdict:
         missing = ", ".join(missing_ib_modules(self.host)) or "the InfiniBand modules"
@@ -189,19 +190,17 @@ class Agent:
         except Exception as exc:  # NVML failing is a not-ready node, never a crash
             return Verdict(False, "NvmlError", f"cannot read the GPUs' fabric state: {exc}")
         summary = fabric_summary(gpus)
-        if gpus and all(g.ok for g in gpus):
+        if fabric_done(gpus):
             return Verdict(True, "Ready", f"fabric complete: {summary}", tuple(gpus))
         waited = now - self._fabric_since()
-        detail = "; ".join(f"GPU {g.index}: {g.state}"
-                           + (f" (status {g.status})" if g.status else "")
-                           for g in gpus if not g.ok)
+        detail = f"not done: {not_done_detail(gpus)}" if not_done(gpus) else "no GPUs"
         if waited >= self.config.fabric_timeout:
             message = (f"fabric not complete after {waited:.0f}s "
                        f"(FABRIC_TIMEOUT={self.config.fabric_timeout:g}): {summary}; {detail}")
             self.reporter.event("FabricNotReady", message, once_key="fabric")
             return Verdict(False, "FabricTimeout", message, tuple(gpus))
-        return Verdict(False, "FabricInProgress", f"waiting for the fabric: {summary}",
-                       tuple(gpus))
+        return Verdict(False, "FabricInProgress",
+                       f"waiting for the fabric: {summary}; {detail}", tuple(gpus))
 
     def _fabric_since(self) -> float:
         """When the fabric daemons were last (re)started: FABRIC_TIMEOUT counts from there
@@ -239,14 +238,24 @@ class Agent:
         return True
 
     def _apply(self, verdict: Verdict, now: float) -> None:
-        """Withdraw or restore readiness and tell the cluster, on a change only."""
+        """Files first (readiness, the probe's view), in this round; then queue what the
+        cluster hears, on a change only (the queue never blocks: `publish`)."""
         previous = self.state.verdict
         changed = previous is None or (previous.ready, previous.reason) != (
             verdict.ready, verdict.reason)
+        published = False
         if verdict.ready and not self.keeper.present():
             self.keeper.restore()
+            published = True
         elif not verdict.ready and self.no_install is None and self.keeper.present():
             self.keeper.withdraw()
+        if changed or now - self.state.view_written >= HEARTBEAT_S:
+            assert self.supervisor is not None and self.plan is not None
+            write_view(self.config, self.host, {
+                **verdict.to_view(), "fabric_kind": self.plan.kind,
+                "daemons": {d.spec.name: d.describe() for d in self.supervisor.daemons}})
+            self.state.view_written = now
+        self.state.verdict = verdict
         if changed:
             log = self.log.info if verdict.ready else self.log.warning
             log("node ready" if verdict.ready else "node not ready", cause=verdict.reason,
@@ -256,13 +265,25 @@ class Agent:
                                   message=verdict.message)
             if verdict.ready:
                 self.reporter.rearm()
-        if changed or now - self.state.view_written >= HEARTBEAT_S:
-            assert self.supervisor is not None and self.plan is not None
-            write_view(self.config, self.host, {
-                **verdict.to_view(), "fabric_kind": self.plan.kind,
-                "daemons": {d.spec.name: d.describe() for d in self.supervisor.daemons}})
-            self.state.view_written = now
-        self.state.verdict = verdict
+        if published and self.plan_fabric() and self.keeper.saved is not None:
+            self.reporter.event("DriverReady", f"NVIDIA driver {self.keeper.saved.driver_version}"
+                                f" ready on {self.keeper.saved.gpus} GPU(s): readiness "
+                                f"published, {verdict.message}", warning=False)
+
+    def wait(self, timeout_s: float, wait_once: Callable[[float], object],
+             stop: threading.Event | None = None) -> None:
+        """Wait up to `timeout_s` in slices of WAKE_S (`wait_once` waits one slice, for
+        Xids), ending early when a daemon exited (its readiness goes in the next round) or
+        `stop` is set."""
+        assert self.supervisor is not None
+        end = self.clock() + timeout_s
+        while True:
+            left = end - self.clock()
+            if left <= 0:
+                return
+            wait_once(min(WAKE_S, left))
+            if self.supervisor.any_exited() or (stop is not None and stop.is_set()):
+                return
 
     def wait_s(self) -> float:
         """How long the loop may wait before the next round."""
@@ -285,18 +306,6 @@ class Agent:
         return stopped
 
 
-def _running(supervisor: Supervisor) -> str:
-    return ", ".join(f"{d.spec.name} running" for d in supervisor.daemons if d.state == RUNNING)
-
-
-def _failing_verdict(failing: list[Supervised]) -> Verdict:
-    daemon = failing[0]
-    lines = " | ".join(daemon.tail[-5:]) or "no output"
-    return Verdict(False, "DaemonFailing",
-                   f"{daemon.spec.name} keeps failing ({daemon.failures} exits in a row, "
-                   f"last exit code {daemon.last_exit}); last lines: {lines}")
-
-
 @contextmanager
 def stop_on_signal() -> Iterator[threading.Event]:
     """SIGTERM/SIGINT only set the returned event; the loop acts on it between waits."""
@@ -316,11 +325,12 @@ def run_forever(agent: Agent, stop: threading.Event) -> Verdict | None:
     NVML events, else /dev/kmsg, else a plain sleep) for at most `Agent.wait_s`."""
     config, api = agent.config, agent.reporter.api
     boot = kmsg.boot_id(agent.host)
-    try:
-        health.clear_after_reboot(api, config.node_name or "", boot)
-    except KubeError as exc:
-        agent.log.warning("could not clear an earlier boot's Xid condition", detail=str(exc))
+    if api is not None:  # queued: a hung API server must not delay the first round
+        agent.reporter.queue.put("xid-clear", "clear an earlier boot's Xid condition",
+                                 lambda: health.clear_after_reboot(api, config.node_name or "",
+                                                                   boot))
     watched = agent.health
+    announced = load_announced(agent.work, boot)
     source = health.open_xid_source(agent.host, use_nvml=agent.nvml_ready())
     verdict = None
     try:
@@ -331,12 +341,17 @@ def run_forever(agent: Agent, stop: threading.Event) -> Verdict | None:
                 agent.state.trimmed = True
             if stop.is_set():
                 break
-            health.watch_once(source, watched, api=api, node=config.node_name, boot_id=boot,
-                              timeout_s=agent.wait_s(), log=agent.log)
+            before = len(announced)
+            agent.wait(agent.wait_s(), lambda timeout: health.watch_once(
+                source, watched, api=api, node=config.node_name, boot_id=boot,
+                timeout_s=timeout, log=agent.log, announced=announced), stop)
+            if len(announced) != before:
+                save_announced(agent.work, boot, announced)
     finally:
         source.close()
         agent.stop()
         remove_view(config, agent.host)  # a stopped agent has no view: not "fresh"
+        agent.reporter.close()
         agent.log.info("agent stopped", xids=watched.summary())
     return verdict
 
@@ -354,6 +369,7 @@ def run_once(agent: Agent, *, deadline_s: float) -> Verdict:
     """`agent --once`: rounds until ready or `deadline_s` passes; daemons it started are
     stopped again, ones it found running are left as they are."""
     end = agent.clock() + deadline_s
+    agent.start_grace = False
     try:
         while True:
             verdict = agent.round()
@@ -364,6 +380,7 @@ def run_once(agent: Agent, *, deadline_s: float) -> Verdict:
             time.sleep(min(0.5, max(0.05, end - agent.clock())))
     finally:
         agent.stop(only_started=True)
+        agent.reporter.close()
 
 
 def run_agent(ctx: Context, environ: Mapping[str, str], *, once: bool) -> Verdict:

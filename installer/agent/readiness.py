@@ -1,11 +1,13 @@
-"""Readiness after the install: withdrawn while the node cannot serve, restored when it can.
+"""Readiness after the install: published only while the node can serve.
 
-The install's signal stage writes readiness once, from a passed verification: `.ready.json`
-and gpu-operator's env file. The agent keeps those exact bytes (in memory, and a copy in its
-work area `<install dir>/.agent/` so a restarted agent container finds them while readiness
-is withdrawn), deletes both files when a daemon is down or the fabric is not complete, and
-writes the same bytes back when the node can serve again. It never makes readiness up: a
-node the install did not make ready stays not ready.
+The install's signal stage holds its readiness (`.ready.json` and gpu-operator's env file)
+in the agent's work area `<install dir>/.agent/`; it publishes them itself only on a node
+without an NVLink fabric or whose fabric has already completed (`installer.installdir.
+readiness`). The agent keeps the held bytes (re-read each round: a rerun of the install
+holds new ones, a failed one removes them), deletes the published files when a daemon is
+down or the fabric is not complete, and publishes the held bytes, unchanged, when the node
+can serve. It never makes readiness up: a node the install did not make ready stays not
+ready.
 
 The agent's own view, `<install dir>/.agent.json` (ready, reason, a timestamp), is what the
 pod's readinessProbe checks (`agent --probe`): a view older than `STALE_S` means the agent
@@ -25,27 +27,31 @@ from typing import Any
 from installer.config import Config
 from installer.installdir.layout import AGENT_DIR, AGENT_VIEW
 from installer.installdir.readiness import (
+    HELD_ENV,
+    HELD_READY,
     READY_FREE_TEXT,
     check_ready,
-    clear_readiness,
+    hold_readiness,
+    publish,
+    read_held,
     ready_paths,
+    withdraw,
 )
 from installer.node import kmod
 from installer.node.documents import DocumentError, read_document
-from installer.node.files import read_capped
 from installer.node.host import Host, write_atomic
 
 VIEW_FILE = AGENT_VIEW
 WORK_DIR = AGENT_DIR
-SAVED_READY = "ready.json"
-SAVED_ENV = "driver-ready.env"
+SAVED_READY = HELD_READY
+SAVED_ENV = HELD_ENV
 HEARTBEAT_S = 30.0  # the view is rewritten at least this often while nothing changes
 STALE_S = 120.0  # the probe's bound: four heartbeats missed
 MAX_VIEW = 64 * 1024
 
 
 def work_dir(config: Config, host: Host) -> Path:
-    """The agent's own work area on the node (config copies, daemon logs, saved readiness)."""
+    """The agent's own work area on the node (config copies, daemon logs, held readiness)."""
     return host.roots.node(config.install_dir) / WORK_DIR
 
 
@@ -56,36 +62,42 @@ class Saved:
     ready: bytes
     env: bytes
     driver_version: str
+    gpus: int = 0
 
 
 class Keeper:
-    """Withdraws and restores the install's readiness files."""
+    """Publishes and withdraws the install's held readiness."""
 
     def __init__(self, config: Config, host: Host) -> None:
         self.config, self.host = config, host
         self.saved: Saved | None = None
 
     def capture(self) -> str | None:
-        """Keep the install's readiness; None when kept, else why there is none to keep."""
-        state = check_ready(self.config, self.host)
-        ready, env = ready_paths(self.config, self.host.roots)
-        if state.ready and env.is_file() and state.document is not None:
-            saved = Saved(ready.read_bytes(), env.read_bytes(),
-                          str(state.document.get("driver_version")))
-            self._save(saved)
-            self.saved = saved
-            return None
-        self.saved = self._load_saved()
-        if self.saved is not None:
-            return None
-        return state.reason
+        """Keep the install's held readiness (taking the published files as the held copy
+        where an older install left none); None when kept and it names the kernel's
+        driver, else why there is none to keep."""
+        roots = self.host.roots
+        held = read_held(self.config, roots)
+        if held is None:
+            state = check_ready(self.config, self.host)
+            ready, env = ready_paths(self.config, roots)
+            if not (state.ready and env.is_file()):
+                self.saved = None
+                return state.reason if not state.ready else f"no env file at {env}"
+            held = ready.read_bytes(), env.read_bytes()
+            hold_readiness(self.config, roots, *held)
+        if self.saved is None or (self.saved.ready, self.saved.env) != held:
+            self.saved = _parse(*held)
+        if self.saved is None:
+            return "the held readiness in the agent's work area is malformed"
+        return self.driver_changed()
 
     def withdraw(self) -> None:
         """Delete `.ready.json` and the env file (the node cannot serve now)."""
-        clear_readiness(self.config, self.host.roots)
+        withdraw(self.config, self.host.roots)
 
     def driver_changed(self) -> str | None:
-        """Why the kept readiness no longer fits the kernel's driver, if it does not."""
+        """Why the kept readiness does not fit the kernel's driver, if it does not."""
         loaded = kmod.loaded_driver(self.host)
         if self.saved is None or (loaded is not None
                                   and loaded.version == self.saved.driver_version):
@@ -94,40 +106,28 @@ class Keeper:
         return f"readiness was for driver {self.saved.driver_version}, the kernel has {now}"
 
     def restore(self) -> None:
-        """Write the install's bytes back (the caller checked `driver_changed`)."""
-        if self.saved is None:
-            return
-        ready, env = ready_paths(self.config, self.host.roots)
-        write_atomic(ready, self.saved.ready)
-        write_atomic(env, self.saved.env)
+        """Publish the install's bytes (the caller checked `capture`)."""
+        if self.saved is not None:
+            publish(self.config, self.host.roots, self.saved.ready, self.saved.env)
 
     def present(self) -> bool:
         """Are both readiness files on the node now?"""
         return all(path.is_file() for path in ready_paths(self.config, self.host.roots))
 
-    def _save(self, saved: Saved) -> None:
-        directory = work_dir(self.config, self.host)
-        if (directory / SAVED_READY).is_file() and \
-                (directory / SAVED_READY).read_bytes() == saved.ready:
-            return
-        write_atomic(directory / SAVED_ENV, saved.env)
-        write_atomic(directory / SAVED_READY, saved.ready)
 
-    def _load_saved(self) -> Saved | None:
-        """A copy an earlier agent kept, if it is for the driver the kernel has now."""
-        directory = work_dir(self.config, self.host)
-        try:  # regular files only: a FIFO planted there must not hang the agent
-            ready = read_capped(directory / SAVED_READY, MAX_VIEW * 4)
-            env = read_capped(directory / SAVED_ENV, MAX_VIEW)
-            document = read_document(ready, name=SAVED_READY, limit=MAX_VIEW * 4,
-                                     free_text=READY_FREE_TEXT)
-        except (OSError, DocumentError):
-            return None
-        loaded = kmod.loaded_driver(self.host)
-        version = document.get("driver_version")
-        if loaded is None or loaded.version != version:
-            return None
-        return Saved(ready, env, str(version))
+def _parse(ready: bytes, env: bytes) -> Saved | None:
+    """The held copy as the agent may publish it: a bounded, well-formed document for a
+    driver version, else None (never published)."""
+    try:
+        document = read_document(ready, name=SAVED_READY, limit=MAX_VIEW * 4,
+                                 free_text=READY_FREE_TEXT)
+    except DocumentError:
+        return None
+    if not isinstance(document.get("driver_version"), str):
+        return None
+    gpus = document.get("gpus")
+    return Saved(ready, env, document["driver_version"],
+                 len(gpus) if isinstance(gpus, list) else 0)
 
 
 def write_view(config: Config, host: Host, view: dict[str, Any]) -> None:

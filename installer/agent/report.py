@@ -1,18 +1,20 @@
 """What the agent tells the cluster: the readiness label, a node condition, Events.
 
-Best effort, as the signal stage's labels: a failed call is a logged warning and the next
-change tries again; readiness on the node (the files) never waits on the API. Only changes
-are sent (the condition and label when the verdict changes, an Event once per cause), so
-an idle agent makes no API calls.
+Best effort, as the signal stage's labels, and never in the readiness loop's way: every
+write goes through the bounded queue of `installer.agent.publish`, which coalesces the
+condition and the label to the latest verdict and retries a failed write with backoff, so
+a hung API server delays nothing on the node. Only changes are sent (the condition and
+label when the verdict changes, an Event once per cause), so an idle agent makes no calls.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from installer.agent import taint
+from installer.agent.publish import ApiQueue
 from installer.config import Config
 
 if TYPE_CHECKING:
@@ -23,6 +25,7 @@ if TYPE_CHECKING:
 LABEL_PREFIX = "gpu-node-installer"
 STATUS_LABEL = f"{LABEL_PREFIX}/status"
 CONDITION = f"{LABEL_PREFIX}/DriverReady"
+STOP_DRAIN_S = 5.0  # a stopping agent's last words: at most this long
 
 
 class Reporter:
@@ -32,6 +35,7 @@ class Reporter:
         self.node, self.config = config.node_name, config
         self.log = log
         self.api: ApiServer | None = None
+        self.queue = ApiQueue(log)
         if self.node:
             from installer.node import kube  # the API client: only with a node name
 
@@ -42,8 +46,10 @@ class Reporter:
         self._sent_events: set[str] = set()
 
     def verdict(self, *, ready: bool, reason: str, message: str) -> None:
-        """The condition and the status label for a changed verdict."""
-        if self.api is None or self.node is None:
+        """Queue the condition and the status label for a changed verdict (each replaces
+        a queued one of its kind: only the latest verdict is ever sent)."""
+        api, node = self.api, self.node
+        if api is None or node is None:
             return
         from installer.node import kube
 
@@ -51,18 +57,20 @@ class Reporter:
         condition = {"type": CONDITION, "status": "True" if ready else "False",
                      "reason": reason, "message": message[:1024],
                      "lastHeartbeatTime": now, "lastTransitionTime": now}
-        self._call("set the node condition", lambda api: kube.patch_node_status(
-            api, str(self.node), [condition]))
         label = "ready" if ready else "not-ready"
-        self._call("label the node", lambda api: kube.patch_node_labels(
-            api, str(self.node), {STATUS_LABEL: label}))
-        self._call("update the startup taint", lambda api: taint.on_verdict(
-            api, str(self.node), self.config, self.log, ready=ready))
+        self.queue.put("condition", "set the node condition",
+                       lambda: kube.patch_node_status(api, node, [condition]))
+        self.queue.put("label", "label the node",
+                       lambda: kube.patch_node_labels(api, node, {STATUS_LABEL: label}))
+        self.queue.put("taint", "update the startup taint", lambda: taint.on_verdict(
+            api, node, self.config, self.log, ready=ready))
 
     def event(self, reason: str, message: str, *, warning: bool = True,
               once_key: str | None = None) -> None:
-        """Post an Event; with `once_key`, only the first time for that key (until `rearm`)."""
-        if self.api is None or self.node is None:
+        """Queue an Event; with `once_key`, only the first time for that key (until
+        `rearm`)."""
+        api, node = self.api, self.node
+        if api is None or node is None:
             return
         if once_key is not None:
             if once_key in self._sent_events:
@@ -70,18 +78,15 @@ class Reporter:
             self._sent_events.add(once_key)
         from installer.node import kube
 
-        self._call("post an Event", lambda api: kube.post_node_event(
-            api, str(self.node), reason=reason, message=message,
+        self.queue.event("post an Event", lambda: kube.post_node_event(
+            api, node, reason=reason, message=message,
             event_type="Warning" if warning else "Normal"))
 
     def rearm(self) -> None:
         """The node is ready again: the next failure of any cause is reported anew."""
         self._sent_events.clear()
 
-    def _call(self, what: str, call: Any) -> None:
-        from installer.node import kube
-
-        try:
-            call(self.api)
-        except kube.KubeError as exc:
-            self.log.warning(f"could not {what}", detail=str(exc))
+    def close(self, timeout_s: float = STOP_DRAIN_S) -> None:
+        """Send what is queued, for at most `timeout_s` (the agent is stopping)."""
+        if not self.queue.close(timeout_s):
+            self.log.warning("API writes left unsent at stop", pending=self.queue.pending())

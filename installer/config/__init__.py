@@ -233,6 +233,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("fabric_timeout", "--fabric-timeout", "FABRIC_TIMEOUT", "600",
             "seconds for every GPU's fabric (NVLink5: first mlx5_core, ib_umad) before an "
             "Event says why the node is not ready", agent.SECONDS, agent.deadline),
+    Setting("fabric_wait", "--fabric-wait", "FABRIC_WAIT", "0",
+            "on a node with an NVLink fabric, seconds `install`/`signal` wait for every "
+            "GPU's fabric to complete before publishing readiness themselves (0: never wait; "
+            "the agent publishes it once the fabric completes); past it, exit 12",
+            "a number of seconds from 0 to 86400", agent.wait),
     Setting("agent_interval", "--agent-interval", "AGENT_INTERVAL", "5",
             "seconds between the agent's rounds (also woken by GPU events)",
             "a number of seconds from 5 to 10", agent.interval),
@@ -318,6 +323,7 @@ class Config(mig.MigSettings):
     persistence_mode: str = "on"
     uvm_persistence_mode: str = "auto"
     fabric_timeout: float = 600.0
+    fabric_wait: float = 0.0
     agent_interval: float = 5.0
     daemon_stop_timeout: float = 10.0
     metrics_port: int = 9420

@@ -39,6 +39,14 @@ def deadline(value: str) -> float:
     return number
 
 
+def wait(value: str) -> float:
+    """Seconds a wait may last, 0 meaning none: at most a day."""
+    number = decimal(value)
+    if not 0 <= number <= MAX_SECONDS:
+        raise Invalid(value)
+    return number
+
+
 def uvm_persistence(setting: str, driver_version: str) -> bool:
     """Whether to pass `--uvm-persistence-mode`: `auto` means the branch has it (R550+)."""
     if setting != "auto":

@@ -1,6 +1,10 @@
 """Readiness on the node: `.ready.json` in the install dir and gpu-operator's env file.
 
-Written only by the signal stage, from a passed verification; withdrawn (both files) once
+One owner publishes them. The signal stage writes the document and the env file, from a
+passed verification, first into the agent's work area (`<install dir>/.agent/`, the held
+copy); it publishes them itself only where nothing else must come first: a node without an
+NVLink fabric, or a fabric node whose every GPU's fabric has completed. Otherwise the agent
+publishes the held copy's exact bytes once the fabric completes. Withdrawn (both files) once
 a run is about to change the kernel's driver (the load stage) or what is staged (the stage
 stage), and whenever verification fails; never by a run that keeps the serving driver (the
 upgrade.skip label, a refused plan). `wait-ready` and `status` read
@@ -17,12 +21,16 @@ from typing import Any
 
 from installer.config import Config
 from installer.errors import StagingError, VerificationError
-from installer.installdir.layout import READY_FILE, VALIDATION_NODE_PATH
+from installer.installdir.layout import AGENT_DIR, READY_FILE, VALIDATION_NODE_PATH
 from installer.node import kmod
-from installer.node.host import Host, Roots
+from installer.node.files import read_capped
+from installer.node.host import Host, Roots, write_atomic
 from installer.packages.documents import DocumentError, read_document
 
 MAX_READY_BYTES = 256 * 1024
+HELD_READY = "ready.json"  # the held copy's names in the agent's work area
+HELD_ENV = "driver-ready.env"
+MAX_HELD_ENV = 64 * 1024
 READY_FREE_TEXT = ("name",)  # a GPU's product name, as NVML reports it
 
 
@@ -35,9 +43,47 @@ def ready_paths(config: Config, roots: Roots) -> tuple[Path, Path]:
     return roots.node(config.install_dir) / READY_FILE, roots.node_entry(VALIDATION_NODE_PATH)
 
 
+def held_paths(config: Config, roots: Roots) -> tuple[Path, Path]:
+    """The held copy of `.ready.json` and the env file, in the agent's work area."""
+    directory = roots.node(config.install_dir) / AGENT_DIR
+    return directory / HELD_READY, directory / HELD_ENV
+
+
+def hold_readiness(config: Config, roots: Roots, ready: bytes, env: bytes) -> None:
+    """Keep readiness for whoever publishes it (the env file first: the document is what
+    a reader takes as complete)."""
+    held_ready, held_env = held_paths(config, roots)
+    write_atomic(held_env, env)
+    write_atomic(held_ready, ready)
+
+
+def read_held(config: Config, roots: Roots) -> tuple[bytes, bytes] | None:
+    """The held copy's bytes (bounded reads), or None when there is none."""
+    held_ready, held_env = held_paths(config, roots)
+    try:  # regular files only: a FIFO planted there must not hang the agent
+        return read_capped(held_ready, MAX_READY_BYTES + 1), read_capped(held_env, MAX_HELD_ENV)
+    except OSError:
+        return None
+
+
+def publish(config: Config, roots: Roots, ready: bytes, env: bytes) -> None:
+    """Make the node ready: the env file, then `.ready.json` (what `wait-ready` reads)."""
+    ready_path, env_path = ready_paths(config, roots)
+    write_atomic(env_path, env)
+    write_atomic(ready_path, ready)
+
+
 def clear_readiness(config: Config, roots: Roots) -> None:
-    """Withdraw readiness: before the driver or the staged version changes, and when
-    verification fails."""
+    """Withdraw readiness and the held copy: before the driver or the staged version
+    changes, and when verification fails (nothing may publish it again)."""
+    withdraw(config, roots)
+    for path in held_paths(config, roots):
+        remove_document(path, "withdraw readiness at")
+
+
+def withdraw(config: Config, roots: Roots) -> None:
+    """Withdraw published readiness, keeping the held copy (the agent, while the node
+    cannot serve)."""
     for path in ready_paths(config, roots):
         remove_document(path, "withdraw readiness at")
 

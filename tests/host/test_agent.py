@@ -119,7 +119,7 @@ class TestNvswitchNode:
         (event,) = [e for e in api.events if e["reason"] == "FabricNotReady"]
         assert event["type"] == "Warning"
         assert "8 GPUs: 8 in-progress" in event["message"]
-        assert "GPU 0: in-progress" in event["message"]
+        assert "0000:07:00.0 in-progress" in event["message"]  # by PCI address
         assert condition(api)["status"] == "False"
         assert "8 GPUs: 8 in-progress" in str(condition(api)["message"])
         assert label(api) == "not-ready"
@@ -233,6 +233,8 @@ class TestOtherNodes:
             wait_for(lambda: node.view().get("cause") == "WaitingForInfiniBand", 60)
             assert "mlx5_core, ib_umad" in str(node.view()["reason"])
             wait_for(lambda: node.view().get("cause") == "InfiniBandModulesMissing", 60)
+            wait_for(lambda: any(e["reason"] == "InfiniBandModulesMissing"  # queued: the
+                                 for e in api.events), 10)  # files first, the API after
             (event,) = [e for e in api.events if e["reason"] == "InfiniBandModulesMissing"]
             assert "mlx5_core, ib_umad not loaded" in event["message"]
             assert node.started() == ["nvidia-persistenced"]  # neither fabric daemon yet

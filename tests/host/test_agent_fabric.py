@@ -12,7 +12,14 @@ from native import build_standins
 from native.daemons import write_fabric
 from native.nvmlsession import clear_fake_env, nvml_session
 
-from installer.agent.fabric import GpuFabric, fabric_summary, read_fabric
+from installer.agent.fabric import (
+    GpuFabric,
+    fabric_done,
+    fabric_summary,
+    not_done,
+    not_done_detail,
+    read_fabric,
+)
 
 
 @pytest.fixture(scope="module")
@@ -143,3 +150,36 @@ class TestSummary:
     def test_text_per_gpu(self) -> None:
         assert GpuFabric(3, "completed", 13).text() == "GPU 3: completed with NVML error 13"
         assert GpuFabric(1, "not-started", None).text() == "GPU 1: not-started"
+
+
+class TestNotDone:
+    """Which GPUs CUDA cannot use yet, named by PCI address and state."""
+
+    def test_names_each_gpu_by_pci_address_and_state(self, libs: Path, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setenv("FAKE_NVML_GPUS", "4")
+        monkeypatch.setenv("FAKE_NVML_BUS_IDS", "00000000:07:00.0,00000000:0B:00.0,"
+                                                "00000000:48:00.0,00000000:4C:00.0")
+        write_fabric(tmp_path / "fabric", [(3, 0), (1, 0), (2, 0), (3, 13)])
+        gpus = _read(libs)
+        assert [g.pci for g in gpus] == ["0000:07:00.0", "0000:0b:00.0", "0000:48:00.0",
+                                         "0000:4c:00.0"]
+        assert not fabric_done(gpus)
+        assert not_done_detail(gpus) == ("0000:0b:00.0 not-started, 0000:48:00.0 in-progress, "
+                                         "0000:4c:00.0 completed-with-error (NVML error 13)")
+
+    def test_not_supported_among_fabric_gpus_is_not_done(
+            self, libs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        """A GPU answering NOT_SUPPORTED beside GPUs that report a fabric is one NVML cannot
+        vouch for: the node is not ready."""
+        monkeypatch.setenv("FAKE_NVML_GPUS", "3")
+        (tmp_path / "fabric").write_text("3 0\nunsupported\n3 0\n")
+        gpus = _read(libs)
+        assert [g.index for g in not_done(gpus)] == [1]
+        assert not fabric_done(gpus)
+        assert "not-supported" in not_done_detail(gpus)
+
+    def test_all_completed_or_no_fabric_at_all_is_done(self) -> None:
+        assert fabric_done([GpuFabric(i, "completed", 0) for i in range(8)])
+        assert fabric_done([GpuFabric(0, "not-supported", None)])
+        assert not fabric_done([])

@@ -158,7 +158,7 @@ class TestWatchOnce:
                                   node=NODE, boot_id=BOOT, timeout_s=1, log=Log())
                 source.close()
         assert kubefake.conditions(cluster)[health.CONDITION]["reason"] == "Xid:48,79"
-        assert len(cluster.events) == 1 and cluster.errors == []
+        assert len(cluster.events) == 2 and cluster.errors == []  # one per GPU, once
 
     def test_without_an_api_the_critical_xid_is_logged(self) -> None:
         log = Log()

@@ -3,7 +3,10 @@
 Readiness is removed before a run changes the driver (load, stage) and written last,
 atomically, only from a passed verification: `<install dir>/.ready.json` for our own
 `wait-ready`, and the env file `/run/nvidia/validations/driver-ready` that gpu-operator's
-consumers wait for and source.
+consumers wait for and source. Both are first held in the agent's work area; on a node with
+an NVLink fabric they are published only once every GPU's fabric has completed
+(`fabricgate`), else the agent publishes the held bytes when it does, and the status label
+says not-ready meanwhile.
 Labels and an Event on the Node are a courtesy: failing to post them is a warning. The
 labels describe the GPUs too (`installer.compat.nodelabels`), so pods can select a GPU type;
 they are also kept in `.ready.json`, where `check-pod --here` reads them.
@@ -27,12 +30,17 @@ from installer.context import Context, Verified
 from installer.errors import VerificationError
 from installer.installdir import cdi, cdifile, cdimig, migrecord
 from installer.installdir.layout import READY_FILE, VALIDATION_NODE_PATH
-from installer.installdir.readiness import clear_readiness, ready_paths
+from installer.installdir.readiness import (
+    clear_readiness,
+    hold_readiness,
+    publish,
+    withdraw,
+)
 from installer.installdir.versions import current_name
-from installer.node.host import write_atomic
 from installer.node.pci import bus_key
 
 LABEL_PREFIX = "gpu-node-installer"
+STATUS_LABEL = f"{LABEL_PREFIX}/status"
 
 
 class NotVerifiedError(VerificationError):
@@ -48,14 +56,16 @@ class SignalResult:
     labels: dict[str, str]
     warnings: tuple[str, ...]
     cdi: cdifile.Published | None = None
+    held: str | None = None  # why readiness is held for the agent, not published
 
     def log_fields(self) -> dict[str, Any]:
         return {"ready_file": self.ready_file, "labels": bool(self.labels),
-                "warnings": len(self.warnings),
-                "cdi": self.cdi.action if self.cdi else None}
+                "warnings": len(self.warnings), "published": self.held is None,
+                "held": self.held, "cdi": self.cdi.action if self.cdi else None}
 
     def to_dict(self) -> dict[str, Any]:
         return {"ready_file": self.ready_file, "env_file": self.env_file,
+                "published": self.held is None, "held": self.held,
                 "labels": self.labels, "warnings": list(self.warnings),
                 "cdi": self.cdi.to_dict() if self.cdi else None}
 
@@ -64,6 +74,8 @@ class SignalResult:
 
     def to_text(self) -> str:
         lines = [f"Ready:           {self.ready_file}", f"Env file:        {self.env_file}"]
+        if self.held is not None:
+            lines.append(f"Held:            {self.held}")
         if self.cdi is not None:
             lines.append(f"CDI spec:        {self.cdi.path or 'none'} ({self.cdi.action})")
         lines += [f"Label:           {key}={value}" for key, value in self.labels.items()]
@@ -78,15 +90,23 @@ def run(ctx: Context) -> SignalResult:
         clear_readiness(ctx.config, ctx.host.roots)
         raise NotVerifiedError("readiness not written: verification has not passed",
                                remedy="run `verify` (or `install`) and fix what it reports")
-    ready, env_file = ready_paths(ctx.config, ctx.host.roots)
+    from installer.stages.signal import fabricgate
+
     labels = node_labels(ctx, verified)
     document = {**ready_document(ctx, verified), "labels": labels}
     published = write_cdi(ctx, verified)
-    write_atomic(ready, json.dumps(document, indent=2).encode())
-    write_atomic(env_file, env_text(ctx).encode())
-    warnings = (*published.warnings, *_publish(ctx, verified, labels))
+    ready, env = json.dumps(document, indent=2).encode(), env_text(ctx).encode()
+    hold_readiness(ctx.config, ctx.host.roots, ready, env)
+    held = fabricgate.pending(ctx)
+    if held is None:
+        publish(ctx.config, ctx.host.roots, ready, env)
+    else:
+        withdraw(ctx.config, ctx.host.roots)
+        labels = {**labels, STATUS_LABEL: "not-ready"}
+        ctx.log.warning("readiness held for the agent", reason=held)
+    warnings = (*published.warnings, *_publish(ctx, verified, labels, announce=held is None))
     return SignalResult(str(ctx.config.install_dir / READY_FILE), str(VALIDATION_NODE_PATH),
-                        labels if ctx.config.node_name else {}, warnings, published)
+                        labels if ctx.config.node_name else {}, warnings, published, held)
 
 
 def write_cdi(ctx: Context, verified: Verified) -> cdifile.Published:
@@ -140,7 +160,7 @@ def node_labels(ctx: Context, verified: Verified) -> dict[str, str]:
             for g in verified.gpus]
     return {f"{LABEL_PREFIX}/driver-version": verified.driver_version,
             f"{LABEL_PREFIX}/cuda-version": verified.cuda_version,
-            f"{LABEL_PREFIX}/status": "ready",
+            STATUS_LABEL: "ready",
             **nodelabels.gpu_labels(gpus, driver=verified.driver_version,
                                     cuda=verified.cuda_version, flavour=verified.flavour,
                                     prefix=ctx.config.gpu_label_prefix),
@@ -162,8 +182,10 @@ def _mig_labels(ctx: Context) -> dict[str, str]:
 
 
 
-def _publish(ctx: Context, verified: Verified, labels: dict[str, str]) -> list[str]:
-    """Label the node and post an Event when running in a cluster; failures are warnings."""
+def _publish(ctx: Context, verified: Verified, labels: dict[str, str], *,
+             announce: bool) -> list[str]:
+    """Label the node and (`announce`: readiness was published) post an Event when running
+    in a cluster; failures are warnings."""
     node = ctx.config.node_name
     if not node:
         return []
@@ -185,7 +207,8 @@ def _publish(ctx: Context, verified: Verified, labels: dict[str, str]) -> list[s
     except kube.KubeError as exc:
         warnings.append(f"could not label the node: {exc}")
     try:
-        kube.post_node_event(api, node, reason="DriverReady", message=message)
+        if announce:
+            kube.post_node_event(api, node, reason="DriverReady", message=message)
     except kube.KubeError as exc:
         warnings.append(f"could not post an Event: {exc}")
     for warning in warnings:
