@@ -35,7 +35,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -678,3 +678,43 @@ def _relay(one: socket.socket, other: socket.socket) -> None:
             if not data:
                 return
             (other if source is one else one).sendall(data)
+
+
+class HangingFront:
+    """A real socket on 127.0.0.1 in front of the fake API: it forwards, or, while `hung`
+    is set, accepts connections and reads requests but never answers them."""
+
+    def __init__(self, upstream: str) -> None:
+        host, port = upstream.removeprefix("http://").split(":")
+        self.upstream = (host, int(port))
+        self.hung = threading.Event()
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.server.getsockname()[1]}"
+        self.open: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        with suppress(OSError):
+            while True:
+                client, _ = self.server.accept()
+                upstream = socket.create_connection(self.upstream)
+                self.open += [client, upstream]
+                threading.Thread(target=self._pump, args=(client, upstream, True),
+                                 daemon=True).start()
+                threading.Thread(target=self._pump, args=(upstream, client, False),
+                                 daemon=True).start()
+
+    def _pump(self, source: socket.socket, target: socket.socket, request: bool) -> None:
+        with suppress(OSError):
+            while data := source.recv(65536):
+                while request and self.hung.is_set():  # held: never answered while hung
+                    time.sleep(0.05)
+                target.sendall(data)
+        with suppress(OSError):
+            target.shutdown(socket.SHUT_WR)
+
+    def close(self) -> None:
+        self.server.close()
+        for sock in self.open:
+            with suppress(OSError):
+                sock.close()

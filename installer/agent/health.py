@@ -15,9 +15,10 @@ the condition already lists them and nothing is written twice.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from installer.agent.xids import Xid as Xid
@@ -50,6 +51,7 @@ class Health:
         self.critical = frozenset(critical) - APPLICATION_XIDS
         self.counts: dict[str, Counter[int]] = {}
         self.unreported: list[Xid] = []  # critical, not yet on the Node (API down)
+        self._unreported_lock = threading.Lock()  # the API writer thread removes from it
         self.dropped = 0  # Xids of pairs past MAX_SERIES
         self._seen: set[tuple[str, int]] = set()
         self._series = 0
@@ -64,6 +66,17 @@ class Health:
                 self._seen.add(key)
                 new.append(xid)
         return new
+
+    def add_unreported(self, xids: list[Xid]) -> list[Xid]:
+        """Keep `xids` until they are on the Node; all kept so far, as a copy."""
+        with self._unreported_lock:
+            self.unreported += xids
+            return list(self.unreported)
+
+    def reported(self, xids: list[Xid]) -> None:
+        """These are on the Node now (called from the thread that wrote them)."""
+        with self._unreported_lock:
+            self.unreported = [xid for xid in self.unreported if xid not in xids]
 
     def _count(self, xid: Xid) -> None:
         """Count one Xid, unless its (GPU, Xid) pair is new and the cap is reached."""
@@ -162,11 +175,18 @@ def clear_after_reboot(api: kube.ApiServer | None, node: str, boot_id: str) -> b
     return True
 
 
+Send = Callable[[str, Callable[[], None]], None]  # queue one API write, never wait
+
+
 def watch_once(source: XidSource, health: Health, *, api: kube.ApiServer | None,
                node: str | None, boot_id: str, timeout_s: float, log: Any,
-               announced: set[str] | None = None) -> list[Xid]:
+               announced: set[str] | None = None, send: Send | None = None) -> list[Xid]:
     """One round: wait up to `timeout_s` for Xids, count them, log them, report the new
-    critical ones (kept for the next round when the API fails). Returns those new ones."""
+    critical ones (kept for the next round when the API fails). Returns those new ones.
+
+    With `send` (the agent's API write queue) the report is queued, covering every Xid not
+    yet on the Node, so a hung API server never holds up the round; a queued report left
+    unsent is replaced by the next one, which covers the same Xids and more."""
     xids, dropped = source.wait(timeout_s), health.dropped
     for xid in xids:
         log.warning("GPU Xid", gpu=xid.gpu, xid=xid.code, detail=xid.detail,
@@ -174,18 +194,27 @@ def watch_once(source: XidSource, health: Health, *, api: kube.ApiServer | None,
     new = health.observe(xids)
     if health.dropped and not dropped:
         log.error("GPU Xids not counted: too many (GPU, Xid) pairs", limit=MAX_SERIES)
-    health.unreported += new
-    if not health.unreported:
+    pending = health.add_unreported(new)
+    if not pending:
         return new
     if api is None or node is None:
         log.error("critical GPU Xid: no Kubernetes API to report it to",
-                  xids=[xid.code for xid in health.unreported])
-        health.unreported = []
+                  xids=[xid.code for xid in pending])
+        health.reported(pending)
+        return new
+    if send is not None:
+        if new:  # queued once per new Xid; the queue retries it until it is sent
+            send("report critical Xids", lambda: _report(api, node, pending, boot_id,
+                                                         announced, health))
         return new
     try:
-        report_critical(api, node, health.unreported, boot_id, announced)
+        _report(api, node, pending, boot_id, announced, health)
     except kube.KubeError as exc:
         log.warning("critical Xid not yet on the Node: retried next round", detail=str(exc))
-        return new
-    health.unreported = []
     return new
+
+
+def _report(api: kube.ApiServer, node: str, xids: list[Xid], boot_id: str,
+            announced: set[str] | None, health: Health) -> None:
+    report_critical(api, node, xids, boot_id, announced)
+    health.reported(xids)

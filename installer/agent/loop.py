@@ -330,7 +330,14 @@ def run_forever(agent: Agent, stop: threading.Event) -> Verdict | None:
                                  lambda: health.clear_after_reboot(api, config.node_name or "",
                                                                    boot))
     watched = agent.health
-    announced = load_announced(agent.work, boot)
+    announced = load_announced(agent.work, boot)  # from here on, the API writer's alone
+
+    def send(what: str, call: Callable[[], None]) -> None:
+        def report() -> None:
+            call()
+            save_announced(agent.work, boot, announced)
+        agent.reporter.queue.put("xid-report", what, report)
+
     source = health.open_xid_source(agent.host, use_nvml=agent.nvml_ready())
     verdict = None
     try:
@@ -341,12 +348,9 @@ def run_forever(agent: Agent, stop: threading.Event) -> Verdict | None:
                 agent.state.trimmed = True
             if stop.is_set():
                 break
-            before = len(announced)
             agent.wait(agent.wait_s(), lambda timeout: health.watch_once(
                 source, watched, api=api, node=config.node_name, boot_id=boot,
-                timeout_s=timeout, log=agent.log, announced=announced), stop)
-            if len(announced) != before:
-                save_announced(agent.work, boot, announced)
+                timeout_s=timeout, log=agent.log, announced=announced, send=send), stop)
     finally:
         source.close()
         agent.stop()

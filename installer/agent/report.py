@@ -26,6 +26,11 @@ LABEL_PREFIX = "gpu-node-installer"
 STATUS_LABEL = f"{LABEL_PREFIX}/status"
 CONDITION = f"{LABEL_PREFIX}/DriverReady"
 STOP_DRAIN_S = 5.0  # a stopping agent's last words: at most this long
+WRITE_S = 5.0  # one write, retries included: a hung server frees the writer this soon
+
+
+def _write_deadline() -> float:
+    return time.monotonic() + WRITE_S
 
 
 class Reporter:
@@ -59,9 +64,11 @@ class Reporter:
                      "lastHeartbeatTime": now, "lastTransitionTime": now}
         label = "ready" if ready else "not-ready"
         self.queue.put("condition", "set the node condition",
-                       lambda: kube.patch_node_status(api, node, [condition]))
+                       lambda: kube.patch_node_status(api, node, [condition],
+                                                      deadline=_write_deadline()))
         self.queue.put("label", "label the node",
-                       lambda: kube.patch_node_labels(api, node, {STATUS_LABEL: label}))
+                       lambda: kube.patch_node_labels(api, node, {STATUS_LABEL: label},
+                                                      deadline=_write_deadline()))
         self.queue.put("taint", "update the startup taint", lambda: taint.on_verdict(
             api, node, self.config, self.log, ready=ready))
 
@@ -80,7 +87,7 @@ class Reporter:
 
         self.queue.event("post an Event", lambda: kube.post_node_event(
             api, node, reason=reason, message=message,
-            event_type="Warning" if warning else "Normal"))
+            event_type="Warning" if warning else "Normal", deadline=_write_deadline()))
 
     def rearm(self) -> None:
         """The node is ready again: the next failure of any cause is reported anew."""

@@ -201,18 +201,24 @@ spec:
         assert [(w.path, w.replicas) for w in read_documents(text, "f").workloads] == [
             ("spec.a.template", 2), ("spec.b.template", 5)]
 
-    def test_a_self_referencing_document_ends(self) -> None:
+    def test_a_self_referencing_document_is_refused(self) -> None:
         text = b"apiVersion: example.com/v1\nkind: Loop\nmetadata: {name: l}\nspec: &s\n" \
                b"  again: *s\n  more: [*s, *s]\n"
-        documents = read_documents(text, "f")
-        assert documents.workloads == () and documents.skipped == ("Loop/l",)
+        documents = read_documents(text, "f")  # refused by the bounded loader, not searched
+        assert documents.workloads == () and documents.skipped == ()
+        assert len(documents.problems) == 1
+        assert documents.problems[0].startswith("f document 1: the alias *'s' is inside the "
+                                                "node it names (a recursive document)")
 
-    def test_a_billion_laughs_is_searched_within_bounds(self) -> None:
+    def test_a_billion_laughs_is_refused_within_bounds(self) -> None:
         levels = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"] + [
             f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 9)]
         text = ("apiVersion: example.com/v1\nkind: Laughs\nmetadata: {name: l}\nspec:\n"
                 + "".join(f"  {line}\n" for line in levels)).encode()
-        assert read_documents(text, "f").skipped == ("Laughs/l",)
+        documents = read_documents(text, "f")  # refused before any object is built
+        assert documents.workloads == () and documents.skipped == ()
+        assert len(documents.problems) == 1
+        assert "its aliases expand to more than 400000 nodes" in documents.problems[0]
 
     def test_status_and_metadata_are_not_searched(self) -> None:
         spec = {"containers": [{"name": "c", "image": "x"}]}

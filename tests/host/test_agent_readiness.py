@@ -13,20 +13,19 @@ from __future__ import annotations
 import os
 import random
 import signal
-import socket
 import statistics
 import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import kubefake
 import pytest
 from agentnode import REPO, AgentNode, daemon_package, make_node, wait_for
-from kubefake import Cluster, node_doc
+from kubefake import Cluster, HangingFront, node_doc
 from native.daemons import read_fabric_file, write_fabric
 
 from installer.packages.manifest import Package
@@ -181,46 +180,6 @@ class TestFabricNodeBoot:
         assert "fix:" in lines[0]
         assert not any(path.exists() for path in node.ready_files())
         assert held(node)  # kept for an agent
-
-
-class HangingFront:
-    """A real socket on 127.0.0.1 in front of the fake API: it forwards, or, while `hung`
-    is set, accepts connections and reads requests but never answers them."""
-
-    def __init__(self, upstream: str) -> None:
-        host, port = upstream.removeprefix("http://").split(":")
-        self.upstream = (host, int(port))
-        self.hung = threading.Event()
-        self.server = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.server.getsockname()[1]}"
-        self.open: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        with suppress(OSError):
-            while True:
-                client, _ = self.server.accept()
-                upstream = socket.create_connection(self.upstream)
-                self.open += [client, upstream]
-                threading.Thread(target=self._pump, args=(client, upstream, True),
-                                 daemon=True).start()
-                threading.Thread(target=self._pump, args=(upstream, client, False),
-                                 daemon=True).start()
-
-    def _pump(self, source: socket.socket, target: socket.socket, request: bool) -> None:
-        with suppress(OSError):
-            while data := source.recv(65536):
-                while request and self.hung.is_set():  # held: never answered while hung
-                    time.sleep(0.05)
-                target.sendall(data)
-        with suppress(OSError):
-            target.shutdown(socket.SHUT_WR)
-
-    def close(self) -> None:
-        self.server.close()
-        for sock in self.open:
-            with suppress(OSError):
-                sock.close()
 
 
 class TestHungApiServer:

@@ -166,3 +166,39 @@ class TestWatchOnce:
                           node=None, boot_id=BOOT, timeout_s=0, log=log)
         assert log.lines[-1][:2] == ("error", "critical GPU Xid: no Kubernetes API to "
                                               "report it to")
+
+
+class TestQueuedReport:
+    """The agent queues the Xid report on its API writer (`send`): a round never waits on
+    the API server, and the queued report, retried, reaches the Node once it answers."""
+
+    def test_a_hung_api_server_never_holds_the_round(self, tmp_path: Path) -> None:
+        from installer.agent.publish import ApiQueue
+
+        cluster, log = fake_cluster(), Log()
+        queue, watch, announced = ApiQueue(log), Health({79}), set[str]()
+        with kubefake.serve(cluster) as url:
+            front = kubefake.HangingFront(url)
+            front.hung.set()
+            try:
+                start = time.monotonic()
+                new = health.watch_once(
+                    StaticSource([Xid("0000:3b:00", 79, "")]), watch,
+                    api=api_for(front.url, tmp_path), node=NODE, boot_id=BOOT, timeout_s=0,
+                    log=log, announced=announced,
+                    send=lambda what, call: queue.put("xid-report", what, call))
+                took = time.monotonic() - start
+                assert [x.code for x in new] == [79] and watch.unreported  # kept until sent
+                assert took < 1.0, f"the round waited {took:.1f}s on the API server"
+                time.sleep(0.5)
+                assert health.CONDITION not in kubefake.conditions(cluster)  # still held
+                front.hung.clear()
+                deadline = time.monotonic() + 30
+                while watch.unreported and time.monotonic() < deadline:
+                    time.sleep(0.1)
+            finally:
+                queue.close(5)
+                front.close()
+        assert watch.unreported == [] and announced == {"0000:3b:00:79"}
+        assert kubefake.conditions(cluster)[health.CONDITION]["reason"] == "Xid:79"
+        assert [e["reason"] for e in cluster.events] == ["XIDError"]
