@@ -145,7 +145,11 @@ def check_ready(config: Config, host: Host) -> Readiness:
     except DocumentError as exc:
         return Readiness(False, f"{exc.message} (treated as not ready)", None)
     if document is None:
-        return Readiness(False, f"no {READY_FILE} in {config.install_dir}", None)
+        held = held_paths(config, host.roots)[0].is_file()
+        return Readiness(False, f"no {READY_FILE} in {config.install_dir}" + (
+            ": the install's readiness is held for the node agent, which publishes it once "
+            "the node can serve (on a fabric node: every GPU's fabric completed)"
+            if held else ""), None)
     loaded = kmod.loaded_driver(host)
     if loaded is None:
         return Readiness(False, "no NVIDIA kernel module is loaded", document)

@@ -180,6 +180,9 @@ class TestFabricNodeBoot:
         assert "fix:" in lines[0]
         assert not any(path.exists() for path in node.ready_files())
         assert held(node)  # kept for an agent
+        status = node.run("status", timeout=30)  # says why a person sees no readiness
+        assert "Ready:           no: no .ready.json in /home/kubernetes/bin/nvidia: the " \
+               "install's readiness is held for the node agent" in status.stdout, status.stderr
 
 
 class TestHungApiServer:
