@@ -1,14 +1,19 @@
-"""`install` on a node whose fabric needs Fabric Manager (issue 24): a package without it is
-refused before anything changes, unless FABRIC_MANAGER=host says the node runs it."""
+"""`install` on a node whose fabric needs Fabric Manager: a package without it is refused
+before anything changes, unless FABRIC_MANAGER=host says the node runs it; and `install`
+alone (no agent) publishes readiness only once every GPU's fabric completed, waiting for it
+with `--fabric-wait`."""
 
 from __future__ import annotations
 
 import dataclasses
+import threading
+import time
 from pathlib import Path
 
 import pytest
 from e2e import KERNEL, NODE, Scene, add_version, run_cli, standin_env
 from httpserver import MirrorServer
+from native.daemons import COMPLETED, IN_PROGRESS, NOT_STARTED, write_fabric
 
 from installer.errors import IncompatibleError
 from installer.testing import SAMPLE_NODES, PciSpec, build_node
@@ -32,9 +37,11 @@ def scene(tmp_path: Path) -> Scene:
     return scene
 
 
-def _install(scene: Scene, mirror: str, *extra: str) -> tuple[int, str]:
+def _install(scene: Scene, mirror: str, *extra: str,
+             env: dict[str, str] | None = None) -> tuple[int, str]:
     done = run_cli(["install", *scene.args("--mirror", mirror, "--driver-version", V1,
-                                           "--allow-http", *extra)], standin_env(V1))
+                                           "--allow-http", *extra)],
+                   {**standin_env(V1), **(env or {})})
     return done.returncode, done.stderr
 
 
@@ -64,3 +71,67 @@ def test_a_bad_fabric_manager_value_is_one_line_exit_2(scene: Scene) -> None:
     assert code == 2
     assert "FABRIC_MANAGER" in stderr or "--fabric-manager" in stderr
     assert not (scene.install_dir / ".lock").exists()
+
+
+def _ready_files(scene: Scene) -> list[Path]:
+    return [scene.install_dir / ".ready.json",
+            scene.root / "run/nvidia/validations/driver-ready"]
+
+
+def test_install_alone_publishes_nothing_before_the_fabric_completes(scene: Scene) -> None:
+    """At an HGX boot the fabric has not started: the install holds readiness for the agent
+    (exit 0, nothing published); with `--fabric-wait` past its bound, exit 12 naming the GPU."""
+    fabric = scene.work / "fabric"
+    write_fabric(fabric, [(NOT_STARTED, 0)])
+    env = {"FAKE_NVML_FABRIC_FILE": str(fabric)}
+    with MirrorServer(scene.repo) as server:
+        code, stderr = _install(scene, server.url, "--fabric-manager", "host", env=env)
+        assert code == 0, stderr
+        assert not any(path.exists() for path in _ready_files(scene))
+        assert (scene.install_dir / ".agent/ready.json").is_file()  # held for the agent
+        code, stderr = _install(scene, server.url, "--fabric-manager", "host",
+                                "--fabric-wait", "1", env=env)
+    assert code == 12, stderr
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith("error(") and "0000:00:04.0 not-started" in last, last
+    assert not any(path.exists() for path in _ready_files(scene))
+
+
+def test_install_with_fabric_wait_publishes_once_the_fabric_completes(scene: Scene) -> None:
+    """Sampled every 20 ms through the whole install: never ready before the fabric
+    completed; then ready with the held copy's exact bytes."""
+    fabric = scene.work / "fabric"
+    write_fabric(fabric, [(NOT_STARTED, 0)])
+    samples: list[tuple[bool, bool]] = []  # (published, fabric done)
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            done = fabric.read_text().split()[0] == str(COMPLETED)
+            samples.append(((scene.install_dir / ".ready.json").exists(), done))
+            time.sleep(0.02)
+
+    def train() -> None:  # as Fabric Manager does, once the driver is loaded
+        while not (scene.root / "dev/nvidiactl").exists() and not stop.is_set():
+            time.sleep(0.05)
+        write_fabric(fabric, [(IN_PROGRESS, 0)])
+        time.sleep(1.0)
+        write_fabric(fabric, [(COMPLETED, 0)])
+
+    threads = [threading.Thread(target=sample), threading.Thread(target=train)]
+    for thread in threads:
+        thread.start()
+    try:
+        with MirrorServer(scene.repo) as server:
+            code, stderr = _install(scene, server.url, "--fabric-manager", "host",
+                                    "--fabric-wait", "60",
+                                    env={"FAKE_NVML_FABRIC_FILE": str(fabric)})
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=10)
+    assert code == 0, stderr
+    assert [i for i, (published, done) in enumerate(samples) if published and not done] == []
+    assert any(not done for _, done in samples)  # sampled before the fabric completed
+    assert (scene.install_dir / ".ready.json").read_bytes() == \
+        (scene.install_dir / ".agent/ready.json").read_bytes()
