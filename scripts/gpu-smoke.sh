@@ -95,7 +95,7 @@ PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}" "$python" - "$lib_dir" <<'PY'
 import ctypes, sys
 ctypes.CDLL(f"{sys.argv[1]}/libnvidia-ml.so.1")  # pynvml's own load then finds this one
 import pynvml
-from installer.agent.fabric import fabric_summary, read_fabric
+from installer.node.gpufabric import fabric_summary, read_fabric
 pynvml.nvmlInit()
 try:
     count = pynvml.nvmlDeviceGetCount()

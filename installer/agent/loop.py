@@ -33,14 +33,6 @@ from installer.agent.daemons import (
     Supervised,
     Supervisor,
 )
-from installer.agent.fabric import (
-    GpuFabric,
-    fabric_done,
-    fabric_summary,
-    not_done,
-    not_done_detail,
-    read_fabric,
-)
 from installer.agent.plan import Plan, make_plan
 from installer.agent.readiness import HEARTBEAT_S, Keeper, remove_view, work_dir, write_view
 from installer.agent.report import Reporter
@@ -56,6 +48,14 @@ from installer.errors import VerificationError
 from installer.installdir.layout import install_root
 from installer.node import kmod, kmsg
 from installer.node.fabric import missing_ib_modules
+from installer.node.gpufabric import (
+    GpuFabric,
+    fabric_done,
+    fabric_summary,
+    not_done,
+    not_done_detail,
+    read_fabric,
+)
 
 ONCE_START_S = 10.0  # `--once` off a fabric: the daemons' start (START_S), a retry or two
 START_GRACE_S = 10.0  # off a fabric: a daemon's first start counts as up for this long

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from installer.agent.daemons import RUNNING, Supervised, Supervisor
-from installer.agent.fabric import GpuFabric
+from installer.node.gpufabric import GpuFabric
 from installer.node.host import write_atomic
 
 XID_EVENTS = "xid-events.json"  # in the work area: the GPU:Xid pairs posted this boot

@@ -14,37 +14,21 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from agentnode import AgentNode, daemon_package
+from agentnode import AgentNode
 
 from adversarial.agentkit import (
-    agent_node,
     arena_snapshot,
     events,
-    kill_standins,
     run_once,
     staged,
     untouched,
 )
 from adversarial.harness import assert_refused
-from installer.packages.manifest import Package
 
 NOT_STARTED = "node not ready: nv-fabricmanager not started"
-
-
-@pytest.fixture(scope="module")
-def package(tmp_path_factory: pytest.TempPathFactory) -> Package:
-    return daemon_package(tmp_path_factory.mktemp("pkg"))
-
-
-@pytest.fixture
-def node(tmp_path: Path, package: Package) -> Iterator[AgentNode]:
-    node = agent_node(tmp_path, package)
-    yield node
-    kill_standins(node)
 
 
 def evil_program(node: AgentNode) -> tuple[str, Path]:

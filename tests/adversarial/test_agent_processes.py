@@ -12,20 +12,17 @@ the agent's own files changed, and that the foreign process named like the daemo
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from agentnode import AgentNode, daemon_package
+from agentnode import AgentNode
 
 from adversarial.agentkit import (
     FM_PID,
-    agent_node,
     alive,
     arena_snapshot,
     events,
     foreign,
-    kill_standins,
     run_once,
     start_ticks,
     untouched,
@@ -34,19 +31,6 @@ from adversarial.agentkit import (
 from adversarial.harness import Result, assert_refused
 from installer.node import daemons, programs
 from installer.node.host import RealHost, Roots
-from installer.packages.manifest import Package
-
-
-@pytest.fixture(scope="module")
-def package(tmp_path_factory: pytest.TempPathFactory) -> Package:
-    return daemon_package(tmp_path_factory.mktemp("pkg"))
-
-
-@pytest.fixture
-def node(tmp_path: Path, package: Package) -> Iterator[AgentNode]:
-    node = agent_node(tmp_path, package)
-    yield node
-    kill_standins(node)
 
 
 def plant_pid(node: AgentNode, pid: int) -> None:

@@ -43,10 +43,12 @@ A100_SIZES = "1g.5gb, 1g.5gb+me, 1g.10gb, 2g.10gb, 3g.20gb, 4g.20gb, 7g.40gb"
 FAKENODE_GPUS = Path(__file__).resolve().parents[1] / "fakenode_gpus.py"
 TIMEOUT = 5  # seconds per refused run
 # What a refused `partition` may change: the readiness it withdraws (the node is not as
-# configured), and the installer's own work area.
-# configured), the installer's own work area, the simulated kernel's and the NVML
-# stand-in's bookkeeping (its lock; a GPU's MIG state is checked on its own).
+# configured: the held copy the agent would publish goes too), the installer's own work
+# area, the simulated kernel's and the NVML stand-in's bookkeeping (its lock; a GPU's MIG
+# state is checked on its own).
 WITHDRAWN = (f"node/{INSTALL_DIR}/.ready.json", "node/run/nvidia/validations/",
+             f"node/{INSTALL_DIR}/.agent/ready.json",
+             f"node/{INSTALL_DIR}/.agent/driver-ready.env",
              f"node/{INSTALL_DIR}/.lock", f"node/{INSTALL_DIR}/.cache/tmp", KERNEL_STATE,
              "mig/lock")
 

@@ -13,31 +13,16 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import kubefake
-import pytest
 from agentnode import VERSION, daemon_package, make_node, wait_for
-from kubefake import Cluster, node_doc
+from kubefake import Cluster
 from native.daemons import write_fabric
 
 from installer.packages.manifest import Package
 
 GRACE_S = 45  # the DaemonSet's terminationGracePeriodSeconds
-
-
-@pytest.fixture(scope="module")
-def package(tmp_path_factory: pytest.TempPathFactory) -> Package:
-    return daemon_package(tmp_path_factory.mktemp("pkg"))
-
-
-@pytest.fixture
-def cluster() -> Iterator[tuple[str, Cluster]]:
-    cluster = Cluster(nodes={"gpu-node-1": node_doc("gpu-node-1")})
-    with kubefake.serve(cluster) as url:
-        yield url, cluster
-    assert not cluster.errors, cluster.errors
 
 
 def condition(cluster: Cluster) -> dict[str, object]:

@@ -12,7 +12,7 @@ from native import build_standins
 from native.daemons import write_fabric
 from native.nvmlsession import clear_fake_env, nvml_session
 
-from installer.agent.fabric import (
+from installer.node.gpufabric import (
     GpuFabric,
     fabric_done,
     fabric_summary,

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import podresources
 import pytest
-from agentnode import A100_BUSES, AgentNode, daemon_package, make_node, wait_for
+from agentnode import A100_BUSES, AgentNode, make_node, wait_for
 from helpers import http_get
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -27,11 +27,6 @@ from installer.packages.manifest import Package
 
 GPUS = 8
 MIB = 1024 * 1024
-
-
-@pytest.fixture(scope="module")
-def package(tmp_path_factory: pytest.TempPathFactory) -> Package:
-    return daemon_package(tmp_path_factory.mktemp("pkg"))
 
 
 def free_port() -> int:

@@ -23,9 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import kubefake
-import pytest
-from agentnode import REPO, AgentNode, daemon_package, make_node, wait_for
-from kubefake import Cluster, HangingFront, node_doc
+from agentnode import REPO, AgentNode, make_node, wait_for
+from kubefake import Cluster, HangingFront
 from native.daemons import read_fabric_file, write_fabric
 
 from installer.packages.manifest import Package
@@ -33,19 +32,6 @@ from installer.packages.manifest import Package
 SAMPLE_S = 0.02
 WITHDRAW_BOUND_S = 5.0  # the bound: a dead daemon's readiness gone, API hung
 COMPLETED = (3, 0)
-
-
-@pytest.fixture(scope="module")
-def package(tmp_path_factory: pytest.TempPathFactory) -> Package:
-    return daemon_package(tmp_path_factory.mktemp("pkg"))
-
-
-@pytest.fixture
-def cluster() -> Iterator[tuple[str, Cluster]]:
-    cluster = Cluster(nodes={"gpu-node-1": node_doc("gpu-node-1")})
-    with kubefake.serve(cluster) as url:
-        yield url, cluster
-    assert not cluster.errors, cluster.errors
 
 
 def label(cluster: Cluster) -> str | None:

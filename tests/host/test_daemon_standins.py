@@ -25,7 +25,7 @@ from native.daemons import (
 )
 from native.nvmlsession import clear_fake_env, nvml_session
 
-from installer.agent.fabric import fabric_summary, read_fabric
+from installer.node.gpufabric import fabric_summary, read_fabric
 
 VERSION = "535.261.03"
 DEADLINE_S = 30.0  # generous: a loaded 2-core machine

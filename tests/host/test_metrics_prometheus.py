@@ -20,7 +20,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from agentnode import A100_BUSES, AgentNode, daemon_package, make_node, wait_for
+from agentnode import A100_BUSES, AgentNode, make_node, wait_for
 from healthkit import record
 from host.test_agent_metrics import MIB, free_port, gpu_line, readings, record_install
 from metricexamples import adapter_query, adapter_rules, dashboard_queries, variable_metrics
@@ -50,11 +50,6 @@ def uuid(i: int) -> str:
 def duty(i: int) -> float:
     """gpu_line's utilisation samples 10i and 10i+20 give a duty cycle of 10i+10 percent."""
     return 10.0 * i + 10
-
-
-@pytest.fixture(scope="module")
-def package(tmp_path_factory: pytest.TempPathFactory) -> Package:
-    return daemon_package(tmp_path_factory.mktemp("pkg"))
 
 
 @pytest.fixture
