@@ -37,6 +37,7 @@ OWN_DIRS = (layout.VERSIONS, layout.CACHE_DIR, layout.DRIVER_ROOT_DIR, BACKUP_DI
 OWN_NAMES = frozenset({*OWN_DIRS, *layout.TOP_LINKS, layout.CURRENT, layout.PREVIOUS,
                        layout.STATE_FILE, layout.READY_FILE, layout.DEVNODES_FILE,
                        layout.CDI_RECORD, layout.LAST_INSTALL_FILE,
+                       layout.AGENT_DIR, layout.AGENT_VIEW,  # signal holds readiness there
                        layout.LOCK_FILE, MARKER})
 # Written by any run that took the node lock, even one that failed before the dir was marked.
 RUN_NAMES = frozenset({layout.LOCK_FILE, layout.LAST_INSTALL_FILE})
