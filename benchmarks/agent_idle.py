@@ -22,7 +22,7 @@ tests/kubefake.py, in this process), so the Kubernetes client is loaded as it is
 `rich`, which the image does not have (it is no dependency of the installer; this project's
 dev virtualenv has it through import-linter, and structlog imports it when present:
 `--with-rich` measures that too).
-Target (issues 24, 36): agent RSS <= 40 MB as shipped (metrics on), CPU about 0; the report
+Target: agent RSS <= 40 MB as shipped (metrics on), CPU about 0; the report
 says whether it is met, and `--check` exits 1 when it is not.
 """
 

@@ -12,7 +12,7 @@ METRICS_PORT=0. The NVML stand-in reports per-GPU readings set here
 staged libnvidia-ml and reads, every 5 s, the fields the collector reads (utilisation
 samples, memory, temperature, power, ECC, remapped rows, UUID, name, PCI id) for 8 GPUs.
   scrape   wall time of `--scrapes` sequential GETs of /metrics (a new connection each, as a
-           Prometheus without keep-alive), p50/p99/max in ms; target (issue 25) <= 50 ms
+           Prometheus without keep-alive), p50/p99/max in ms; target <= 50 ms
   RSS      VmRSS max over `--seconds` (sampled every second) and PSS at the end, MB (10^6 B);
            target: the agent with metrics on <= 60 MB
   pass     the baseline's own time for one 8-GPU pass, ms (what NVML costs, not the server)

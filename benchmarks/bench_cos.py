@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The COS source (issue 14), each figure against a baseline measured in the same run.
+"""The COS source, each figure against a baseline measured in the same run.
 
 1. first install on a COS node from Google's layout served on 127.0.0.1 over HTTPS (version
    files, the signed modules tarball, the makeself runfile from Debian's real 535 files,

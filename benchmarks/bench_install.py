@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmarks for `install` (issue 6), each against a baseline measured in the same run.
+"""Benchmarks for `install`, each against a baseline measured in the same run.
 
 1. reboot fast path: state + cache hit, modules not loaded (the simulated kernel is reset
    as a reboot would), whole-process wall time, median of N runs (target <= 0.35 s);

@@ -8,7 +8,7 @@ same virtualenv's `python -c pass` (interpreter start-up and site, with the edit
 path hook). Reported per command: the median and the fastest wall time, and the median above
 the floor (what the installer's own imports and work cost). The code is byte-compiled first,
 as a wheel install in the image is.
-Targets (issue 28): `--help` <= 100 ms, `check-pod` on a small file <= 150 ms.
+Targets: `--help` <= 100 ms, `check-pod` on a small file <= 150 ms.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Kill storms over the three paths of issue 22, at full size (the suite runs smaller ones).
+"""Kill storms over three paths (repo, cos, fallback), at full size (the suite runs smaller ones).
 
 For each path, `--kills` SIGKILLs (default 100) of the run's whole process group at instants
 uniform over a measured run, the invariants checked after every kill (no half-written cache

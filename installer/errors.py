@@ -160,8 +160,8 @@ class IncompatibleError(InstallerError):
 class UpgradeBlockedError(InstallerError):
     """A driver upgrade cannot free the GPUs without harm: a holder is not an evictable pod
     (a host process, a static or DaemonSet pod), a pod that must go would be lost for good
-    (no controller, emptyDir data) and the settings do not allow it, or the API refused
-    (issues 16, 23). Nothing was cordoned or unloaded. (A node labelled upgrade.skip=true is
+    (no controller, emptyDir data) and the settings do not allow it, or the API refused.
+    Nothing was cordoned or unloaded. (A node labelled upgrade.skip=true is
     not an error: it keeps its driver; only a label seen after the first read stops here.)"""
 
     code = 15
@@ -216,7 +216,7 @@ def error_table() -> list[type[InstallerError]]:
     return sorted(classes, key=lambda cls: cls.code)
 
 
-# --- finer-grained kernel-module failures (issue 4); codes come from their base class ------
+# --- finer-grained kernel-module failures; codes come from their base class ----------------
 
 
 class KernelWithoutModulesError(UnsupportedNodeError):
@@ -247,7 +247,7 @@ class CompressedModuleError(ModuleLoadError):
     """A compressed host module cannot be loaded: the kernel does not decompress modules."""
 
 
-# --- MIG partitioning (issue 26); codes come from their base class ----------------------
+# --- MIG partitioning; codes come from their base class ---------------------------------
 
 
 class MigConfigError(ConfigError):
@@ -280,7 +280,7 @@ class MigNvmlError(VerificationError):
                       "or reset the GPU if it persists")
 
 
-# --- a full filesystem, wherever a write meets it (issue 22 item 9) -----------------------
+# --- a full filesystem, wherever a write meets it -----------------------------------------
 
 NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
 

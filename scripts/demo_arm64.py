@@ -16,9 +16,9 @@ import tempfile
 import time
 from pathlib import Path
 
+# demo_shared first: it puts the repository and tests/ on the module search path
+from demo_shared import BANNER, GUEST_SCRIPT, make_mirror, say, user_tree, work_dir  # isort: skip
 from arm64debs import LIB_DIR, arm64_tree
-from artifacts import cache_root
-from demo import BANNER, GUEST_SCRIPT, make_mirror, say, user_tree
 from kernel import arm64, arm64cross, guest
 
 REAL_LOAD = r"""
@@ -48,8 +48,7 @@ def main_arm64() -> int:
     start = time.monotonic()
     say("preparing Debian's arm64 kernel, root, headers and NVIDIA 535 files (cached after once)")
     kernel = arm64.ensure_all()
-    work = cache_root() / "demo-arm64"
-    work.mkdir(parents=True, exist_ok=True)
+    work = work_dir("demo-arm64")
     tree = user_tree(work, arm64_tree(), LIB_DIR, arm64.CROSS_CC)
     mirror = make_mirror(work, arm64cross.arm64_headers_debs(kernel.release), tree,
                          "--arch", "aarch64")

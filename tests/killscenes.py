@@ -1,4 +1,5 @@
-"""The three kill-storm scenes of issue 22, each as cheap as its path allows.
+"""The three kill-storm scenes (COS install, build fallback, repository build), each as
+cheap as its path allows.
 
 - `cos_scene`: `install` on a COS node from the cos-tools layout served over HTTPS (a
   small runfile: the NVML/CUDA stand-ins plus random padding, so a run is ~2 s); the cache

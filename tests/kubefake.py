@@ -382,7 +382,7 @@ def _selects(selector: str, obj: Doc) -> bool:
     return labels.get(key) in values.strip("()").split(",")
 
 
-# --- DaemonSets (issue 23): a controller that puts a deleted pod straight back ----------
+# --- DaemonSets: a controller that puts a deleted pod straight back ---------------------
 # The DaemonSet controller keeps one pod per node whose labels match the DaemonSet's
 # nodeSelector: a deleted pod comes back after `recreate_after` seconds with a new UID and
 # the same owner (what makes "delete the device plugin's pod" not enough on a real
@@ -491,7 +491,7 @@ def _later(cluster: Cluster, daemonset: DaemonSet, delay: float) -> None:
     timer.start()
 
 
-# --- The Node's status subresource (issue 24: GPU health conditions) -----------------------
+# --- The Node's status subresource (GPU health conditions) ---------------------------------
 # PATCH /api/v1/nodes/<n>/status with a strategic merge patch, as kubelet and
 # node-problem-detector send theirs: only `status` may be patched; `status.conditions` is
 # merged by its key `type` (an element `{"type": t, "$patch": "delete"}` removes that

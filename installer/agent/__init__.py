@@ -1,4 +1,4 @@
-"""The node agent (issue 24): the DaemonSet's main container for the life of the pod.
+"""The node agent: the DaemonSet's main container for the life of the pod.
 
 It runs the daemons the node's driver needs (`daemons`, `plan`: Fabric Manager, NVLink
 Subnet Manager, persistenced), owns readiness after the install (`readiness`: true only

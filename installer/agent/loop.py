@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from installer.agent import health
+from installer.agent import health, metrics
 from installer.agent.daemons import (
     FABRIC_DAEMONS,
     STARTING,
@@ -400,8 +400,6 @@ def run_agent(ctx: Context, environ: Mapping[str, str], *, once: bool) -> Verdic
                                      remedy="see the agent's log and `status`; the node "
                                             "stays not ready until this is fixed")
         return verdict
-    from installer.agent import metrics
-
     with stop_on_signal() as stop, metrics.serving(agent):
         last = run_forever(agent, stop)
     return last or Verdict(False, "AgentStopped", "stopped before its first round")

@@ -33,12 +33,12 @@ GFD_SUFFIXES = ("gpu.product", "gpu.count", "gpu.memory", "gpu.family", "gpu.com
 TYPE_SUFFIXES = ("gpu.product", "gpu.family", "gpu.memory", "gpu.compute.major",
                  "gpu.compute.minor")
 GKE_ACCELERATOR = "cloud.google.com/gke-accelerator"
-# The upgrade flow's keys (issue 16): its progress, and the operator's opt-out. Not GPU
+# The upgrade flow's keys: its progress, and the operator's opt-out. Not GPU
 # facts, so the signal stage's stale-label cleanup leaves them alone.
 UPGRADE_STATE = f"{OWN_PREFIX}/upgrade-state"
 UPGRADE_SKIP = f"{OWN_PREFIX}/upgrade.skip"
 UPGRADE_KEYS = (UPGRADE_STATE, UPGRADE_SKIP)
-# MIG (issue 26): the partition stage's progress, as mig-parted's mig.config.state says it
+# MIG: the partition stage's progress, as mig-parted's mig.config.state says it
 MIG_STATE = f"{OWN_PREFIX}/mig.config.state"
 MODEL_SUFFIX = "gpu.model."  # gpu-node-installer/gpu.model.<product>=<count>, one per model
 

@@ -180,7 +180,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("build_sign_cert", "--build-sign-cert", "BUILD_SIGN_CERT", None,
             "certificate (PEM or DER) of --build-sign-key, enrolled in the node's keyring",
             "an absolute path", values.abs_path),
-    # driver upgrades on a live node (issue 16; parsers in config/upgrade.py)
+    # driver upgrades on a live node (parsers in config/upgrade.py)
     Setting("upgrade_policy", "--upgrade-policy", "UPGRADE_POLICY", "refuse",
             "when another driver version is loaded and in use: refuse (exit 10), evict the "
             "pods holding the GPUs, or drain every non-DaemonSet pod (needs --node-name)",
@@ -216,14 +216,14 @@ SETTINGS: tuple[Setting, ...] = (
             "this node waits while that many other nodes of the installer's are cordoned, "
             "NotReady or mid-upgrade, for any reason",
             "a whole number >= 1 or a percentage from 1% to 100%", upgrade.max_unavailable),
-    # the driver's daemons (issue 24): who runs Fabric Manager on an NVSwitch/NVLink5 node
+    # the driver's daemons: who runs Fabric Manager on an NVSwitch/NVLink5 node
     Setting("fabric_manager", "--fabric-manager", "FABRIC_MANAGER", "package",
             "who runs Fabric Manager (and NVLSM) on an NVSwitch or NVLink5 node: package "
             "(the agent, from the driver package; a package without them is refused) or "
             "host (the node's OS or hypervisor; the agent starts neither but still withholds "
             "readiness until the fabric completes)", "one of package, host",
             values.choice("package", "host")),
-    # the node agent (issue 24; parsers in config/agent.py)
+    # the node agent (parsers in config/agent.py)
     Setting("persistence_mode", "--persistence-mode", "PERSISTENCE_MODE", "on",
             "the agent runs nvidia-persistenced --persistence-mode from the package",
             "one of on, off", values.choice(*agent.PERSISTENCE)),
@@ -249,15 +249,15 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("cdi_spec_dir", "--cdi-spec-dir", "CDI_SPEC_DIR", "/var/run/cdi", "where the CDI "
             "spec goes on the node (/etc/cdi persists)", "an absolute path on the node without "
             "'..'", values.host_abs_path),
-    *(Setting(*row) for row in mig.ROWS),  # MIG partitioning (issue 26): config/mig.py
-    *(Setting(*row) for row in agent.METRICS_ROWS),  # the agent's /metrics (issue 25)
-    # GPU health in the node agent (issue 24; parser in config/health.py)
+    *(Setting(*row) for row in mig.ROWS),  # MIG partitioning: config/mig.py
+    *(Setting(*row) for row in agent.METRICS_ROWS),  # the agent's /metrics
+    # GPU health in the node agent (parser in config/health.py)
     Setting("xid_critical", "--xid-critical", "XID_CRITICAL", health.DEFAULT,
             "Xids that set the node condition gpu-node-installer/XidCriticalError and post "
             "an XIDError Event (48 always; default: GKE's set)",
             "Xid numbers separated by commas or spaces, none of NVIDIA's application errors "
             "13, 31, 43, 45, 68, 109", health.xid_list),
-    # the agent's metrics: per-container GPUs from the kubelet (issue 25)
+    # the agent's metrics: per-container GPUs from the kubelet
     Setting("pod_resources_dir", "--pod-resources-dir", "POD_RESOURCES_DIR",
             agent.POD_RESOURCES_DIR, "the container's read-only mount of the host's kubelet "
             "pod-resources directory (its kubelet.sock labels GPU metrics per container)",

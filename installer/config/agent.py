@@ -83,7 +83,7 @@ def metrics_interval(value: str) -> float:
     return number
 
 
-# the agent's /metrics (issue 25): rows of config.SETTINGS
+# the agent's /metrics: rows of config.SETTINGS
 METRICS_ROWS = (
     ("metrics_port", "--metrics-port", "METRICS_PORT", "9420",
      "port of the agent's Prometheus /metrics and /healthz (0: no metrics server)",

@@ -1,4 +1,4 @@
-"""The settings of MIG partitioning (issue 26): where the wanted layout comes from, how the
+"""The settings of MIG partitioning: where the wanted layout comes from, how the
 labels name the slices, and what a mode change that needs a reboot may do.
 
 The layout itself is read by the partition stage (GKE's gpu_config.json on the node, a

@@ -54,10 +54,8 @@ class StatusReport:
         return json.dumps(self.to_dict(), indent=2)
 
     def to_text(self) -> str:
-        from installer.node.report import node_text
-
         staged = self.staged
-        lines = [node_text(self.node),
+        lines = [self.node.to_text(),
                  f"CUDA:            {compat.cuda_support_text(self._driver())}",
                  f"Loaded modules:  {', '.join(self.modules) or 'none'}",
                  f"Install dir:     {self.install_dir}",

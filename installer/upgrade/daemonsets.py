@@ -24,7 +24,7 @@ import json
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from installer.compat.nodelabels import OWN_PREFIX
 from installer.errors import UpgradeTimeoutError
@@ -34,7 +34,7 @@ from installer.node.holders import Holder
 from installer.stages import load
 
 if TYPE_CHECKING:
-    from installer.upgrade.flow import Upgrade
+    from installer.context import Context
     from installer.upgrade.selection import Pod
 
 DEPLOY_PREFIX = "nvidia.com/gpu.deploy."
@@ -56,8 +56,29 @@ class Held:
     deleted: dict[str, str] = field(default_factory=dict)  # pod UID -> owning DaemonSet
 
 
+class UpgradeView(Protocol):
+    """The upgrade's cluster side as this module uses it (`flow.Upgrade` is one): the flow
+    imports this module, never the other way round."""
+
+    @property
+    def ctx(self) -> Context: ...
+
+    @property
+    def api(self) -> kube.ApiServer: ...
+
+    @property
+    def node(self) -> str: ...
+
+    @property
+    def held(self) -> Held: ...
+
+    def event(self, reason: str, message: str, event_type: str = "Normal") -> None:
+        """An Event on the Node (failing to post one is only a warning)."""
+        ...
+
+
 # --- gpu-operator's DaemonSets ------------------------------------------------------------
-def to_pause(upgrade: Upgrade, node: dict[str, Any]) -> set[str]:
+def to_pause(upgrade: UpgradeView, node: dict[str, Any]) -> set[str]:
     """The deploy labels this upgrade pauses (or paused already, by its annotation)."""
     if not upgrade.ctx.config.upgrade_pause_operator:
         return set()
@@ -73,7 +94,7 @@ def paused_pod_uids(pods: Iterable[dict[str, Any]], labels: set[str]) -> set[str
             if _daemonset_of(p) and _selected_by(p) & labels}
 
 
-def not_paused(upgrade: Upgrade, holders: Sequence[Holder],
+def not_paused(upgrade: UpgradeView, holders: Sequence[Holder],
                pods: Iterable[dict[str, Any]]) -> list[Holder]:
     """The holders outside the pods the operator pause removes: those neither block the
     upgrade nor are deleted (the pause takes them away)."""
@@ -83,7 +104,7 @@ def not_paused(upgrade: Upgrade, holders: Sequence[Holder],
     return [h for h in holders if not (h.pod and h.pod.pod_uid in gone)]
 
 
-def pause(upgrade: Upgrade, *, deadline: float, interval: float) -> None:
+def pause(upgrade: UpgradeView, *, deadline: float, interval: float) -> None:
     """Set each `true` deploy label to paused (the previous values into our annotation, in
     the same patch), then wait until the DaemonSet pods selecting on them are gone."""
     node = kube.get_node(upgrade.api, upgrade.node)
@@ -102,7 +123,7 @@ def pause(upgrade: Upgrade, *, deadline: float, interval: float) -> None:
     _wait_gone(upgrade, set(previous), deadline=deadline, interval=interval)
 
 
-def _wait_gone(upgrade: Upgrade, labels: set[str], *, deadline: float,
+def _wait_gone(upgrade: UpgradeView, labels: set[str], *, deadline: float,
                interval: float) -> None:
     """NVIDIA's driver manager waits the same way (it polls every 5 s)."""
     while True:
@@ -121,7 +142,7 @@ def _wait_gone(upgrade: Upgrade, labels: set[str], *, deadline: float,
         time.sleep(min(interval, max(0.0, deadline - time.monotonic())))
 
 
-def resume(upgrade: Upgrade, node: dict[str, Any]) -> None:
+def resume(upgrade: UpgradeView, node: dict[str, Any]) -> None:
     """Put back each paused label we paused (only if it still says paused), drop our
     annotation: the operator's DaemonSets return to the node."""
     previous = _paused_before(node)
@@ -136,7 +157,7 @@ def resume(upgrade: Upgrade, node: dict[str, Any]) -> None:
 
 
 # --- GKE's device plugin: its device-file gate ---------------------------------------------
-def hold_gate(upgrade: Upgrade, deleting: Sequence[Pod]) -> None:
+def hold_gate(upgrade: UpgradeView, deleting: Sequence[Pod]) -> None:
     """Before GPU DaemonSet pods are deleted: withdraw the device nodes their replacements
     wait for (ours only), and remember which DaemonSets own the deleted pods."""
     if not deleting:
@@ -159,7 +180,7 @@ def hold_gate(upgrade: Upgrade, deleting: Sequence[Pod]) -> None:
                                 "/dev/nvidiactl or /dev/nvidia-uvm, so it never removes them")
 
 
-def release_gate(upgrade: Upgrade, *, verified: bool) -> None:
+def release_gate(upgrade: UpgradeView, *, verified: bool) -> None:
     """Give the withdrawn nodes back: after verification for the new driver; after a
     failure only while the driver that served before is still the one loaded."""
     if not upgrade.held.nodes:
@@ -177,7 +198,7 @@ def release_gate(upgrade: Upgrade, *, verified: bool) -> None:
 
 
 # --- naming what came back ------------------------------------------------------------------
-def describe(upgrade: Upgrade, holders: Sequence[Holder]) -> str:
+def describe(upgrade: UpgradeView, holders: Sequence[Holder]) -> str:
     """The holders with their pods; a DaemonSet pod created after we deleted its
     predecessor is named as one that came back."""
     try:

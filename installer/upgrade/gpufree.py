@@ -1,4 +1,4 @@
-"""Freeing GPUs for a MIG repartition (issue 26) with the live upgrade's eviction flow.
+"""Freeing GPUs for a MIG repartition with the live upgrade's eviction flow.
 
 The partition stage finds the processes holding a GPU whose layout must change; under
 UPGRADE_POLICY=evict|drain the pipeline hands it `free`, which evicts (or, for DaemonSet

@@ -1,4 +1,4 @@
-"""`package build` asked to sign with nothing to sign, in the sandboxed arena (issue 22).
+"""`package build` asked to sign with nothing to sign, in the sandboxed arena.
 
 `--nvidia-source` without `--kernel-headers` makes a source package, which needs the
 user-mode files (`--deb`, `--run` or `--tree`); given none, with `--sign-key/--sign-cert`, the

@@ -1,4 +1,4 @@
-"""Every write, rename and delete stays inside the host root (issue 12, item 1).
+"""Every write, rename and delete stays inside the host root.
 
 A symlink on the node, absolute or relative, on the install dir, a parent of it, the cache
 dir, etc/ld.so.conf.d, run/nvidia or the dev root means what it means on the node: the

@@ -1,4 +1,4 @@
-"""The download deadline holds against every slow part of a GET (issue 22, item 13).
+"""The download deadline holds against every slow part of a GET.
 
 A mirror that trickles (one byte a second, never tripping a per-recv read timeout), in the
 response headers, the index, the manifest or a file's body, small or large, with or without

@@ -1,4 +1,4 @@
-"""Hostile documents (issue 12, items 3 and 4): every index, manifest and node document is
+"""Hostile documents: every index, manifest and node document is
 read by one bounded, total parser, and files that would collide when staged are refused.
 
 Each case: exit 7 (or the documented outcome for node documents), one line naming the

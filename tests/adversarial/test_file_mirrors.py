@@ -1,5 +1,5 @@
 """file:// mirrors: percent-encoded paths, symlinks and FIFOs cannot climb out of the
-mirror's tree or block the run (issue 12, item 8)."""
+mirror's tree or block the run."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""SIGTERM and SIGINT end a run within a second, cleanly (issue 22, item 11).
+"""SIGTERM and SIGINT end a run within a second, cleanly.
 
 The kubelet sends SIGTERM on every pod deletion. Each case starts the real CLI (sandboxed
 as every adversarial case), signals it at a known point (mid-download from a trickling

@@ -1,4 +1,4 @@
-"""Mirrors and downloads that cannot be turned against the run (issue 12, items 5, 6, 8, 9, 10).
+"""Mirrors and downloads that cannot be turned against the run.
 
 Each case runs the real CLI against real mirrors on 127.0.0.1 (tests/httpserver.py, TLS
 included) or file:// trees, and asserts the exit code (or success), the one line naming

@@ -1,4 +1,4 @@
-"""The install dir and the cache dir are the installer's own (issue 12, item 2).
+"""The install dir and the cache dir are the installer's own.
 
 A system directory is refused before any write; a directory holding files the installer
 did not create is refused untouched; GKE's own installer's layout is moved aside into

@@ -1,4 +1,4 @@
-"""Hardening, second pass (issue 22): each numbered item through the real CLI, sandboxed.
+"""Hardening, second pass: each hostile case through the real CLI, sandboxed.
 
 Every case asserts the exit code, the one line (the problem and the fix), and, from a
 listing of the arena before and after, that nothing changed outside the run's own work area.
@@ -298,8 +298,8 @@ OVERLAPS = {
 
 @pytest.mark.parametrize("case", list(OVERLAPS))
 def test_overlapping_install_and_cache_dirs_are_refused(arena: Arena, case: str) -> None:
-    """Also (issue 22): a cache dir the installer would switch, prune or remove, or one
-    holding the install dir, is refused at start (exit 2)."""
+    """A cache dir the installer would switch, prune or remove, or one holding the
+    install dir, is refused at start (exit 2)."""
     install_dir, cache_dir, why = OVERLAPS[case]
     settle(arena)
     before = arena.snapshot()

@@ -1,4 +1,4 @@
-"""Settings a careless or hostile operator gives, through the real CLI (issue 12 items 7-9).
+"""Settings a careless or hostile operator gives, through the real CLI.
 
 Each bad value is refused before anything is written: exit 2 (7 for a package whose own
 default module parameter would smuggle a second one), one line naming the setting as it was
@@ -223,7 +223,7 @@ def test_package_with_a_smuggling_default_parameter(arena: Arena, key: str, valu
                                                     ) -> None:
     _with_default_param(arena.scene.repo, key, value)
     (arena.install_dir / ".cache").mkdir(parents=True)  # as after an earlier run
-    # refused when the manifest is validated (issue 22 item 1): nothing reaches the cache;
+    # refused when the manifest is validated: nothing reaches the cache;
     # the simulated kernel writes its (empty) state when it starts: nothing was loaded
     allowed = (*WORK_AREA, "node/proc/.fake-kernel.json", "node/proc/devices")
     _refused_untouched(arena, (), {}, "error(integrity)", "[fetch]", "default parameter",

@@ -1,4 +1,4 @@
-"""Hostile package tarballs (issue 12, item 11): every header is checked before a byte is
+"""Hostile package tarballs: every header is checked before a byte is
 written, against the generic bounds and the manifest's member list; a tarball is unpacked once.
 
 Each case puts one tarball in a preloaded dir (beside the node, as an image would) and runs

@@ -1,4 +1,4 @@
-"""The termination log (issue 22 item 12): written only where the kubelet made it, or where
+"""The termination log: written only where the kubelet made it, or where
 TERMINATION_LOG names it; never by the commands a person runs by hand to look at a node.
 
 Each case runs the real CLI in the sandbox, asserts the exit code and the one line, and lists

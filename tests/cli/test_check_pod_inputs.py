@@ -1,4 +1,4 @@
-"""`check-pod` on the files people really have (issue 28): Helm templates get "render it
+"""`check-pod` on the files people really have: Helm templates get "render it
 first", a document that cannot be read is one problem line and hides none of the others, a
 Secret with a placeholder does not break the file, multi-document files and Lists; exit 2
 only when nothing at all can be checked, as one line."""

@@ -1,4 +1,4 @@
-"""`check-pod` finds every pod template of the objects people write (issue 28): each named by
+"""`check-pod` finds every pod template of the objects people write: each named by
 its path, with the pod count its object asks for, for the built-in kinds, the common custom
 resources (LeaderWorkerSet, JobSet, Ray, Kubeflow, KServe, Knative, NIMService, Argo) and any
 other kind with a pod-template shape. The examples in tests/workloads/shapes/ are our own."""

@@ -1,4 +1,4 @@
-"""check-pod as a user runs it (issue 28): the real CLI in a subprocess with --strict,
+"""check-pod as a user runs it: the real CLI in a subprocess with --strict,
 --platform, a List of Nodes, custom resources' pod templates and DRA claims in the same file,
 JSON with both severities, and the README's examples."""
 

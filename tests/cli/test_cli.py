@@ -79,7 +79,7 @@ class TestErrors:
     @pytest.mark.parametrize("command", ["fetch", "detect"])
     def test_failure_written_to_termination_log(self, make_node: NodeMaker, tmp_path: Path,
                                                 command: str) -> None:
-        """`detect` is run by hand: its failure is no pod's last word (issue 22 item 12)."""
+        """`detect` is run by hand: its failure is no pod's last word."""
         root = make_node("gke-ubuntu-t4")
         (root / "etc" / "os-release").write_text("this is not os-release\n")
         log = tmp_path / "termination-log"

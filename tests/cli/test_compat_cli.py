@@ -62,7 +62,7 @@ class TestWithDriverFlag:
         assert err.strip() == ("error(incompatible): driver 470.82.01 does not run CUDA 12.4; "
                                "fix: install driver 550.54.14 or newer, or build the "
                                "application with an older CUDA toolkit")
-        assert not _termination_log.exists()  # run by hand: no pod's last word (issue 22)
+        assert not _termination_log.exists()  # run by hand: no pod's last word
 
     def test_exact_minimum_and_one_below(self) -> None:
         assert _invoke("--cuda", "10.2", "--driver", "440.33")[0] == 0

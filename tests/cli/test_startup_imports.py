@@ -1,4 +1,4 @@
-"""Start-up is a feature (issue 28): `--help` and `check-pod` load no logging framework, no
+"""Start-up is a feature: `--help` and `check-pod` load no logging framework, no
 YAML parser they do not use, no node seam and no pipeline. Checked in fresh processes, by
 which modules were imported when each exited (no timings: docs/benchmarks.md has those)."""
 

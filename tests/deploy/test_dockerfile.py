@@ -80,7 +80,7 @@ class TestDockerfile:
 
     def test_no_step_of_the_default_target_runs_the_target_platform(self) -> None:
         """The builder runs on the build machine's platform; the runtime stage only copies,
-        so an arm64 image builds on x86_64 without emulating a single step (issue 29)."""
+        so an arm64 image builds on x86_64 without emulating a single step."""
         instructions = _instructions()
         runtime = instructions[instructions.index(("FROM", "base AS runtime")):
                                instructions.index(("FROM", "runtime AS build"))]

@@ -1,4 +1,4 @@
-"""`make image PLATFORMS=linux/amd64,linux/arm64` really builds one manifest list (issue 29):
+"""`make image PLATFORMS=linux/amd64,linux/arm64` really builds one manifest list:
 both platforms are in it, the arm64 image's Python and installer run (under qemu-user where
 this machine is not arm64), and every ELF file in each image is for its own machine, the
 compiled dependencies included. Skips, saying why, where podman or emulation is missing."""

@@ -1,4 +1,4 @@
-"""`make image PLATFORMS=...` (issue 29): the build it starts, dry-run (`make -n`), for podman
+"""`make image PLATFORMS=...`: the build it starts, dry-run (`make -n`), for podman
 (one manifest list, made afresh) and docker (buildx), and deploy.md's documented line.
 The real build is tests/deploy/test_image_multiarch.py (image tier)."""
 

@@ -1,4 +1,4 @@
-"""The toolkit-free overlays (issue 27): the installer writes the CDI spec onto the node's
+"""The toolkit-free overlays: the installer writes the CDI spec onto the node's
 own /var/run/cdi, which the ubuntu and operator-compatible overlays mount where the
 installer resolves it under HOST_ROOT (/var/run is a link to /run on systemd nodes)."""
 

@@ -1,4 +1,4 @@
-"""The CDI spec (issue 27): what a real `install` writes, validated against the CDI project's
+"""The CDI spec: what a real `install` writes, validated against the CDI project's
 own JSON schema (Debian's golang-github-container-orchestrated-devices-container-device-
 interface-dev carries it; scripts/install-deps.sh extracts its schema/), for each node shape:
 1 GPU (a real install), 8 GPUs with NVSwitch (real character devices on a host tree), and no

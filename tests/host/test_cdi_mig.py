@@ -1,4 +1,4 @@
-"""MIG devices in the CDI spec (issues 26 + 27): after a real `install` with a MIG config on
+"""MIG devices in the CDI spec: after a real `install` with a MIG config on
 the NVML stand-in, the spec the signal stage wrote names each MIG device as `nvidia-ctk cdi
 generate` does (`<gpu>:<mig index>` and `MIG-<uuid>`), each with its GPU's node and the
 access capability nodes of its GPU and compute instance, numbered as the driver's

@@ -1,4 +1,4 @@
-"""A real runtime reads our CDI spec (issue 27): Debian's Podman, rootful, runs containers
+"""A real runtime reads our CDI spec: Debian's Podman, rootful, runs containers
 with `--device nvidia.com/gpu=all` and `--device nvidia.com/gpu=<UUID>` from the spec a real
 `install` wrote, after `signal` (the real CLI, RealHost) rewrote it from real character
 devices with NVIDIA's numbers (mknod in the host tree).

@@ -327,7 +327,7 @@ class TestBadInput:
 
     @pytest.mark.parametrize("data", [b"{not json", b'{"schema_version": 7}', b"[]"])
     def test_bad_index(self, host: Path, repo: Path, data: bytes) -> None:
-        # issue 12: a malformed index is an integrity error naming it, not "not found"
+        # a malformed index is an integrity error naming it, not "not found"
         (repo / "index.json").write_bytes(data)
         result = self._refused(host, repo, exit_code=7)
         assert named(result, "source unavailable")

@@ -1,4 +1,4 @@
-"""MIG partitioning end to end (issue 26): the real CLI in a subprocess over a host tree, the
+"""MIG partitioning end to end: the real CLI in a subprocess over a host tree, the
 real pynvml over the NVML stand-in's MIG (its state in a temp dir, its capability files in
 the node's /proc), a simulated kernel, a real HTTP mirror and the strict fake API.
 

@@ -1,4 +1,4 @@
-"""Driver upgrades on a live node (issue 16): `install` with UPGRADE_POLICY=evict/drain
+"""Driver upgrades on a live node: `install` with UPGRADE_POLICY=evict/drain
 against the strict fake API server (tests/kubefake.py), over a host tree whose simulated
 kernel is shared by the test and the installer process (tests/fakenode.py).
 
@@ -306,7 +306,7 @@ class TestBlocked:
         self._assert_untouched(cluster, node)
 
     def test_the_skip_label_keeps_the_busy_driver(self, scene: tuple[Scene, str]) -> None:
-        """Issue 23: the label no longer refuses (exit 10, a crash-looping pod): the node
+        """The label does not refuse (exit 10, a crash-looping pod): the node
         keeps serving its driver, labelled upgrade-skipped (tests/host/test_upgrade_skip.py)."""
         node, mirror = scene
         pid = kernel(node).open_device("nvidia", "/dev/nvidia0", "python3", pod_cgroup(UID))

@@ -1,4 +1,4 @@
-"""A live upgrade (issue 16's flow) stops the driver's daemons before it unloads (issue 24):
+"""A live upgrade (upgrade/flow.py) stops the driver's daemons before it unloads:
 the daemons hold the GPUs, and the new pod's agent starts the new version's.
 
 The node serves V1 with a GPU pod (the simulated kernel of tests/fakenode.py) and a

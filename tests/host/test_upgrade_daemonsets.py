@@ -1,4 +1,4 @@
-"""GPU DaemonSets during a live upgrade (issue 23 item 3), against the strict fake API.
+"""GPU DaemonSets during a live upgrade, against the strict fake API.
 
 The fake's DaemonSet controller recreates a deleted pod (new UID, same owner) and removes a
 pod whose node labels stop matching; the fake "kubelet" starts the new pod's process. GKE's
@@ -192,7 +192,7 @@ class TestDevicePluginGate:
         back = f"{PLUGIN[0]}/{daemonset.made[1]}"
         assert f"in pod {back}, which DaemonSet {PLUGIN[0]}/{PLUGIN[1]} recreated after " \
                "its pod was deleted" in done.stderr
-        # readiness stays while V1 serves (issue 23: withdrawn only at the unload)
+        # readiness stays while V1 serves (withdrawn only at the unload)
         assert plugin.saw == [{"pod": daemonset.made[1], "driver": V1, "ready": V1}]
         assert all((node.root / "dev" / name).exists() for name in GATE)
         assert "DriverUpgradeGateHeld" not in reasons(cluster)

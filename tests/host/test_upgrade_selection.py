@@ -1,5 +1,5 @@
-"""Which pods a live upgrade moves, what it refuses to lose, and how it waits for them
-(issue 23, items 1, 4 and 6), against the strict fake API (tests/kubefake.py) over the same
+"""Which pods a live upgrade moves, what it refuses to lose, and how it waits for them,
+against the strict fake API (tests/kubefake.py) over the same
 scene as test_upgrade.py: a node serving V1, a mirror holding V1 and V2.
 
 - kubectl drain's refusals: a pod no controller recreates (bare, or its DaemonSet gone) and

@@ -1,4 +1,4 @@
-"""Issue 23, items 2, 5 and 6c: the upgrade.skip label keeps a node serving (busy or idle),
+"""The upgrade.skip label keeps a node serving (busy or idle),
 readiness is withdrawn only once the driver is replaced, the parallel limit counts every
 unavailable node of the installer's, and an idle or fresh node ends `upgrade-done`.
 

@@ -1,4 +1,4 @@
-"""Runs inside the guest: issue 24's GPU health against the real /dev/kmsg, results as JSON.
+"""Runs inside the guest: the agent's GPU health (Xid) against the real /dev/kmsg, results as JSON.
 
 The test script has already written Xid lines into the guest kernel's real log from user
 space (`echo '<3>NVRM: Xid ...' > /dev/kmsg`, as the driver's lines look) before this

@@ -197,7 +197,7 @@ def raw_finit(path: Path) -> dict[str, Any]:
 
 
 def group_raw_loads(args: dict[str, Any]) -> dict[str, Any]:
-    """Each file through raw finit_module, with what the boot enforces (issue 14's COS
+    """Each file through raw finit_module, with what the boot enforces (the COS
     modules: parsed as signed, refused for their key)."""
     return {"sig_enforce": Path("/sys/module/module/parameters/sig_enforce").read_text()
             .strip(), "cmdline": Path("/proc/cmdline").read_text().strip(),

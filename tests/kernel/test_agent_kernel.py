@@ -1,4 +1,4 @@
-"""Issue 24 on a real kernel: SIGTERM stops the node agent and its daemons within the pod's
+"""On a real kernel: SIGTERM stops the node agent and its daemons within the pod's
 grace period.
 
 The node is built on this side (tests/agentnode.py) in the out dir the guest shares; one

@@ -1,4 +1,4 @@
-"""Issue 22: compile and sign in one command, and the real kernel reads the signatures.
+"""Compile and sign in one command, and the real kernel reads the signatures.
 
 `gpu-node-installer package build --nvidia-source ... --kernel-headers ... --sign-key K
 --sign-cert C` (the CLI, in a subprocess) compiles real kernel-module sources against

@@ -1,4 +1,4 @@
-"""Issue 14: the COS bucket fixture's signed modules are what a real kernel parses as signed.
+"""The COS bucket fixture's signed modules are what a real kernel parses as signed.
 
 The tier's stand-in modules named `nvidia` (tests/kernel/modules, open flavour), built
 against Debian's real kernel headers, are signed by the fixture's throw-away key

@@ -1,4 +1,4 @@
-"""Issue 4's five real-kernel cases: the load stage against Debian's kernel under qemu.
+"""The load stage's five real-kernel cases, against Debian's kernel under qemu.
 
 Two guest boots serve all cases (a boot is ~12 s under TCG): one plain, one booted with
 `module.sig_enforce=1`. Inside, tests/kernel/scenarios.py drives the installer's real
@@ -172,7 +172,7 @@ class TestSignatureEnforcement:
 
 
 class TestSignedByPackageBuild:
-    """Issue 13: the kernel parses `package build`'s signatures (same boot as case 4)."""
+    """The kernel parses `package build`'s signatures (same boot as case 4)."""
 
     def test_product_signature_rejected_for_its_key(self, sig_group: dict[str, Any]) -> None:
         raw = sig_group["raw_product"]

@@ -1,4 +1,4 @@
-"""Issue 26 on a real kernel: the MIG capability device nodes, made on the guest's devtmpfs
+"""MIG on a real kernel: the MIG capability device nodes, made on the guest's devtmpfs
 with the major of `nvidia-caps` and the minors of `mig-minors`, as GKE's device plugin
 reads them (`/dev/nvidia-caps/nvidia-cap<N>`); a rerun keeps them."""
 

@@ -1,4 +1,4 @@
-"""Issue 16 on a real kernel: a live driver upgrade frees the GPU, swaps the modules, is ready.
+"""On a real kernel: a live driver upgrade frees the GPU, swaps the modules, is ready.
 
 One guest boot (tests/kernel/upgrade_guest.py) runs the installer's real code against
 Debian's kernel: real processes holding /dev/nvidia0 in real cgroup v2 directories named as
@@ -127,7 +127,7 @@ class TestLiveUpgrade:
 
 
 class TestGpuDaemonSets:
-    """Issue 23: GKE's device plugin comes straight back when deleted and reopens the
+    """GKE's device plugin comes straight back when deleted and reopens the
     driver as soon as /dev/nvidiactl and /dev/nvidia-uvm exist."""
 
     def test_a_plugin_that_reopens_at_once_is_held_until_the_new_driver_is_ready(

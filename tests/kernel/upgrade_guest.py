@@ -1,4 +1,4 @@
-"""Runs inside the guest: issue 16's driver upgrade against the real kernel, results as JSON.
+"""Runs inside the guest: the live driver upgrade against the real kernel, results as JSON.
 
 The installer runs as the DaemonSet would run it (`python -m installer install`, RealHost on
 the guest's /, /proc, /sys, /dev), the strict fake API server (tests/kubefake.py) listens on
@@ -9,7 +9,7 @@ fake API server plays kubelet: when it evicts the pod, it kills that pod's proce
 Scenarios, in order on one kernel: V1 installed; a holder outside any pod blocks (PID
 named); a pod holder whose PodDisruptionBudget never allows → timeout, V1 still loaded, node
 cordoned; the budget relents → the rerun evicts, swaps the modules for real, reaches ready
-and uncordons; then (issue 23) a device-plugin-like DaemonSet pod holds V2, its controller
+and uncordons; then a device-plugin-like DaemonSet pod holds V2, its controller
 recreates it the moment it is deleted, and the new process reopens /dev/nvidia* as soon as
 the device files exist (it polls as GKE's plugin does): the upgrade back to V1 must still
 swap the modules and end upgrade-done, the new plugin opening V1 only once it is ready.
@@ -186,7 +186,7 @@ def main(args: dict[str, Any]) -> dict[str, Any]:
 
 def device_plugin(args: dict[str, Any], cluster: Cluster, pods: dict[str, Any], api: str
                   ) -> dict[str, Any]:
-    """Issue 23: GKE's device plugin holds V2 and comes straight back when deleted."""
+    """GKE's device plugin holds V2 and comes straight back when deleted."""
     seen: dict[str, Path] = {}
 
     def start(pod: dict[str, Any]) -> None:  # kubelet starts the recreated pod

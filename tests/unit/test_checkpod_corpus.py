@@ -1,5 +1,5 @@
-"""check-pod on the manifests people really write (issue 28): every numbered problem of the
-issue as tests over tests/workloads/corpus, each expected verdict asserted."""
+"""check-pod on the manifests people really write: each problem such a manifest has, as
+tests over tests/workloads/corpus, each expected verdict asserted."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`check-pod` on any YAML/JSON document set (issue 28): exit 0, 14 or 2, one line per
+"""`check-pod` on any YAML/JSON document set: exit 0, 14 or 2, one line per
 problem, never a traceback. Hypothesis builds the inputs three ways: our own example
 manifests with parts replaced by junk, arbitrary data dumped as YAML or JSON, and text made of
 YAML's and templates' own punctuation. The CLI runs in-process (click's runner) for speed;

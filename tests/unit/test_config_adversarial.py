@@ -1,4 +1,4 @@
-"""Settings a careless or hostile operator might give (issue 12 items 8, 9): refused, exit 2.
+"""Settings a careless or hostile operator might give: refused, exit 2.
 
 hypothesis feeds every parser and load_config as a whole random text: only the installer's
 own ConfigError may come out. Module parameters: tests/unit/test_modparams.py.

@@ -1,4 +1,4 @@
-"""The bounded document reader and every parser built on it (issue 12, item 4), and the
+"""The bounded document reader and every parser built on it, and the
 staged-path collision check (item 3).
 
 Hypothesis feeds arbitrary bytes and near-valid documents to each parser: only the

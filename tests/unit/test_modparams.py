@@ -1,4 +1,4 @@
-"""Kernel module parameters (issue 12 item 7) against a faithful re-implementation of the
+"""Kernel module parameters against a faithful re-implementation of the
 kernel's own next_arg()/parse_args(): whatever the installer accepts, the kernel splits back
 into exactly the pairs the operator meant; the rest is refused (exit 2, or 7 for a package)."""
 

@@ -204,7 +204,7 @@ class TestHypothesis:
         try:
             manifest = manifest_from_dict(doc)
         except ManifestError as exc:
-            # issue 12: entries that would land on one staged path are refused too
+            # entries that would land on one staged path are refused too
             assert any(text in exc.message for text in (
                 "both a file and a directory", "total size", "staged at"))
             return

@@ -1,9 +1,10 @@
-"""The agent's Prometheus metrics (issue 25): the install, the agent's verdict and daemons,
+"""The agent's Prometheus metrics: the install, the agent's verdict and daemons,
 each GPU through NVML, and each container's GPUs through the kubelet's PodResources API.
 
 `collect` reads on the agent's schedule into an immutable `snapshot`; `server` renders the
 latest one per scrape (`families`: GKE's drop-in names and our `gpu_node_installer_` family).
-`serving` ties both to the agent's life: started with it, stopped before it ends.
+`serving` ties both to the agent's life: started with it, stopped before it ends. Both read
+the agent through `source.AgentView`: the loop imports the metrics, never the reverse.
 """
 
 from __future__ import annotations
@@ -14,11 +15,11 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from installer.agent.loop import Agent
+    from installer.agent.metrics.source import AgentView
 
 
 @contextmanager
-def serving(agent: Agent) -> Iterator[None]:
+def serving(agent: AgentView) -> Iterator[None]:
     """Collect and serve while the block runs (METRICS_PORT=0: neither)."""
     config, log = agent.config, agent.log
     if config.metrics_port == 0:

@@ -12,22 +12,21 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from installer.agent.daemons import RUNNING
 from installer.agent.metrics.nvml import NvmlReader, PassResult
 from installer.agent.metrics.snapshot import InstallFacts, Snapshot
+from installer.agent.metrics.source import AgentView
 from installer.installdir.lastrun import read_last_install
 from installer.installdir.state import read_state
 from installer.node.podresources import ContainerDevices, PodResourcesUnavailable, list_assignments
 
-if TYPE_CHECKING:
-    from installer.agent.loop import Agent
 
 class Collector:
     """Builds snapshots; `latest` is swapped in one assignment (readers need no lock)."""
 
-    def __init__(self, agent: Agent, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, agent: AgentView, clock: Callable[[], float] = time.time) -> None:
         self.agent, self.clock = agent, clock
         self.nvml = NvmlReader(agent.log, clock)
         self.errors: Counter[str] = Counter()

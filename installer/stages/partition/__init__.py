@@ -1,4 +1,4 @@
-"""The partition stage: split GPUs into MIG instances as the node's config asks (issue 26).
+"""The partition stage: split GPUs into MIG instances as the node's config asks.
 
 After verify, before signal: readiness is written only once the GPUs are as configured.
 Without a config (`config.find` is None) it does nothing at all, no NVML call. Otherwise:
