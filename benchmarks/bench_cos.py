@@ -33,8 +33,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "tests"), str(REPO / "benchmarks")]
 
-from bench_install import compile_bytecode, reboot, timed_install  # noqa: E402
 import yaml  # noqa: E402
+from bench_install import compile_bytecode, reboot, timed_install  # noqa: E402
 from cosbucket import cos_node, make_bucket  # noqa: E402
 from cosserver import CosServer  # noqa: E402
 from e2e import standin_env  # noqa: E402
