@@ -1,6 +1,6 @@
 """Benchmark: the node agent idling, against a bare Python interpreter and `sleep`.
 
-    .venv/bin/python benchmarks/agent_idle.py [--seconds 600] [--sample 5] [--json]
+    .venv/bin/python benchmarks/agent_idle.py [--seconds 600] [--sample 5] [--json] [--quick]
 
 The agent is the real `gpu-node-installer agent` in a subprocess on the host tier's 8-GPU
 NVSwitch node (tests/agentnode.py: the stand-in driver staged and made ready by the real
@@ -23,7 +23,8 @@ tests/kubefake.py, in this process), so the Kubernetes client is loaded as it is
 dev virtualenv has it through import-linter, and structlog imports it when present:
 `--with-rich` measures that too).
 Target: agent RSS <= 40 MB as shipped (metrics on), CPU about 0; the report
-says whether it is met, and `--check` exits 1 when it is not.
+says whether it is met, and `--check` exits 1 when it is not. `--quick` (the test suite runs
+it): a 2 s window sampled every second.
 """
 
 from __future__ import annotations
@@ -122,7 +123,11 @@ def main() -> int:
                         help=f"exit 1 when the agent's RSS max is above {TARGET_RSS_MB:g} MB")
     parser.add_argument("--metrics-off", action="store_true",
                         help="METRICS_PORT=0 (the DaemonSet ships with metrics on)")
+    parser.add_argument("--quick", action="store_true",
+                        help="small sizes, one pass (the test suite runs this)")
     args = parser.parse_args()
+    if args.quick:
+        args.seconds, args.sample = 2.0, 1.0
     with tempfile.TemporaryDirectory(prefix="agent-idle-") as tmp:
         work = Path(tmp)
         metrics = {"METRICS_PORT": "0"} if args.metrics_off else {

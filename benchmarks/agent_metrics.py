@@ -1,7 +1,7 @@
 """Benchmark: the agent's /metrics on an 8-GPU node: scrape latency and the agent's RSS,
 against the same agent with metrics off and a bare pynvml loop reading the same fields.
 
-    .venv/bin/python benchmarks/agent_metrics.py [--scrapes 500] [--seconds 60] [--json]
+    .venv/bin/python benchmarks/agent_metrics.py [--scrapes 500] [--seconds 60] [--json] [--quick]
 
 Two real `gpu-node-installer agent` processes run on two host-tier 8-GPU NVSwitch nodes
 (tests/agentnode.py, as benchmarks/agent_idle.py sets them up: the stand-in driver made
@@ -21,7 +21,8 @@ mounted), as on such a node. With `--kubelet` a real gRPC PodResources server
 (tests/podresources.py, grpcio) assigns one GPU to each of 8 containers, so the agent's client
 (one unary gRPC call over HTTP/2 through h2, installer/node/grpcunix.py) runs every collection
 and the per-container series are served too; "grpcio loaded" checks the agent's memory maps
-for grpcio's extension, which the agent must never load.
+for grpcio's extension, which the agent must never load. `--quick` (the test suite runs it):
+10 scrapes and a 2 s RSS window.
 """
 
 from __future__ import annotations
@@ -132,7 +133,11 @@ def main() -> int:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--kubelet", action="store_true",
                         help="serve PodResources: 8 containers with one GPU each")
+    parser.add_argument("--quick", action="store_true",
+                        help="small sizes, one pass (the test suite runs this)")
     args = parser.parse_args()
+    if args.quick:
+        args.scrapes, args.seconds = 10, 2.0
     sockets = podresources.short_dir()
     holders = [ContainerDevices("bench", f"pod-{i}", "main", "nvidia.com/gpu", (f"nvidia{i}",))
                for i in range(GPUS)]

@@ -19,6 +19,10 @@ are byte-identical to the cached package the kernel tests use (reproducibility, 
 shared linux-kbuild given once), both with the same `--jobs`, cold, and prints both wall
 times and the scaling (3-kernel time / 1-kernel time; 3.0 = no gain from sharing the cores,
 less = the serial parts of one build overlap another's compile).
+
+`--quick` (the test suite runs it): one kernel with `--source mini` (the tier's cached
+headers, without its kernel image; the small stand-in tree: seconds, not minutes); not with
+`--matrix`, whose other two kernels' headers are not in the test cache.
 """
 
 from __future__ import annotations
@@ -50,11 +54,21 @@ def main() -> None:
     parser.add_argument("--source", choices=("real", "mini"), default="real")
     parser.add_argument("--matrix", action="store_true",
                         help="1 kernel vs 3 kernels in one command (many-kernel builds)")
+    parser.add_argument("--quick", action="store_true",
+                        help="small sizes, one pass (the test suite runs this)")
     args = parser.parse_args()
+    if args.quick:
+        if args.matrix:
+            parser.error("--quick is one kernel: not with --matrix")
+        args.source = "mini"
     if args.matrix:
         matrix(args.jobs, args.source)
         return
-    kernel = assets.ensure_headers(assets.ensure_kernel(assets.kernel_release()))
+    release = assets.kernel_release()
+    # the compile needs only the headers; --quick leaves the kernel image (a download) out
+    kernel = assets.ensure_headers(
+        assets.Kernel(release, assets.cache_root() / "kernel" / release) if args.quick
+        else assets.ensure_kernel(release))
     headers = assets.headers_debs(kernel)
     with tempfile.TemporaryDirectory(prefix="gni-bench-build-") as tmp:
         work = Path(tmp)

@@ -10,7 +10,14 @@
 2. the reboot fast path on that node with the server gone, median of N whole processes
    (GKE's installer reloads and re-verifies through nvidia-smi on every boot).
 
-    .venv/bin/python benchmarks/bench_cos.py [--runs 10]
+The node is the gke-cos-a100x8 sample (8 A100s on NVSwitch), configured as the `gke-cos`
+overlay configures the installer there: its settings (daemonset/overlays/gke-cos), among
+them FABRIC_MANAGER=host (COS's artifacts carry no Fabric Manager; the node runs it), are
+the run's environment, HOST_ROOT pointing at the node's tree.
+
+    .venv/bin/python benchmarks/bench_cos.py [--runs 10] [--quick]
+
+`--quick` (the test suite runs it): one reboot run; the same artifacts and code path.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "tests"), str(REPO / "benchmarks")]
 
+import yaml  # noqa: E402
 from bench_install import compile_bytecode, reboot, timed_install  # noqa: E402
 from cosbucket import cos_node, make_bucket  # noqa: E402
 from cosserver import CosServer  # noqa: E402
@@ -37,6 +45,19 @@ from installer.testing import SAMPLE_NODES  # noqa: E402
 VERSION = "535.261.03"
 NODE = SAMPLE_NODES["gke-cos-a100x8"]
 BUILD = "17800.218.20"
+OVERLAY = REPO / "daemonset" / "overlays" / "gke-cos" / "kustomization.yaml"
+
+
+def overlay_settings(host_root: Path) -> dict[str, str]:
+    """The installer settings the gke-cos overlay merges into the DaemonSet's ConfigMap,
+    with HOST_ROOT (where the pod mounts the node's /) pointing at this node's tree."""
+    doc = yaml.safe_load(OVERLAY.read_text())
+    (generator,) = (g for g in doc["configMapGenerator"]
+                    if g["name"] == "gpu-node-installer-settings")
+    settings = dict(literal.split("=", 1) for literal in generator["literals"])
+    if settings.get("FABRIC_MANAGER") != "host":
+        sys.exit(f"{OVERLAY} no longer sets FABRIC_MANAGER=host: update this benchmark")
+    return {**settings, "HOST_ROOT": str(host_root)}
 
 
 def baseline(server: CosServer, paths: list[str], tgz: Path, run: Path, work: Path) -> float:
@@ -54,18 +75,23 @@ def baseline(server: CosServer, paths: list[str], tgz: Path, run: Path, work: Pa
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--quick", action="store_true",
+                        help="one reboot run (the test suite's check that it still runs)")
     opts = parser.parse_args()
+    if opts.quick:
+        opts.runs = 1
     with tempfile.TemporaryDirectory(prefix="gni-bench-cos-") as tmp:
         base = Path(tmp)
         bucket = make_bucket(base / "b", build_id=BUILD, kernel_release=NODE.kernel,
                              version=VERSION, standins=build_standins(base / "standins"))
         assert bucket.runfile is not None
-        root, env = cos_node(base / "node"), standin_env(VERSION, gpus=8)
+        root = cos_node(base / "node")
+        env = {**standin_env(VERSION, gpus=8), **overlay_settings(root)}
         ca = base / "ca.pem"
         with CosServer(bucket.root) as server:
             assert server.ca_bundle is not None
             ca.write_bytes(server.ca_bundle.read_bytes())
-            args = ["--host-root", str(root), "--proc-root", str(root / "proc"),
+            args = ["--proc-root", str(root / "proc"),
                     "--sys-root", str(root / "sys"), "--cos-tools-url", server.cos_tools_url,
                     "--nvidia-runfile-url", server.runfile_url, "--ca-bundle", str(ca)]
             base_s = baseline(server, [bucket.tarball_path, bucket.runfile_path],

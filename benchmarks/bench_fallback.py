@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Benchmark: `install` with BUILD_FALLBACK=auto on a node whose kernel has no package.
 
-    .venv/bin/python benchmarks/bench_fallback.py [--runs 5] [--source real|mini]
+    .venv/bin/python benchmarks/bench_fallback.py [--runs 5] [--source real|mini] [--quick]
 
 A host tree (simulated kernel) running Debian's 6.1.0-57-amd64 with that kernel's real
 headers under the host root (tests/fallbacknode.py); a file:// repository holding only a
@@ -12,7 +12,8 @@ source package: the NVML/CUDA stand-ins plus bookworm's real nvidia-kernel-sourc
   reboot   the next boots (kernel state reset): the fast path from the cache, median of N
            (target <= 0.35 s)
   make     a bare `make modules` of the same sources against the same headers (baseline)
-and prints them, with the cold install's overhead over the bare compile.
+and prints them, with the cold install's overhead over the bare compile. `--quick` (the test
+suite runs it): `--source mini` and one reboot run, the same node and real headers.
 """
 
 from __future__ import annotations
@@ -76,7 +77,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--source", choices=("real", "mini"), default="real")
+    parser.add_argument("--quick", action="store_true",
+                        help="small sizes, one pass (the test suite runs this)")
     opts = parser.parse_args()
+    if opts.quick:
+        opts.source, opts.runs = "mini", 1
     debs = headers_debs()
     if debs is None:
         sys.exit(f"needs the kernel tier's cached linux-headers-{RELEASE} .debs (make "

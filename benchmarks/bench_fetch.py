@@ -1,6 +1,6 @@
 """Benchmark: `gpu-node-installer fetch` of a big package from 127.0.0.1 against curl.
 
-    .venv/bin/python benchmarks/bench_fetch.py [--size-mb 512] [--reps 5]
+    .venv/bin/python benchmarks/bench_fetch.py [--size-mb 512] [--reps 5] [--quick]
 
 One package holding one file of --size-mb MiB is served by the test suite's HTTP server
 (tests/httpserver.py, sendfile). Each repetition times, on the same URL:
@@ -11,7 +11,9 @@ One package holding one file of --size-mb MiB is served by the test suite's HTTP
 and prints the best of the repetitions (the least disturbed by other load), the ratios
 (targets: fetch >= 2x pipe and >= 1x file; end to end, and for the stage alone as its own
 log event times it, without Python's start-up) and fetch's peak RSS (target < 100 MB).
-Data lives under $GNI_TEST_CACHE/bench (not in the repo).
+Data lives under $GNI_TEST_CACHE/bench (not in the repo). `--quick` (the test suite runs
+it): an 8 MiB package, one repetition, and the targets reported but not judged (exit 0:
+such a small, single run says nothing about speed).
 """
 
 from __future__ import annotations
@@ -121,7 +123,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size-mb", type=int, default=512)
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--quick", action="store_true",
+                        help="small sizes, one pass (the test suite runs this)")
     args = parser.parse_args()
+    if args.quick:
+        args.size_mb, args.reps = 8, 1
     repo, digest = make_repo(args.size_mb)
     times: dict[str, list[float]] = {"fetch": [], "fetch_stage_only": [], "pipe": [], "file": []}
     peak = 0
@@ -156,8 +162,9 @@ def main() -> int:
     print(json.dumps(report, indent=2))
     ok = (report["ratio_vs_curl_pipe_sha256sum"] >= 2 and report["ratio_vs_curl_file_openssl"]
           >= 1 and peak < 100e6)
-    print("targets (>=2x pipe, >=1x file, RSS < 100 MB):", "met" if ok else "NOT met")
-    return 0 if ok else 1
+    print("targets (>=2x pipe, >=1x file, RSS < 100 MB):", "met" if ok else "NOT met",
+          "(not judged: --quick)" if args.quick else "")
+    return 0 if ok or args.quick else 1
 
 
 if __name__ == "__main__":

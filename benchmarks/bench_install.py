@@ -9,7 +9,9 @@
    (target <= 1.0x that sum);
 4. peak RSS of `install` (target <= 100 MB).
 
-    .venv/bin/python benchmarks/bench_install.py [--size-mb 512] [--runs 10]
+    .venv/bin/python benchmarks/bench_install.py [--size-mb 512] [--runs 10] [--quick]
+
+`--quick` (the test suite runs it): an 8 MiB package, one run of each fast path.
 """
 
 from __future__ import annotations
@@ -67,7 +69,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size-mb", type=int, default=512)
     parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--quick", action="store_true",
+                        help="small sizes, one pass (the test suite runs this)")
     opts = parser.parse_args()
+    if opts.quick:
+        opts.size_mb, opts.runs = 8, 1
     with tempfile.TemporaryDirectory(prefix="gni-bench-") as tmp:
         scene = make_scene(Path(tmp))
         add_version(scene, VERSION, padding=opts.size_mb * 1024 * 1024)

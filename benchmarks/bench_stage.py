@@ -1,9 +1,10 @@
 """Benchmark: staging NVIDIA's real 535 user-mode files (hard links vs copies), the switch
 alone, SONAME reading, and verify over the stand-ins.
 
-    .venv/bin/python benchmarks/bench_stage.py [--reps N]
+    .venv/bin/python benchmarks/bench_stage.py [--reps N] [--quick]
 
 Uses the cached Debian extraction from tests/artifacts.py (downloaded on first use).
+`--quick` (the test suite runs it): one repetition of each, the same real files.
 """
 
 from __future__ import annotations
@@ -49,7 +50,10 @@ def report(name: str, times: list[float], extra: str = "") -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--reps", type=int, default=5)
-    reps = parser.parse_args().reps
+    parser.add_argument("--quick", action="store_true",
+                        help="small sizes, one pass (the test suite runs this)")
+    opts = parser.parse_args()
+    reps = 1 if opts.quick else opts.reps
     versions = ("535.261.03", "535.309.01")
     packages = {v: tree_package(artifacts.nvidia_tree(v), v) for v in versions}
     size_mb = packages[versions[0]].manifest.total_size / 1e6

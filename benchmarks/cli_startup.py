@@ -1,6 +1,6 @@
 """Benchmark: the CLI's start-up as whole processes, against `python -c pass` in the same run.
 
-    .venv/bin/python benchmarks/cli_startup.py [--runs 20] [--json]
+    .venv/bin/python benchmarks/cli_startup.py [--runs 20] [--json] [--quick]
 
 Each command is the installed console script (`.venv/bin/gpu-node-installer`), run `--runs`
 times, the commands interleaved so that a load spike hits all of them alike; the floor is the
@@ -9,6 +9,7 @@ path hook). Reported per command: the median and the fastest wall time, and the 
 the floor (what the installer's own imports and work cost). The code is byte-compiled first,
 as a wheel install in the image is.
 Targets: `--help` <= 100 ms, `check-pod` on a small file <= 150 ms.
+`--quick` (the test suite runs it): one run of each command after the warm-up.
 """
 
 from __future__ import annotations
@@ -63,7 +64,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--quick", action="store_true",
+                        help="small sizes, one pass (the test suite runs this)")
     args = parser.parse_args()
+    if args.quick:
+        args.runs = 1
     times = measure(args.runs)
     floor = statistics.median(times["python -c pass"])
     rows = []

@@ -10,6 +10,10 @@ entry, package or index; tests/killstorm.py), then runs left to finish and check
 Prints, per storm, where the kills landed and the corrupt states found; exit 1 if any.
 
     .venv/bin/python benchmarks/killstorm.py [--kills 100] [--only repo,cos] [--seed 1234]
+
+`--quick` (the test suite runs it): 2 kills per storm, the same scenes and checks; without
+`--only`, the repo and cos storms (the on-node build's runs compile for seconds each, and
+tests/host/test_killstorm.py already storms that scene in every suite run).
 """
 
 from __future__ import annotations
@@ -36,9 +40,17 @@ socketserver.BaseServer.handle_error = lambda *_: None  # type: ignore[method-as
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--kills", type=int, default=100)
-    parser.add_argument("--only", default=",".join(SCENES))
+    parser.add_argument("--only", default=None, help=f"default: {','.join(SCENES)}")
     parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--quick", action="store_true",
+                        help="small sizes, one pass (the test suite runs this)")
     opts = parser.parse_args()
+    if opts.quick:
+        opts.kills = 2
+    if opts.only is None:
+        opts.only = "repo,cos" if opts.quick else ",".join(SCENES)
+        if opts.quick:
+            print("fallback: not run with --quick (tests/host/test_killstorm.py storms it)")
     corrupt = 0
     for name in opts.only.split(","):
         if name == "fallback" and fallback_available() is not None:
