@@ -17,12 +17,9 @@ ready. Beside the loop, for its whole life (not `--once`), the metrics server
 
 from __future__ import annotations
 
-import contextlib
-import signal
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from installer.agent import health, metrics
@@ -34,6 +31,7 @@ from installer.agent.daemons import (
     Supervisor,
 )
 from installer.agent.plan import Plan, make_plan
+from installer.agent.process import stop_on_signal, trim_heap
 from installer.agent.readiness import HEARTBEAT_S, Keeper, remove_view, work_dir, write_view
 from installer.agent.report import Reporter
 from installer.agent.verdict import (
@@ -306,20 +304,6 @@ class Agent:
         return stopped
 
 
-@contextmanager
-def stop_on_signal() -> Iterator[threading.Event]:
-    """SIGTERM/SIGINT only set the returned event; the loop acts on it between waits."""
-    stop = threading.Event()
-    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
-    for signum in previous:
-        signal.signal(signum, lambda _n, _f: stop.set())
-    try:
-        yield stop
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-
-
 def run_forever(agent: Agent, stop: threading.Event) -> Verdict | None:
     """Rounds until `stop` is set; between rounds, wait on Xid events (`health`'s source:
     NVML events, else /dev/kmsg, else a plain sleep) for at most `Agent.wait_s`."""
@@ -344,7 +328,7 @@ def run_forever(agent: Agent, stop: threading.Event) -> Verdict | None:
         while not stop.is_set():
             verdict = agent.round()
             if agent.state.view_written and not agent.state.trimmed:
-                _trim_heap()  # once, after start-up's imports and planning
+                trim_heap()  # once, after start-up's imports and planning
                 agent.state.trimmed = True
             if stop.is_set():
                 break
@@ -358,15 +342,6 @@ def run_forever(agent: Agent, stop: threading.Event) -> Verdict | None:
         agent.reporter.close()
         agent.log.info("agent stopped", xids=watched.summary())
     return verdict
-
-
-def _trim_heap() -> None:
-    """Give the heap start-up freed back to the node (glibc keeps it otherwise): the agent
-    lives as long as the pod, and its RSS is what every GPU node pays."""
-    import ctypes
-
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def run_once(agent: Agent, *, deadline_s: float) -> Verdict:

@@ -223,26 +223,7 @@ SETTINGS: tuple[Setting, ...] = (
             "host (the node's OS or hypervisor; the agent starts neither but still withholds "
             "readiness until the fabric completes)", "one of package, host",
             values.choice("package", "host")),
-    # the node agent (parsers in config/agent.py)
-    Setting("persistence_mode", "--persistence-mode", "PERSISTENCE_MODE", "on",
-            "the agent runs nvidia-persistenced --persistence-mode from the package",
-            "one of on, off", values.choice(*agent.PERSISTENCE)),
-    Setting("uvm_persistence_mode", "--uvm-persistence-mode", "UVM_PERSISTENCE_MODE", "auto",
-            "also --uvm-persistence-mode (auto: drivers R550 and later, which have it)",
-            "one of auto, on, off", values.choice(*agent.UVM_PERSISTENCE)),
-    Setting("fabric_timeout", "--fabric-timeout", "FABRIC_TIMEOUT", "600",
-            "seconds for every GPU's fabric (NVLink5: first mlx5_core, ib_umad) before an "
-            "Event says why the node is not ready", agent.SECONDS, agent.deadline),
-    Setting("fabric_wait", "--fabric-wait", "FABRIC_WAIT", "0",
-            "on a node with an NVLink fabric, seconds `install`/`signal` wait for every "
-            "GPU's fabric to complete before publishing readiness themselves (0: never wait; "
-            "the agent publishes it once the fabric completes); past it, exit 12",
-            "a number of seconds from 0 to 86400", agent.wait),
-    Setting("agent_interval", "--agent-interval", "AGENT_INTERVAL", "5",
-            "seconds between the agent's rounds (also woken by GPU events)",
-            "a number of seconds from 5 to 10", agent.interval),
-    Setting("daemon_stop_timeout", "--daemon-stop-timeout", "DAEMON_STOP_TIMEOUT", "10",
-            "seconds a daemon has after SIGTERM before SIGKILL", agent.SECONDS, agent.deadline),
+    *(Setting(*row) for row in agent.ROWS),  # the node agent: config/agent.py
     Setting("cdi", "--cdi", "CDI", "on", "write a CDI spec (kind nvidia.com/gpu) for the staged "
             "driver, read by containerd 2.x, CRI-O and Podman without NVIDIA's toolkit; off "
             "removes ours", "one of on, off", values.choice("on", "off")),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 
-from installer.config.values import Invalid, decimal
+from installer.config.values import Invalid, choice, decimal
 
 PERSISTENCE = ("on", "off")
 UVM_PERSISTENCE = ("auto", "on", "off")
@@ -94,4 +94,29 @@ METRICS_ROWS = (
     ("metrics_interval", "--metrics-interval", "METRICS_INTERVAL", "5",
      "seconds between the metrics' collections (NVML, PodResources); a scrape only reads the "
      "latest", "a number of seconds from 1 to 60", metrics_interval),
+)
+
+
+# The node agent's settings, as rows of `installer.config.Setting` (name, flag, env var,
+# default, help, what is accepted, parser).
+ROWS = (
+    ("persistence_mode", "--persistence-mode", "PERSISTENCE_MODE", "on",
+     "the agent runs nvidia-persistenced --persistence-mode from the package",
+     "one of on, off", choice(*PERSISTENCE)),
+    ("uvm_persistence_mode", "--uvm-persistence-mode", "UVM_PERSISTENCE_MODE", "auto",
+     "also --uvm-persistence-mode (auto: drivers R550 and later, which have it)",
+     "one of auto, on, off", choice(*UVM_PERSISTENCE)),
+    ("fabric_timeout", "--fabric-timeout", "FABRIC_TIMEOUT", "600",
+     "seconds for every GPU's fabric (NVLink5: first mlx5_core, ib_umad) before an "
+     "Event says why the node is not ready", SECONDS, deadline),
+    ("fabric_wait", "--fabric-wait", "FABRIC_WAIT", "0",
+     "on a node with an NVLink fabric, seconds `install`/`signal` wait for every "
+     "GPU's fabric to complete before publishing readiness themselves (0: never wait; "
+     "the agent publishes it once the fabric completes); past it, exit 12",
+     "a number of seconds from 0 to 86400", wait),
+    ("agent_interval", "--agent-interval", "AGENT_INTERVAL", "5",
+     "seconds between the agent's rounds (also woken by GPU events)",
+     "a number of seconds from 5 to 10", interval),
+    ("daemon_stop_timeout", "--daemon-stop-timeout", "DAEMON_STOP_TIMEOUT", "10",
+     "seconds a daemon has after SIGTERM before SIGKILL", SECONDS, deadline),
 )
