@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 SAMPLE ?= gke-cos-a100x8
 SAMPLE_DIR := $(shell mktemp -u /tmp/gni-sample-XXXXXX)
 
-.PHONY: help venv deps demo test test-fast test-kernel kernel-assets lint sample clean
+.PHONY: help venv deps demo test test-fast test-kernel test-cost kernel-assets lint sample clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -29,6 +29,9 @@ test-fast: venv ## unit, CLI and host-tree tests only (no guest kernel)
 
 test-kernel: venv deps ## real-kernel tier alone: Debian's kernel under qemu/TCG (~2 min warm)
 	$(BIN)/pytest tests/kernel
+
+test-cost: venv deps ## every tier with per-test times; writes docs/testing.md's cost table (LABEL=warm)
+	$(BIN)/python scripts/test-cost.py --label $(or $(LABEL),warm)
 
 kernel-assets: venv deps ## fetch/build the kernel tier's cache (kernel, headers, modules; ~6 min cold)
 	$(BIN)/python -m tests.kernel.assets
