@@ -3,7 +3,9 @@
    sha256 is the file's. The behaviour is tests/native/daemons.py's `main`, run by the
    Python interpreter embedded here (linked to libpython; -I: no environment, no user site).
 
-   Built by tests/native/daemons.py with STANDIN_NAME, STANDIN_VERSION and TESTS_DIR. */
+   Built by tests/native/daemons.py with STANDIN_NAME, STANDIN_VERSION and TESTS_DIR; what
+   each daemon does, and the sources it follows (NVIDIA/nvidia-persistenced at
+   410f35493c277b5767877b65bb011f7f66a60ed1), is said there. */
 #include <Python.h>
 #include <stdio.h>
 #include <stdlib.h>

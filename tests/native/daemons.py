@@ -34,6 +34,11 @@ leaves its pid file behind (stale, as a real crash does); Fabric Manager's fabri
 to not-started. FAKE_<D>_FAIL=start exits 1 before its pid file is written; FAKE_FM_FAIL=
 never-complete keeps the fabric in-progress. SIGKILL leaves everything as it was.
 
+Sources followed: nvidia-persistenced's pid file (`NVPD_PID_FILE`, nvidia-persistenced.c and
+nvpd_defs.h) and its `--persistence-mode` and `--uvm-persistence-mode` options
+(option-table.h), in NVIDIA/nvidia-persistenced at 410f35493c277b5767877b65bb011f7f66a60ed1
+(its `-f`, to stay in the foreground, is the stand-in's own: that source has no such option).
+
 The root: every default path above lies under FAKE_DAEMON_ROOT (a temp host tree); a stand-in
 refuses to start without it (exit 2), so no test writes the machine's /var/run. A `--pid_file`
 given as an absolute path outside that root is taken relative to it. Each start appends
