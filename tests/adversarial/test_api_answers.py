@@ -21,7 +21,8 @@ import kubefake
 import pytest
 from e2e import INSTALL_DIR, Scene, add_version
 from httpserver import self_signed
-from kubefake import Cluster, Proxy, Reply, node_doc, pod_doc
+from kubefake import Cluster, Reply, node_doc, pod_doc
+from kubefronts import Proxy
 
 from adversarial.harness import (
     KERNEL_STATE,

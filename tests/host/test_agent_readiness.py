@@ -24,7 +24,8 @@ from typing import Any
 
 import kubefake
 from agentnode import REPO, AgentNode, make_node, wait_for
-from kubefake import Cluster, HangingFront
+from kubefake import Cluster
+from kubefronts import HangingFront
 from native.daemons import read_fabric_file, write_fabric
 
 from installer.packages.manifest import Package

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import kubefake
+import kubefronts
 import pytest
 from healthkit import (
     BOOT,
@@ -178,7 +179,7 @@ class TestQueuedReport:
         cluster, log = fake_cluster(), Log()
         queue, watch, announced = ApiQueue(log), Health({79}), set[str]()
         with kubefake.serve(cluster) as url:
-            front = kubefake.HangingFront(url)
+            front = kubefronts.HangingFront(url)
             front.hung.set()
             try:
                 start = time.monotonic()
