@@ -39,7 +39,7 @@ from native import build_standins  # noqa: E402
 from native.packages import standin_tree  # noqa: E402
 from nvsources import mini_source  # noqa: E402
 
-from installer.packages.build import BuildRequest, build  # noqa: E402
+from installer.packages.builder import BuildRequest, build  # noqa: E402
 from tests.kernel import assets  # noqa: E402
 
 VERSION = "535.261.03"

@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from installer.packages.build.modsig import MARKER, make_tail, strip_signature
+from installer.packages.builder.modsig import MARKER, make_tail, strip_signature
 from installer.testing import SAMPLE_NODES, NodeSpec, build_node
 from installer.testing.kernel import elf_with_modinfo, write_host_module
 

@@ -17,7 +17,7 @@ from helpers import node_args
 from native import build_standins
 from native.packages import standin_tree
 
-from installer.packages.build import BuildRequest, build
+from installer.packages.builder import BuildRequest, build
 from installer.testing import SAMPLE_NODES, build_node
 from installer.testing.kernel import fake_module_set
 

@@ -34,7 +34,7 @@ from native import build_standins
 from native.packages import standin_tree
 from nvsources import mini_source
 
-from installer.packages.build import BuildRequest, build
+from installer.packages.builder import BuildRequest, build
 from installer.testing import SAMPLE_NODES
 from installer.testing.kernel import elf_with_modinfo
 

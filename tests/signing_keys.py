@@ -7,7 +7,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from installer.packages.build.modsig import TAIL_OVERHEAD, strip_signature
+from installer.packages.builder.modsig import TAIL_OVERHEAD, strip_signature
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import structlog
 
 from installer.config import values
 from installer.errors import ConfigError
-from installer.packages.build import BuildResult
+from installer.packages.builder import BuildResult
 from installer.packages.cos import layout
 from installer.packages.manifest import DRIVER_VERSION_RE
 

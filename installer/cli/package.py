@@ -1,6 +1,6 @@
 """`gpu-node-installer package ...`: make driver packages (from .debs/.run, or compiled).
 
-The flags map one to one onto `installer.packages.build.BuildRequest`; the work and every
+The flags map one to one onto `installer.packages.builder.BuildRequest`; the work and every
 refusal live there.
 """
 
@@ -145,9 +145,9 @@ def package_build(output: str, os_id: str | None, os_version_id: str | None,
                   sign_cert: Path | None, sign_hash: str, resign: bool,
                   signatures: Path | None, **options: Any) -> None:
     """Make a driver package from .debs/.run and built or compiled kernel modules."""
-    from installer.packages.build import BuildRequest, SigningOptions
-    from installer.packages.build.matrix import MatrixResult, build_packages
-    from installer.packages.build.shard import build_shard, parse_shard
+    from installer.packages.builder import BuildRequest, SigningOptions
+    from installer.packages.builder.matrix import MatrixResult, build_packages
+    from installer.packages.builder.shard import build_shard, parse_shard
 
     logs.configure()  # compile progress: JSON events on stderr, readable lines on a terminal
     cos = {key: options.pop(key) for key in ("cos_build", "cos_board", "cos_tools_url",
@@ -192,8 +192,8 @@ def _from_apt(options: dict[str, Any], work: Path) -> tuple[tuple[Path, ...],
     keyring, suite = options.pop("debian_keyring"), options.pop("debian_suite")
     if not names and not specs:
         return (), ()
-    from installer.packages.build.aptheaders import fetch_headers, fetch_sources
-    from installer.packages.build.buildroot import DEFAULT_MIRROR
+    from installer.packages.builder.aptheaders import fetch_headers, fetch_sources
+    from installer.packages.builder.buildroot import DEFAULT_MIRROR
 
     mirror, arch = options["debian_mirror"] or DEFAULT_MIRROR, options["arch"]
     return (fetch_headers(names, mirror, work / "headers", arch=arch, suite=suite,

@@ -227,7 +227,7 @@ exit $rc
 
 def _preloaded_tarball(arena: Arena) -> list[str]:
     """The package as a preloaded tarball: unpacked into the cache's temp area."""
-    from installer.packages.build.publish import write_tarball
+    from installer.packages.builder.publish import write_tarball
 
     preloaded = arena.base / "preloaded"
     write_tarball(arena.scene.repo / PKG, preloaded / f"{PKG}.tar.gz")

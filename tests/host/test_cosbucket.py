@@ -38,7 +38,7 @@ from signing_keys import make_key, modinfo, openssl_verify
 
 from installer.node import kmod
 from installer.node.host import Roots
-from installer.packages.build.modsig import MARKER, TAIL_OVERHEAD, TRAILER, strip_signature
+from installer.packages.builder.modsig import MARKER, TAIL_OVERHEAD, TRAILER, strip_signature
 from installer.testing import SAMPLE_NODES, build_node
 from installer.testing.kernel import FakeKernelHost
 

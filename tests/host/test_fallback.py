@@ -24,7 +24,7 @@ from native import build_standins
 from native.packages import standin_tree
 from nvsources import fake_headers, mini_source
 
-from installer.packages.build import BuildRequest, build
+from installer.packages.builder import BuildRequest, build
 from installer.packages.manifest import SOURCE_RELEASE, parse_manifest
 from installer.packages.repository import parse_index
 

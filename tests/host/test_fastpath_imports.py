@@ -17,7 +17,7 @@ from httpserver import MirrorServer
 VERSION = "535.261.03"
 HEAVY = ("requests", "google_crc32c", "installer.upgrade.flow", "installer.node.kube",
          "installer.stages.fetch.cos", "installer.stages.fetch.download",
-         "installer.packages.build")
+         "installer.packages.builder")
 PROBE = ("import atexit, sys\n"
          "atexit.register(lambda: print('LOADED', *sorted(m for m in {heavy!r} "
          "if m in sys.modules), file=sys.stderr))\n"

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from nvsources import fake_kbuild, make_deb, mini_source, proprietary_source
 
-from installer.packages.build.headers import group_headers
+from installer.packages.builder.headers import group_headers
 from installer.packages.manifest import parse_manifest
 
 CLI = (sys.executable, "-m", "installer")

@@ -22,7 +22,7 @@ from click.testing import CliRunner
 from signing_keys import KeyPair, cert_field, make_key, modinfo, openssl_verify
 
 from installer.cli import cli
-from installer.packages.build.modsig import TAIL_OVERHEAD, TRAILER, strip_signature
+from installer.packages.builder.modsig import TAIL_OVERHEAD, TRAILER, strip_signature
 from installer.packages.manifest import parse_manifest
 from tests.host.test_packagebuild import make_modules
 

@@ -20,7 +20,7 @@ import pytest
 from nvsources import fake_kbuild, mini_source, proprietary_source
 from signing_keys import KeyPair, make_key, openssl_verify
 
-from installer.packages.build.modsig import MARKER, strip_signature
+from installer.packages.builder.modsig import MARKER, strip_signature
 from installer.packages.manifest import parse_manifest
 
 CLI = (sys.executable, "-m", "installer")

@@ -19,7 +19,7 @@ from native import build_standins
 from native.packages import standin_tree
 
 from installer.node.syscalls import exchange
-from installer.packages.build import BuildRequest, build, publish
+from installer.packages.builder import BuildRequest, build, publish
 
 VERSION = "535.261.03"
 KERNEL = "6.1.0-26-cloud-amd64"

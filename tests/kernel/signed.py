@@ -23,7 +23,7 @@ from click.testing import CliRunner
 from signing_keys import make_key
 
 from installer.cli import cli
-from installer.packages.build.modsig import strip_signature
+from installer.packages.builder.modsig import strip_signature
 
 from . import guest
 from .assets import Kernel

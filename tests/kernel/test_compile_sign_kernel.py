@@ -29,7 +29,7 @@ import pytest
 from nvsources import mini_source
 from signing_keys import KeyPair, make_key, modinfo, openssl_verify
 
-from installer.packages.build.modsig import MARKER, strip_signature
+from installer.packages.builder.modsig import MARKER, strip_signature
 from installer.packages.manifest import parse_manifest
 
 from . import assets, signed

@@ -25,7 +25,7 @@ import pytest
 from cosbucket import CosBucket, make_bucket
 from signing_keys import modinfo, openssl_verify
 
-from installer.packages.build.modsig import MARKER, strip_signature
+from installer.packages.builder.modsig import MARKER, strip_signature
 
 from . import assets, signed
 from .assets import Kernel

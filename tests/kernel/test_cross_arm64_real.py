@@ -28,7 +28,7 @@ import pytest
 from nvsources import mini_source
 from signing_keys import modinfo, openssl_verify
 
-from installer.packages.build.modsig import strip_signature
+from installer.packages.builder.modsig import strip_signature
 from installer.packages.manifest import parse_manifest
 
 from . import arm64cross, assets

@@ -24,7 +24,7 @@ from native import build_standins
 from native.packages import standin_tree
 from nvsources import mini_source
 
-from installer.packages.build import BuildRequest, build
+from installer.packages.builder import BuildRequest, build
 
 from . import assets, guest
 from .assets import Kernel

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from signing_keys import make_key, modinfo, openssl_verify
 
 from installer.cli import cli
-from installer.packages.build.modsig import parse_tail, strip_signature
+from installer.packages.builder.modsig import parse_tail, strip_signature
 from installer.packages.manifest import parse_manifest
 
 from . import signed

@@ -19,7 +19,7 @@ import pytest
 from native import build_standins
 from native.packages import standin_tree
 
-from installer.packages.build import BuildRequest, build
+from installer.packages.builder import BuildRequest, build
 
 from . import guest
 from .assets import Kernel

@@ -22,7 +22,7 @@ from cryptography.x509.oid import NameOID
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from installer.packages.build import modsig, signing
+from installer.packages.builder import modsig, signing
 from installer.packages.manifest import ManifestError, manifest_from_dict
 from tests.unit.test_package import valid
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from installer.packages.build.inputs import (
+from installer.packages.builder.inputs import (
     ModuleInfo,
     PackageBuildError,
     extract_deb,

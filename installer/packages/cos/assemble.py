@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from installer.errors import IntegrityError
-from installer.packages.build import BuildRequest, BuildResult, build
+from installer.packages.builder import BuildRequest, BuildResult, build
 from installer.packages.ima import MAX_SIGNATURE, XATTR
 from installer.packages.manifest import HASH_CHUNK
 

@@ -21,7 +21,7 @@ from installer.compat import gpusupport
 from installer.compat.toolkit import driver_branch
 from installer.errors import IncompatibleError, PackageNotFoundError
 from installer.node.facts import NodeInfo
-from installer.packages.build import BuildResult, PackageBuildError
+from installer.packages.builder import BuildResult, PackageBuildError
 from installer.packages.cache import Cache
 from installer.packages.cos import gcshash, layout
 from installer.packages.cos.assemble import ArtifactError, assemble

@@ -3,7 +3,7 @@
 Refusals come first, before anything is downloaded: signature enforcement without a signing
 key, no build tree (`/lib/modules/<release>/build` under the host root), no compiler or
 make. Then a *source package* for the wanted version is fetched and verified like any
-package, its module sources compiled against the node's tree (`packages.build.compile`),
+package, its module sources compiled against the node's tree (`packages.builder.compile`),
 signed when a key is configured, and the result assembled as an ordinary package and stored
 in the host cache by its manifest digest, exactly as a download would be: the next boot
 finds it there and takes the fast path. Everything is built in this run's temp folder of
@@ -23,11 +23,11 @@ from installer.compat import gpusupport
 from installer.context import Context
 from installer.errors import ConfigError, PackageNotFoundError, SignatureRejectedError
 from installer.node.facts import NodeInfo
-from installer.packages.build.compile import CompileRequest, compile_modules
-from installer.packages.build.inputs import PackageBuildError, Picked, load_order, scan_modules
-from installer.packages.build.publish import Identity, write_package
-from installer.packages.build.signing import SigningOptions, apply, load_cert, load_key
-from installer.packages.build.source import SOURCE_DIR, is_source
+from installer.packages.builder.compile import CompileRequest, compile_modules
+from installer.packages.builder.inputs import PackageBuildError, Picked, load_order, scan_modules
+from installer.packages.builder.publish import Identity, write_package
+from installer.packages.builder.signing import SigningOptions, apply, load_cert, load_key
+from installer.packages.builder.source import SOURCE_DIR, is_source
 from installer.packages.cache import Cache
 from installer.packages.manifest import SOURCE_RELEASE, Package
 from installer.packages.repository import Candidate, resolve

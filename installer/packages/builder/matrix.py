@@ -31,11 +31,11 @@ from pathlib import Path
 from typing import Any
 
 from installer.errors import InstallerError
-from installer.packages.build import BuildRequest, BuildResult, build, check_request
-from installer.packages.build.compile import patch_applies
-from installer.packages.build.headers import group_headers
-from installer.packages.build.inputs import PackageBuildError
-from installer.packages.build.nvsource import unpack_source
+from installer.packages.builder import BuildRequest, BuildResult, build, check_request
+from installer.packages.builder.compile import patch_applies
+from installer.packages.builder.headers import group_headers
+from installer.packages.builder.inputs import PackageBuildError
+from installer.packages.builder.nvsource import unpack_source
 
 BOTH = "both"
 _FLAVOURS = ("open", "proprietary")

@@ -15,13 +15,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from installer.packages.build.inputs import PackageBuildError, Picked, pick_user_files
-from installer.packages.build.nvsource import unpack_source
-from installer.packages.build.publish import Identity, update_index, write_package, write_tarball
+from installer.packages.builder.inputs import PackageBuildError, Picked, pick_user_files
+from installer.packages.builder.nvsource import unpack_source
+from installer.packages.builder.publish import Identity, update_index, write_package, write_tarball
 from installer.packages.manifest import DRIVER_VERSION_RE, SOURCE_RELEASE, Manifest, sha256_hex
 
 if TYPE_CHECKING:
-    from installer.packages.build import BuildRequest
+    from installer.packages.builder import BuildRequest
 
 SOURCE_DIR = "kernel-source"
 

@@ -9,7 +9,7 @@ key_id_len (all but id_type 0 for PKCS#7), 3 pad bytes, and the big-endian lengt
 DER; the marker is `~Module signature appended~\\n`. What follows the unsigned module is
 the *detached tail* vendors ship as `<module>.ko.sig`. `strip_signature` splits a signed
 module; `parse_tail` checks a tail's whole structure (trailer, marker, lengths, DER) and
-returns the one signer's fields, which `installer.packages.build.signing` verifies.
+returns the one signer's fields, which `installer.packages.builder.signing` verifies.
 """
 
 from __future__ import annotations

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from installer.packages.build.inputs import ModuleInfo, PackageBuildError
-from installer.packages.build.modsig import (
+from installer.packages.builder.inputs import ModuleInfo, PackageBuildError
+from installer.packages.builder.modsig import (
     MARKER,
     CmsSignature,
     SignatureFormatError,

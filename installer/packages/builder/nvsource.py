@@ -16,7 +16,7 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from installer.packages.build.inputs import (
+from installer.packages.builder.inputs import (
     PackageBuildError,
     deb_control,
     extract_deb,

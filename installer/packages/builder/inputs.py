@@ -5,7 +5,7 @@ Debian's NVIDIA packages (`.deb` files, or a tree they were extracted into), NVI
 directory of kernel modules built for one kernel (dependencies read from each `.modinfo`).
 User-mode files are picked by what they are (ELF libraries and `nvidia-*` executables of
 the package's arch, firmware under `firmware/`); modules are put in load order from the
-dependencies their `.modinfo` declares. `installer.packages.build` writes the package.
+dependencies their `.modinfo` declares. `installer.packages.builder` writes the package.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from typing import Any
 from installer.errors import space_for
 from installer.node.host import write_atomic
 from installer.node.syscalls import exchange
-from installer.packages.build.inputs import (
+from installer.packages.builder.inputs import (
     COPY_CHUNK,
     KIND_MODES,
     ModuleInfo,

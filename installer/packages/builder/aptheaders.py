@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from installer.errors import DownloadError, IntegrityError
-from installer.packages.build.inputs import COPY_CHUNK, PackageBuildError
+from installer.packages.builder.inputs import COPY_CHUNK, PackageBuildError
 
 DEFAULT_KEYRING = Path("/usr/share/keyrings/debian-archive-keyring.gpg")
 _NAME_RE = re.compile(r"^linux-headers-[A-Za-z0-9][A-Za-z0-9.+~-]{0,120}$")

@@ -25,10 +25,10 @@ from pathlib import Path
 
 from installer.node.documents import read_json_file
 from installer.node.host import write_atomic
-from installer.packages.build import BuildRequest, BuildResult
-from installer.packages.build.headers import group_headers
-from installer.packages.build.inputs import PackageBuildError
-from installer.packages.build.matrix import MatrixResult, Task, build_matrix
+from installer.packages.builder import BuildRequest, BuildResult
+from installer.packages.builder.headers import group_headers
+from installer.packages.builder.inputs import PackageBuildError
+from installer.packages.builder.matrix import MatrixResult, Task, build_matrix
 from installer.packages.index import receipt_path
 
 _SPEC_RE = re.compile(r"^(\d{1,5})/(\d{1,5})$")

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from installer.packages.build.inputs import (
+from installer.packages.builder.inputs import (
     PackageBuildError,
     Picked,
     deb_control,

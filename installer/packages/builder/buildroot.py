@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from installer.packages.build.headers import KernelTree
-from installer.packages.build.inputs import PackageBuildError
+from installer.packages.builder.headers import KernelTree
+from installer.packages.builder.inputs import PackageBuildError
 
 AUTO = "auto"
 DEFAULT_MIRROR = "http://deb.debian.org/debian"

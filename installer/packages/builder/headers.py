@@ -18,7 +18,12 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from installer.packages.build.inputs import PackageBuildError, deb_control, extract_deb, file_sha256
+from installer.packages.builder.inputs import (
+    PackageBuildError,
+    deb_control,
+    extract_deb,
+    file_sha256,
+)
 
 _UTS_RE = re.compile(r'#define\s+UTS_RELEASE\s+"([^"]+)"')
 _INCLUDE_RE = re.compile(r"^include\s+(/\S+)/Makefile\s*$", re.M)

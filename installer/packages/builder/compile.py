@@ -21,15 +21,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from installer.packages.build.buildroot import CHROOT_PATH, BuildRoot, resolve
-from installer.packages.build.headers import (
+from installer.packages.builder.buildroot import CHROOT_PATH, BuildRoot, resolve
+from installer.packages.builder.headers import (
     KERNEL_ARCHES,
     KernelTree,
     prepare_headers,
     which_compiler,
 )
-from installer.packages.build.inputs import PackageBuildError, elf_machine, file_sha256
-from installer.packages.build.nvsource import NvSource, unpack_source
+from installer.packages.builder.inputs import PackageBuildError, elf_machine, file_sha256
+from installer.packages.builder.nvsource import NvSource, unpack_source
 
 MODULES = ("nvidia", "nvidia-uvm", "nvidia-modeset", "nvidia-drm")
 OPTIONAL = ("nvidia-peermem",)

@@ -1,13 +1,13 @@
 """`package build`: make a driver package from NVIDIA's real bits, reproducibly.
 
-The files (see `installer.packages.build.inputs`) are hashed while copied into a new directory,
+The files (see `installer.packages.builder.inputs`) are hashed while copied into a new directory,
 listed in a canonical manifest (sorted, fixed modes), and the directory is renamed into
 place only when complete; the same inputs always give the same manifest digest. With
 `--repo` the package goes to `<repo>/<kernel>/<driver>/<flavour>/` and `index.json` is
 updated (atomically) with its manifest digest and any aliases asked for. With
 `--nvidia-source` and `--kernel-headers` the modules are first compiled
-(`installer.packages.build.compile`) into a temp modules directory, then built as above;
-`--nvidia-source` without headers makes a source package (`installer.packages.build.source`).
+(`installer.packages.builder.compile`) into a temp modules directory, then built as above;
+`--nvidia-source` without headers makes a source package (`installer.packages.builder.source`).
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from typing import Any
 
 import structlog
 
-from installer.packages.build.buildroot import AUTO, check_privileges
-from installer.packages.build.compile import Compiled, CompileRequest, compile_modules
-from installer.packages.build.daemons import DaemonInput, check_versions, merge, read_daemon
-from installer.packages.build.inputs import (
+from installer.packages.builder.buildroot import AUTO, check_privileges
+from installer.packages.builder.compile import Compiled, CompileRequest, compile_modules
+from installer.packages.builder.daemons import DaemonInput, check_versions, merge, read_daemon
+from installer.packages.builder.inputs import (
     OPEN_LICENSES,
     ModuleInfo,
     PackageBuildError,
@@ -35,15 +35,15 @@ from installer.packages.build.inputs import (
     pick_user_files,
     scan_modules,
 )
-from installer.packages.build.publish import Identity, update_index, write_package, write_tarball
-from installer.packages.build.signing import (
+from installer.packages.builder.publish import Identity, update_index, write_package, write_tarball
+from installer.packages.builder.signing import (
     SigningOptions,
     apply,
     check_keys,
     check_options,
     signs,
 )
-from installer.packages.build.source import build_source
+from installer.packages.builder.source import build_source
 from installer.packages.manifest import (
     ARCHES,
     DRIVER_VERSION_RE,
