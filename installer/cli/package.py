@@ -76,6 +76,10 @@ _OUT = click.Path(path_type=Path)
 @click.option("--build-root-cache", type=_OUT, envvar="GNI_BUILD_ROOT_CACHE",
               help="where --build-root auto keeps its roots [default: "
                    "$XDG_CACHE_HOME/gpu-node-installer/build-roots]")
+@click.option("--compile-cache", type=_OUT, envvar="GNI_COMPILE_CACHE",
+              help="with --nvidia-source and headers: keep compiled modules here, keyed by "
+                   "what shapes their bytes (sources, headers, compiler, patches, the compile "
+                   "code); a build with the same inputs copies them instead of compiling")
 @click.option("--debian-mirror", envvar="GNI_DEBIAN_MIRROR",
               help="the Debian mirror --build-root auto installs from "
                    "[default: http://deb.debian.org/debian]")

@@ -90,6 +90,7 @@ class BuildRequest:
     build_root: str | None = None
     build_root_cache: Path | None = None
     debian_mirror: str | None = None
+    compile_cache: Path | None = None  # compiled modules kept by their inputs' key
     ima: tuple[tuple[str, bytes], ...] = ()  # (firmware file name, IMA signature)
     daemons: tuple[tuple[str, Path], ...] = ()  # (nv-fabricmanager|nvlsm|..., its input)
 
@@ -182,6 +183,13 @@ def check_request(request: BuildRequest) -> None:
                     "those headers)")
     if request.patches and request.nvidia_source is None:
         raise _fail("--patch needs --nvidia-source")
+    if request.compile_cache is not None and not request.kernel_headers:
+        raise _fail("--compile-cache needs --nvidia-source with --kernel-headers (it keeps "
+                    "compiled modules)")
+    if request.compile_cache is not None and request.compile_cache.exists() and not (
+            request.compile_cache.is_dir()):
+        raise _fail(f"--compile-cache {request.compile_cache} is not a directory",
+                    remedy="give a directory (made when missing)")
     for patch in request.patches:
         if not patch.is_file():
             raise _fail(f"patch {patch} does not exist")
@@ -270,7 +278,7 @@ def _compile(request: BuildRequest, work: Path, picked: list[Picked]) -> Compile
         request.nvidia_source or Path(), request.kernel_headers, request.flavour, request.arch,
         request.patches, request.jobs, frozenset(_library_versions(picked)),
         request.jobserver, request.build_root, request.build_root_cache,
-        request.debian_mirror),
+        request.debian_mirror, request.compile_cache),
         work, structlog.get_logger("package-build"))
 
 

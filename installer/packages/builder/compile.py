@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from installer.packages.builder.buildroot import CHROOT_PATH, BuildRoot, resolve
+from installer.packages.builder.compilecache import compile_key, compiler_identity, lookup, store
 from installer.packages.builder.headers import (
     KERNEL_ARCHES,
     KernelTree,
@@ -63,6 +64,7 @@ class CompileRequest:
     build_root: str | None = None  # a root directory, or "auto" (see buildroot.py)
     build_root_cache: Path | None = None
     mirror: str | None = None
+    compile_cache: Path | None = None  # compiled modules kept by their inputs' key
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,12 @@ def compile_modules(request: CompileRequest, work: Path, log: Any,
     for patch in request.patches:
         _apply(patch, build)
     modules = [m for m in MODULES + OPTIONAL if (build / m).is_dir() or m in MODULES]
+    provenance = _provenance(source, kernel, patches, root)
+    key = _cache_key(request, source, flavour, kernel, compiler, provenance, modules)
+    out = work / "modules"
+    out.mkdir()
+    if _restore(request.compile_cache, key, modules, out, log):
+        return Compiled(out, source.version, kernel.release, flavour, provenance, 0.0)
     started = time.monotonic()
     made = root.mount_point(work) if root else []
     try:
@@ -103,14 +111,23 @@ def compile_modules(request: CompileRequest, work: Path, log: Any,
               root, work)
     finally:
         BuildRoot.cleanup(made)
-    out = work / "modules"
-    out.mkdir()
     for module in modules:
         ko = build / f"{module}.ko"
         if not ko.is_file():
             raise ModuleCompileError(f"make succeeded but {module}.ko was not built")
         shutil.copyfile(ko, out / ko.name)
-    provenance = {
+    if request.compile_cache and key:
+        store(request.compile_cache, key, sorted(out.glob("*.ko")),
+              {"release": kernel.release, "version": source.version, "flavour": flavour})
+        log.info("compile cached", release=kernel.release, key=key[:16])
+    return Compiled(out, source.version, kernel.release, flavour, provenance,
+                    time.monotonic() - started)
+
+
+def _provenance(source: NvSource, kernel: KernelTree, patches: list[dict[str, str]],
+                root: BuildRoot | None) -> dict[str, Any]:
+    """What the modules were made from, as the manifest records it."""
+    provenance: dict[str, Any] = {
         "nvidia_source": {"name": source.name, "version": source.package_version or
                           source.version, "sha256": source.sha256},
         "kernel_headers": sorted(kernel.inputs, key=lambda item: item["name"]) or
@@ -120,8 +137,34 @@ def compile_modules(request: CompileRequest, work: Path, log: Any,
     }
     if root:
         provenance["build_root"] = root.provenance
-    return Compiled(out, source.version, kernel.release, flavour, provenance,
-                    time.monotonic() - started)
+    return provenance
+
+
+def _restore(cache: Path | None, key: str | None, modules: list[str], out: Path,
+             log: Any) -> bool:
+    """Copy a cached compile's modules into `out`; False when there is none to copy."""
+    hit = lookup(cache, key, modules) if cache and key else None
+    if hit is None:
+        return False
+    for path in hit.modules:
+        shutil.copyfile(path, out / path.name)
+    log.info("compile cache hit", release=hit.record.get("release"), key=(key or "")[:16],
+             cache=str(cache))
+    return True
+
+
+def _cache_key(request: CompileRequest, source: NvSource, flavour: str, kernel: KernelTree,
+               compiler: str, provenance: dict[str, Any], modules: list[str]) -> str | None:
+    """The compile cache's key (compilecache.py says what is in it); None when not cached."""
+    if request.compile_cache is None:
+        return None
+    return compile_key({
+        "source_sha256": source.sha256, "version": source.version, "flavour": flavour,
+        "headers": provenance["kernel_headers"], "release": kernel.release,
+        "arch": request.arch, "modules": modules,
+        "compiler": compiler_identity(compiler, provenance.get("build_root")),
+        "patches": [patch["sha256"] for patch in provenance["patches"]],
+    })
 
 
 def _check(request: CompileRequest, source: NvSource, kernel: KernelTree) -> None:
