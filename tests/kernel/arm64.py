@@ -177,9 +177,10 @@ def run_in_guest(script: str, *, kernel: Kernel, cmdline: str = "", timeout: flo
 
 
 def real_nvidia_ko() -> Path:
-    """NVIDIA's real 535 proprietary nvidia.ko, cross-built by `package build` for bookworm's
-    arm64 release (minutes cold; arm64cross caches it keyed by its inputs)."""
-    pkg = cross_package("proprietary") / "pkg"
+    """NVIDIA's real 535 nvidia.ko (the open flavour, what Grace and Blackwell take),
+    cross-built by `package build` for bookworm's arm64 release (minutes cold; arm64cross
+    caches it keyed by its inputs)."""
+    pkg = cross_package("open") / "pkg"
     found = sorted(pkg.rglob("nvidia.ko"))
     if len(found) != 1:
         raise AssetError(f"{pkg} holds {len(found)} nvidia.ko; delete it to rebuild")

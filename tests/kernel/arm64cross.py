@@ -12,16 +12,22 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import sys
 import time
 from pathlib import Path
 
 from arm64debs import arm64_apt
-from signing_keys import make_key
 
 from .apt import AssetError, apt, cache_root, log, run
-from .assets import NVIDIA_REAL_VERSION, build_env, build_key, ensure_debs, locked, staging
+from .assets import (
+    NVIDIA_REAL_VERSION,
+    build_env,
+    build_key,
+    compile_cache,
+    ensure_debs,
+    locked,
+    staging,
+)
 
 SOURCES = {"proprietary": "nvidia-kernel-source", "open": "nvidia-open-kernel-source"}
 # bookworm's 6.1.0-57 backports pci_resize_resource's fourth argument (exclude_bars); the
@@ -84,47 +90,35 @@ def cross_command(source: Path, headers: list[Path], out: Path, *extra: str) -> 
             *extra]
 
 
-def cross_package(flavour: str, *, signed: bool = False) -> Path:
+def cross_package(flavour: str) -> Path:
     """NVIDIA's real 535 modules for bookworm's arm64 kernel, cross-compiled by `package
     build` (minutes cold), cached under `<cache>/arm64/<release>/` keyed by the inputs'
-    digests and the product's build code. Returns the build's dir: `pkg/` (the package),
-    `seconds` (the cold build's time), `keys/` (the throw-away key when `signed`), the
-    patch the open sources need for this kernel (OPEN_PCI_RESIZE_PATCH).
-
-    A signed build runs with another TMPDIR (a deeper path) than an unsigned one, so the
-    two are independent compiles whose modules the tests compare byte for byte."""
+    digests and the product's build code (the compile itself kept by `--compile-cache`).
+    Returns the build's dir: `pkg/` (the package), `seconds` (the build's time), the patch
+    the open sources need for this kernel (OPEN_PCI_RESIZE_PATCH)."""
     release = arm64_release()
     source = arm64_source_deb(SOURCES[flavour])
     headers = arm64_headers_debs(release)
-    name = f"{flavour}{'-signed' if signed else ''}"
     fix = OPEN_PCI_RESIZE_PATCH.encode() if flavour == "open" else b""
     key = build_key([source, *headers], fix)
-    out = cache_root() / "arm64" / release / f"nvidia-cli-{name}-{key}"
-    with locked(f"arm64-{release}-{name}"):
+    out = cache_root() / "arm64" / release / f"nvidia-cli-{flavour}-{key}"
+    with locked(f"arm64-{release}-{flavour}"):
         if out.is_dir():
             return out
-        log(f"cross-compiling NVIDIA {source.name} ({name}) with package build (minutes)")
+        log(f"cross-compiling NVIDIA {source.name} ({flavour}) with package build (minutes)")
         with staging(out) as tmp:
-            extra: list[str] = []
-            env = build_env()
+            extra = [compile_cache()]
             if flavour == "open":
                 (tmp / "open-pci-resize.patch").write_text(OPEN_PCI_RESIZE_PATCH)
                 extra.append(f"--patch={tmp / 'open-pci-resize.patch'}")
-            if signed:
-                pair = make_key(tmp / "keys", "throwaway")
-                extra = [f"--sign-key={pair.key}", f"--sign-cert={pair.cert}"]
-                (tmp / "tmp" / "a" / "deeper" / "dir").mkdir(parents=True)
-                env["TMPDIR"] = str(tmp / "tmp" / "a" / "deeper" / "dir")
             started = time.monotonic()
             output = run(cross_command(source, headers, tmp / "pkg", "--jobs=2", *extra),
-                         env=env)
+                         env=build_env())
             (tmp / "build.log").write_text(output)
             (tmp / "seconds").write_text(f"{time.monotonic() - started:.1f}\n")
-            if signed:
-                shutil.rmtree(tmp / "tmp")
     return out
 
 
 if __name__ == "__main__":  # PYTHONPATH=tests python -m tests.kernel.arm64cross
-    for wanted in os.environ.get("GNI_ARM64_FLAVOURS", "proprietary open").split():
+    for wanted in os.environ.get("GNI_ARM64_FLAVOURS", "open").split():
         print(cross_package(wanted) / "pkg")

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import os
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -243,12 +245,35 @@ def build_test_modules(kernel: Kernel, version: str, flavour: str = "proprietary
 
 
 def build_key(inputs: list[Path], extra: bytes = b"") -> str:
-    """A cache key over the inputs' bytes and the product's build code (plus `extra`): a
-    change to how modules are compiled compiles them again."""
-    code = sorted((Path(__file__).resolve().parents[2] / "installer" / "packages" / "build"
+    """The key of a cached package: the inputs' bytes, the compilers' versions, `extra` (flags,
+    patches) and the product's build code. Which of these a compile depends on is the
+    product's own compile cache's business (`--compile-cache`, COMPILED): a change to how
+    packages are written re-packages here in seconds, and compiles again only when what
+    shapes the modules' bytes changed."""
+    code = sorted((Path(__file__).resolve().parents[2] / "installer" / "packages" / "builder"
                    ).glob("*.py"))
     return hashlib.sha256(b"".join(hashlib.sha256(p.read_bytes()).digest()
-                                   for p in [*inputs, *code]) + extra).hexdigest()[:16]
+                                   for p in [*inputs, *code]) + compilers() + extra
+                          ).hexdigest()[:16]
+
+
+@functools.cache
+def compilers() -> bytes:
+    """The first `--version` line of each compiler the tier's builds use (those present)."""
+    lines = []
+    for name in ("gcc-12", "aarch64-linux-gnu-gcc-12"):
+        path = shutil.which(name)
+        if path:
+            done = subprocess.run([path, "--version"], capture_output=True, text=True,
+                                  check=False, timeout=30)
+            lines.append(f"{name}: {(done.stdout.splitlines() or [''])[0]}")
+    return "\n".join(lines).encode()
+
+
+def compile_cache() -> str:
+    """`package build --compile-cache` for the tier's cached builds: the product keeps each
+    compile by what shapes its bytes, so a new package key re-packages without make."""
+    return f"--compile-cache={cache_root() / 'compiled'}"
 
 
 def build_nvidia_cli(kernel: Kernel) -> Path:
@@ -269,7 +294,7 @@ def build_nvidia_cli(kernel: Kernel) -> Path:
         with staging(out) as tmp:
             cmd = [sys.executable, "-m", "installer", "package", "build",
                    f"--nvidia-source={source}", *(f"--kernel-headers={h}" for h in headers),
-                   f"--out-dir={tmp / 'pkg'}"]
+                   f"--out-dir={tmp / 'pkg'}", compile_cache()]
             started = time.monotonic()
             output = run(cmd, env=build_env())
             (tmp / "build.log").write_text(output)

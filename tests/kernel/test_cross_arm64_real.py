@@ -1,19 +1,19 @@
 """`package build` on x86_64 cross-compiles NVIDIA's real 535 for bookworm's arm64 kernel.
 
 Inputs are Debian's own, downloaded (never installed) by arm64cross.py: the arm64
-`nvidia-kernel-source` and `nvidia-open-kernel-source` 535.261.03, the exact release's
-`linux-headers-<release>-arm64` + `-common`, and the host's `linux-kbuild` (Multi-Arch:
-foreign). Three real cross-builds are cached outside the repo, keyed by the inputs and the
-product's build code: proprietary, open (with arm64cross's one-line `--patch`: the open
-535 sources call pci_resize_resource with the three arguments this 6.1.0-57 no longer
-takes), and proprietary signed with a throw-away key in another TMPDIR (the second,
-independent build the byte-for-byte comparison needs). The small NVIDIA-shaped sources are
-cross-built twice cold on every run, and the refusals (no cross compiler, sources of
-another arch) need no compile.
+`nvidia-open-kernel-source` 535.261.03, the exact release's `linux-headers-<release>-arm64`
++ `-common`, and the host's `linux-kbuild` (Multi-Arch: foreign). One real cross-build proves
+the cross path, cached outside the repo and keyed by the inputs and the product's build code:
+the open modules (what Grace and Blackwell take), with arm64cross's one-line `--patch` (the
+open 535 sources call pci_resize_resource with the three arguments this 6.1.0-57 no longer
+takes). The proprietary flavour's compile is the same code path, proven on x86_64 (and its
+refusal of x86_64 sources here). What needs no real sources is proven on NVIDIA-shaped small
+ones cross-built cold on every run: two builds byte for byte, signing, the refusals (no cross
+compiler, sources of another arch), `--build-root auto`.
 
-Cold cost on a 2-core machine at load 7-12: the arm64 .debs 28 s; the three real builds 807,
-898 (open) and 1017 s; the bookworm root of `--build-root auto` 18 s (mmdebstrap, once). Warm:
-the whole file in about a minute.
+Cold cost on a 2-core machine: the arm64 .debs 28 s; the real open build 223-898 s (load 1-12);
+the bookworm root of `--build-root auto` 18 s (mmdebstrap, once). Warm: the whole file in
+about a minute.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 from nvsources import mini_source
-from signing_keys import modinfo, openssl_verify
+from signing_keys import make_key, modinfo, openssl_verify
 
 from installer.packages.builder.modsig import strip_signature
 from installer.packages.manifest import parse_manifest
@@ -50,18 +50,10 @@ def headers(release: str) -> list[Path]:
     return arm64cross.arm64_headers_debs(release)
 
 
-class _Builds(dict[str, Path]):
-    """Each cached cross-build's dir by name, built (minutes when cold) when first asked."""
-
-    def __missing__(self, name: str) -> Path:
-        flavour = "proprietary" if name == "signed" else name
-        self[name] = arm64cross.cross_package(flavour, signed=name == "signed")
-        return self[name]
-
-
 @pytest.fixture(scope="module")
-def builds() -> dict[str, Path]:
-    return _Builds()
+def open_build() -> Path:
+    """The cached real cross-build's dir (minutes when cold): `pkg/`, `seconds`."""
+    return arm64cross.cross_package("open")
 
 
 def _elf_machine(path: Path) -> tuple[bytes, int]:
@@ -83,22 +75,19 @@ def _assert_aarch64_modules(directory: Path, release: str) -> None:
         assert info["vermagic"] == _vermagic(release), name
 
 
-@pytest.mark.parametrize("flavour", ["proprietary", "open"])
-def test_cross_built_package_is_aarch64_for_the_arm64_release(
-        flavour: str, release: str, headers: list[Path], builds: dict[str, Path]) -> None:
-    package = builds[flavour] / "pkg"
+def test_cross_built_package_is_aarch64_for_the_arm64_release(release: str,
+                                                              open_build: Path) -> None:
+    package = open_build / "pkg"
     manifest = parse_manifest((package / "manifest.json").read_bytes())
     assert (manifest.arch, manifest.kernel_release, manifest.driver_version,
-            manifest.flavour) == ("aarch64", release, VERSION, flavour)
+            manifest.flavour) == ("aarch64", release, VERSION, "open")
     assert sorted(m.name for m in manifest.modules) == sorted(
         m.removesuffix(".ko").replace("-", "_") for m in MODULES)
     _assert_aarch64_modules(package / "modules", release)
-    assert modinfo(package / "modules" / "nvidia.ko")["license"] == (
-        "NVIDIA" if flavour == "proprietary" else "Dual MIT/GPL")
+    assert modinfo(package / "modules" / "nvidia.ko")["license"] == "Dual MIT/GPL"
     assert manifest.provenance is not None
-    assert manifest.provenance["nvidia_source"]["name"] == arm64cross.SOURCES[flavour]
-    assert [p["name"] for p in manifest.provenance["patches"]] == (
-        ["open-pci-resize.patch"] if flavour == "open" else [])
+    assert manifest.provenance["nvidia_source"]["name"] == arm64cross.SOURCES["open"]
+    assert [p["name"] for p in manifest.provenance["patches"]] == ["open-pci-resize.patch"]
     assert {h["name"] for h in manifest.provenance["kernel_headers"]} == {
         f"linux-headers-{release}", f"linux-headers-{release.rsplit('-', 1)[0]}-common",
         "linux-kbuild-6.1"}
@@ -109,30 +98,28 @@ def test_cross_built_package_is_aarch64_for_the_arm64_release(
             assert leak not in text, f"{path.name} names {leak}"
 
 
-def test_two_cross_builds_are_byte_identical(builds: dict[str, Path]) -> None:
-    """The signed build compiled again in another TMPDIR: without its signature each module
-    is the unsigned build's, byte for byte."""
-    for name in MODULES:
-        unsigned = (builds["proprietary"] / "pkg" / "modules" / name).read_bytes()
-        body, tail = strip_signature((builds["signed"] / "pkg" / "modules" / name).read_bytes())
-        assert tail, f"{name} is not signed"
-        assert body == unsigned, name
-
-
-def test_cross_built_modules_are_signed_when_asked(builds: dict[str, Path], release: str,
+def test_cross_built_modules_are_signed_when_asked(headers: list[Path], release: str,
                                                    tmp_path: Path) -> None:
-    package = builds["signed"] / "pkg"
+    """Small sources cross-built and signed with a throw-away key: each module verifies
+    with the real openssl, and modinfo reads the signer and the arm64 vermagic."""
+    pair = make_key(tmp_path / "keys", "throwaway")
+    package = tmp_path / "out"
+    done = _cli(f"--nvidia-source={mini_source(tmp_path / 'nvidia-src')}",
+                *(f"--kernel-headers={h}" for h in headers), "--arch=aarch64",
+                f"--sign-key={pair.key}", f"--sign-cert={pair.cert}", f"--out-dir={package}")
+    assert done.returncode == 0, done.stderr[-3000:]
     manifest = parse_manifest((package / "manifest.json").read_bytes())
     assert manifest.arch == "aarch64"
     assert {e.file for e in manifest.signatures} >= {f"modules/{m}" for m in MODULES}
     for name in MODULES:
         path = package / "modules" / name
-        done = openssl_verify(path, builds["signed"] / "keys" / "throwaway.crt",
-                              tmp_path / name)
-        assert done.returncode == 0, done.stderr
+        verified = openssl_verify(path, pair.cert, tmp_path / name)
+        assert verified.returncode == 0, verified.stderr
         info = modinfo(path)
         assert (info["sig_id"], info["signer"]) == ("PKCS#7", "throwaway module signing key")
         assert info["vermagic"] == _vermagic(release)
+        body, tail = strip_signature(path.read_bytes())
+        assert tail and body, name
 
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -23,38 +22,12 @@ import pytest
 from installer.node import kmod
 from installer.packages.manifest import parse_manifest
 
-from . import assets, guest, trixie
+from . import guest, matrixrepos
 from .assets import Kernel
 from .conftest import REPO
 
 pytestmark = pytest.mark.timeout(3600)
-SECOND_RELEASE = "6.1.0-56-amd64"
-PATCH = REPO / "patches" / "nvidia-550.163.01-pci-resize-resource.patch"
-
-
-def _unique(debs: list[Path]) -> list[Path]:
-    """linux-kbuild-6.1 is shared by the releases: give it once."""
-    seen: dict[str, Path] = {}
-    for deb in debs:
-        seen.setdefault(deb.name, deb)
-    return list(seen.values())
-
-
-def _repo(kernel: Kernel, name: str, args: list[str], inputs: list[Path]) -> Path:
-    """Run `package build ... --repo` once per inputs and code (cached): the repository."""
-    key = assets.build_key(inputs, " ".join(args).encode())
-    out = kernel.root / f"{name}-{key}"
-    with assets.locked(f"{name}-{kernel.release}"):
-        if out.is_dir():
-            return out / "repo"
-        with assets.staging(out) as tmp:
-            started = time.monotonic()
-            output = assets.run([sys.executable, "-m", "installer", "package", "build", *args,
-                                 f"--repo={tmp / 'repo'}", "--output=json"],
-                                env=assets.build_env())
-            (tmp / "result.json").write_text(output)
-            (tmp / "seconds").write_text(f"{time.monotonic() - started:.1f}\n")
-    return out / "repo"
+SECOND_RELEASE, PATCH = matrixrepos.SECOND_RELEASE, matrixrepos.PATCH
 
 
 def _index(repo: Path) -> list[dict[str, Any]]:
@@ -64,22 +37,12 @@ def _index(repo: Path) -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="session")
 def two_kernels_repo(kernel: Kernel) -> Path:
-    source = assets.nvidia_source_deb()
-    headers = _unique([*assets.headers_debs(kernel),
-                       *assets.release_headers_debs(SECOND_RELEASE)])
-    return _repo(kernel, "matrix-535", [f"--nvidia-source={source}", "--jobs=2",
-                                        *(f"--kernel-headers={h}" for h in headers)],
-                 [source, *headers])
+    return matrixrepos.two_kernels_repo(kernel)
 
 
 @pytest.fixture(scope="session")
 def both_flavours_repo(kernel: Kernel) -> Path:
-    sources = trixie.trixie_source_debs()
-    headers = assets.headers_debs(kernel)
-    return _repo(kernel, "matrix-550-both",
-                 [*(f"--nvidia-source={s}" for s in sources.values()), "--flavour=both",
-                  f"--patch={PATCH}", "--jobs=2", *(f"--kernel-headers={h}" for h in headers)],
-                 [*sources.values(), *headers, PATCH])
+    return matrixrepos.both_flavours_repo(kernel)
 
 
 def test_two_releases_of_535_in_one_repository(kernel: Kernel, two_kernels_repo: Path

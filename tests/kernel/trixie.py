@@ -74,7 +74,7 @@ def build_open_package(k: Kernel) -> Path:
         with staging(out) as tmp:
             started = time.monotonic()
             rc, stderr = cli_build(source, headers, tmp / "pkg", "--build-root=auto",
-                                   f"--patch={PATCH}", "--jobs=2")
+                                   f"--patch={PATCH}", "--jobs=2", assets.compile_cache())
             if rc != 0:
                 raise AssetError(f"package build exited {rc}:\n{stderr[-3000:]}")
             (tmp / "build.log").write_text(stderr)

@@ -1,0 +1,65 @@
+"""The many-kernel and both-flavour repositories test_matrix_real.py checks, built once by
+the real CLI from NVIDIA's real sources and cached (also built ahead by tests/prefetch.py).
+
+Each is keyed by the inputs' and the build code's digests and the command's flags, like
+`assets.build_nvidia_cli`; the compiles themselves are kept by the product's
+`--compile-cache`, so the 535 compile for the tier's kernel is shared with that package.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from . import assets, trixie
+from .assets import Kernel
+
+REPO = Path(__file__).resolve().parents[2]
+SECOND_RELEASE = "6.1.0-56-amd64"
+PATCH = REPO / "patches" / "nvidia-550.163.01-pci-resize-resource.patch"
+
+
+def _unique(debs: list[Path]) -> list[Path]:
+    """linux-kbuild-6.1 is shared by the releases: give it once."""
+    seen: dict[str, Path] = {}
+    for deb in debs:
+        seen.setdefault(deb.name, deb)
+    return list(seen.values())
+
+
+def _repo(kernel: Kernel, name: str, args: list[str], inputs: list[Path]) -> Path:
+    """Run `package build ... --repo` once per inputs and code (cached): the repository."""
+    key = assets.build_key(inputs, " ".join(args).encode())
+    out = kernel.root / f"{name}-{key}"
+    with assets.locked(f"{name}-{kernel.release}"):
+        if out.is_dir():
+            return out / "repo"
+        with assets.staging(out) as tmp:
+            started = time.monotonic()
+            output = assets.run([sys.executable, "-m", "installer", "package", "build", *args,
+                                 f"--repo={tmp / 'repo'}", "--output=json",
+                                 assets.compile_cache()], env=assets.build_env())
+            (tmp / "result.json").write_text(output)
+            (tmp / "seconds").write_text(f"{time.monotonic() - started:.1f}\n")
+    return out / "repo"
+
+
+def two_kernels_repo(kernel: Kernel) -> Path:
+    """bookworm's real 535 compiled for the tier's kernel and SECOND_RELEASE, one command."""
+    source = assets.nvidia_source_deb()
+    headers = _unique([*assets.headers_debs(kernel),
+                       *assets.release_headers_debs(SECOND_RELEASE)])
+    return _repo(kernel, "matrix-535", [f"--nvidia-source={source}", "--jobs=2",
+                                        *(f"--kernel-headers={h}" for h in headers)],
+                 [source, *headers])
+
+
+def both_flavours_repo(kernel: Kernel) -> Path:
+    """trixie's real 550 sources, proprietary and open (patched), for the tier's kernel."""
+    sources = trixie.trixie_source_debs()
+    headers = assets.headers_debs(kernel)
+    return _repo(kernel, "matrix-550-both",
+                 [*(f"--nvidia-source={s}" for s in sources.values()), "--flavour=both",
+                  f"--patch={PATCH}", "--jobs=2", *(f"--kernel-headers={h}" for h in headers)],
+                 [*sources.values(), *headers, PATCH])
