@@ -21,8 +21,11 @@ venv: $(BIN)/.installed ## create .venv with the package and its dev tools
 deps: ## install the system packages the test tiers use (root; no-op when present)
 	bash scripts/install-deps.sh
 
+# The real-kernel tier's assets are built in the background (tests/prefetch.py, its log in the
+# test cache) while the other tiers run; a test that needs one waits for that one only.
 test: venv deps ## run every test tier (unit, CLI, host-tree, real kernel)
-	$(BIN)/pytest
+	@$(BIN)/python tests/prefetch.py --start
+	@$(BIN)/pytest $(PYTEST_ARGS); rc=$$?; $(BIN)/python tests/prefetch.py --stop; exit $$rc
 
 test-fast: venv ## unit, CLI and host-tree tests only (no guest kernel)
 	$(BIN)/pytest -m 'not kernel'
@@ -31,7 +34,9 @@ test-kernel: venv deps ## real-kernel tier alone: Debian's kernel under qemu/TCG
 	$(BIN)/pytest tests/kernel
 
 test-cost: venv deps ## every tier with per-test times; writes docs/testing.md's cost table (LABEL=warm)
-	$(BIN)/python scripts/test-cost.py --label $(or $(LABEL),warm)
+	@$(BIN)/python tests/prefetch.py --start
+	@$(BIN)/python scripts/test-cost.py --label $(or $(LABEL),warm); rc=$$?; \
+		$(BIN)/python tests/prefetch.py --stop; exit $$rc
 
 kernel-assets: venv deps ## fetch/build the kernel tier's cache (kernel, headers, modules; ~6 min cold)
 	$(BIN)/python -m tests.kernel.assets
