@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -32,6 +33,7 @@ DATA = REPO / "docs" / "test-cost.json"
 PAGE = REPO / "docs" / "testing.md"
 BEGIN, END = "<!-- test-cost:begin -->", "<!-- test-cost:end -->"
 SLOWEST = 20
+MODULE_FLOOR = 15.0  # seconds: modules cheaper than this in every column are summed in one row
 
 
 @dataclass(frozen=True)
@@ -72,8 +74,10 @@ def _module_path(classname: str) -> str:
     return "/".join(parts) + ".py"
 
 
-def summarise(cases: list[Case]) -> dict[str, object]:
-    """Counts and seconds per tier and per module, and the slowest tests."""
+def summarise(cases: list[Case], wall: float | None = None,
+              prefetch: list[list[object]] | None = None) -> dict[str, object]:
+    """Counts and seconds per tier and per module, the slowest tests, the run's wall time and
+    what the background prefetch made (each step's seconds; near 0 when already cached)."""
     tiers: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
     modules: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
     for case in cases:
@@ -85,6 +89,8 @@ def summarise(cases: list[Case]) -> dict[str, object]:
         "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "cores": os.cpu_count(), "load": round(os.getloadavg()[0], 2),
         "tests": len(cases), "seconds": round(sum(c.seconds for c in cases), 1),
+        "wall minutes": round(wall / 60, 1) if wall is not None else "-",
+        "prefetch": prefetch or [],
         "failed": sum(c.outcome in ("failed", "error") for c in cases),
         "tiers": {k: [int(v[0]), round(v[1], 1)] for k, v in sorted(tiers.items())},
         "modules": {k: [int(v[0]), round(v[1], 1)] for k, v in sorted(modules.items())},
@@ -96,18 +102,70 @@ def render(data: dict[str, dict[str, object]]) -> str:
     """The markdown between the markers: one column per label, tiers then the slowest."""
     labels = sorted(data)
     lines = ["| measured | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
-    for what in ("measured", "cores", "load", "tests", "seconds", "failed"):
-        lines.append(f"| {what} | " + " | ".join(str(data[k][what]) for k in labels) + " |")
+    for what in ("measured", "cores", "load", "tests", "wall minutes", "seconds", "failed"):
+        lines.append(f"| {what} | " + " | ".join(str(data[k].get(what, "-")) for k in labels)
+                     + " |")
     tiers = sorted({t for k in labels for t in _dict(data[k], "tiers")})
     lines += ["", "| tier (tests, seconds) | " + " | ".join(labels) + " |",
               "|---|" + "---|" * len(labels)]
     for tier in tiers:
         cells = [_pair(_dict(data[k], "tiers").get(tier)) for k in labels]
         lines.append(f"| {tier} | " + " | ".join(cells) + " |")
+    lines += ["", *_modules_table(data, labels), "", *_prefetch_table(data, labels)]
     for label in labels:
         lines += ["", f"The {SLOWEST} slowest tests ({label}):", ""]
         lines += [f"1. `{name}`: {seconds} s" for name, seconds in _list(data[label])]
     return "\n".join(lines)
+
+
+def _modules_table(data: dict[str, dict[str, object]], labels: list[str]) -> list[str]:
+    """Modules over MODULE_FLOOR seconds in some column, costliest first; the rest summed."""
+    modules = {m for k in labels for m in _dict(data[k], "modules")}
+    costly = sorted((m for m in modules if any(
+        (_dict(data[k], "modules").get(m) or [0, 0.0])[1] >= MODULE_FLOOR for k in labels)),
+        key=lambda m: -max((_dict(data[k], "modules").get(m) or [0, 0.0])[1] for k in labels))
+    lines = [f"| module over {MODULE_FLOOR:.0f} s (tests, seconds) | " + " | ".join(labels)
+             + " |", "|---|" + "---|" * len(labels)]
+    for module in costly:
+        cells = [_pair(_dict(data[k], "modules").get(module)) for k in labels]
+        lines.append(f"| `{module}` | " + " | ".join(cells) + " |")
+    rest = []
+    for k in labels:
+        others = [v for m, v in _dict(data[k], "modules").items() if m not in costly]
+        rest.append(_pair([sum(v[0] for v in others), round(sum(v[1] for v in others), 1)]))
+    lines.append(f"| {len(modules) - len(costly)} other modules | " + " | ".join(rest) + " |")
+    return lines
+
+
+def _prefetch_table(data: dict[str, dict[str, object]], labels: list[str]) -> list[str]:
+    """What the background prefetch downloaded or compiled, per step, in seconds."""
+    steps: list[str] = []
+    for k in labels:
+        for name, _ in _steps(data[k]):
+            if name not in steps:
+                steps.append(name)
+    lines = ["| prefetched in the background (seconds) | " + " | ".join(labels) + " |",
+             "|---|" + "---|" * len(labels)]
+    for name in steps:
+        cells = [str(dict(_steps(data[k])).get(name, "-")) for k in labels]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _steps(entry: dict[str, object]) -> list[tuple[str, object]]:
+    value = entry.get("prefetch")
+    return [(str(a), b) for a, b in value] if isinstance(value, list) else []
+
+
+def read_prefetch(log: Path) -> list[list[object]]:
+    """The last prefetch's steps from its log: `prefetch: NAME: ready in N s` lines after
+    the last `--- prefetch started` (a FAILED step is listed as such)."""
+    if not log.is_file():
+        return []
+    text = log.read_text(errors="replace").rsplit("--- prefetch started", 1)[-1]
+    found = re.findall(r"prefetch: (.+?): (ready in|FAILED after) (\d+) s", text)
+    return [[name, int(sec) if how == "ready in" else f"FAILED {sec}"]
+            for name, how, sec in found]
 
 
 def _dict(entry: dict[str, object], key: str) -> dict[str, list[float]]:
@@ -136,15 +194,23 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--label", required=True, help="the column: warm, cold, rebuild ...")
     parser.add_argument("--from", dest="source", type=Path, help="a JUnit XML report to read")
+    parser.add_argument("--wall", type=float, help="with --from: the run's wall seconds")
+    parser.add_argument("--prefetch-log", type=Path, help="the prefetch's log [default: the "
+                        "test cache's prefetch.log]")
     parser.add_argument("pytest_args", nargs="*", help="after --: what pytest runs")
     args = parser.parse_args(argv)
-    report = args.source
+    report, wall = args.source, args.wall
     if report is None:
         report = Path(tempfile.mkdtemp(prefix="test-cost-")) / "junit.xml"
+        started = time.monotonic()
         subprocess.run([sys.executable, "-m", "pytest", "-q", f"--junitxml={report}",
                         *args.pytest_args], cwd=REPO, check=False)
+        wall = time.monotonic() - started
+    cache = Path(os.environ.get("GNI_TEST_CACHE")
+                 or Path.home() / ".cache" / "gpu-node-installer-test")
     data = json.loads(DATA.read_text()) if DATA.is_file() else {}
-    data[args.label] = summarise(read_junit(report))
+    data[args.label] = summarise(read_junit(report), wall,
+                                 read_prefetch(args.prefetch_log or cache / "prefetch.log"))
     DATA.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
     write_page(render(data))
     print(render(data))

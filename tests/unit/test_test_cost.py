@@ -49,8 +49,9 @@ def test_sums_per_tier_and_module_with_the_slowest_first(cost: ModuleType,
 def test_each_label_keeps_its_column_and_the_page_is_rewritten_between_markers(
         cost: ModuleType, tmp_path: Path) -> None:
     report = str(tmp_path / "junit.xml")
-    assert cost.main(["--label", "cold", "--from", report]) == 0
-    assert cost.main(["--label", "warm", "--from", report]) == 0
+    log = tmp_path / "prefetch.log"
+    assert cost.main(["--label", "cold", "--from", report, "--prefetch-log", str(log)]) == 0
+    assert cost.main(["--label", "warm", "--from", report, "--prefetch-log", str(log)]) == 0
     assert sorted(json.loads((tmp_path / "test-cost.json").read_text())) == ["cold", "warm"]
     page = (tmp_path / "testing.md").read_text()
     assert "old table" not in page and page.startswith("# Testing\n\nbefore\n")
@@ -63,3 +64,24 @@ def test_the_manual_has_the_markers_once(cost: ModuleType) -> None:
     text = (REPO / "docs/testing.md").read_text()
     assert text.count(cost.BEGIN) == 1 and text.count(cost.END) == 1
     assert text.index(cost.BEGIN) < text.index(cost.END)
+
+
+def test_wall_time_modules_and_what_the_prefetch_made_are_in_the_table(
+        cost: ModuleType, tmp_path: Path) -> None:
+    log = tmp_path / "prefetch.log"
+    log.write_text("--- prefetch started 2026-12-04\n[kernel-assets] prefetch: old: ready in 9 s\n"
+                   "--- prefetch started 2026-12-05 06:00:00\n"
+                   "[kernel-assets] fetching x\n[kernel-assets] prefetch: NVIDIA 535 .debs: "
+                   "ready in 41 s\n[kernel-assets] prefetch: arm64 root: FAILED after 3 s: "
+                   "AssetError: no network\n")
+    report = str(tmp_path / "junit.xml")
+    assert cost.main(["--label", "cold", "--from", report, "--wall", "1500",
+                      "--prefetch-log", str(log)]) == 0
+    data = json.loads((tmp_path / "test-cost.json").read_text())["cold"]
+    assert data["wall minutes"] == 25.0
+    assert data["prefetch"] == [["NVIDIA 535 .debs", 41], ["arm64 root", "FAILED 3"]]
+    page = (tmp_path / "testing.md").read_text()
+    assert "| wall minutes | 25.0 |" in page
+    assert "| NVIDIA 535 .debs | 41 |" in page and "| old |" not in page
+    assert "| `tests/kernel/test_guest.py` | 1, 90.0 s |" in page
+    assert "| 2 other modules | 2, 13.2 s |" in page
