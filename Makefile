@@ -58,7 +58,7 @@ sample: venv ## run `detect` on a sample node shipped with the project (no GPU n
 clean: ## remove the virtual environment and caches
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
 
-# --- deploy (issue 7): the container image and the rendered manifests; docs/deploy.md -------
+# --- deploy: the container image and the rendered manifests; docs/deploy.md -------
 .PHONY: image manifests
 IMAGE_VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' installer/__init__.py)
 IMAGE ?= ghcr.io/gpu-node-installer/gpu-node-installer:$(IMAGE_VERSION)

@@ -89,7 +89,7 @@ for gpu in report["gpus"]:
           f"{gpu['memory_total_mib']} MiB driver {report['driver_version']} "
           f"CUDA {report['cuda_version']} vector-add {ok}")
 PY
-# The node agent's view (issue 24): every GPU's NVLink fabric state through the agent's own
+# The node agent's view: every GPU's NVLink fabric state through the agent's own
 # reader, and the persistence mode it found, in one more line. Read-only: no daemon started.
 PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}" "$python" - "$lib_dir" <<'PY'
 import ctypes, sys

@@ -1,4 +1,4 @@
-/* The NVML stand-in's per-GPU readings for the agent's metrics (issue 25).
+/* The NVML stand-in's per-GPU readings for the agent's metrics.
  *
  *   FAKE_NVML_METRICS_FILE  re-read on every call; line i is GPU i's readings, as
  *                           space-separated key=value pairs (a key left out keeps its default):
