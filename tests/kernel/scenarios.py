@@ -1,4 +1,4 @@
-"""Runs inside the guest: the load stage's scenarios (load, reload, unload, device nodes) against the real kernel, results as JSON.
+"""Runs inside the guest: the load stage's scenarios on the real kernel, results as JSON.
 
 One guest boot runs a whole group (a boot costs ~12 s under TCG), so each scenario records
 what it observed (the stage's result or error, /proc/modules, device nodes, sysfs) and the
