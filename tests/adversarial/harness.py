@@ -15,7 +15,7 @@ import shutil
 import stat
 import subprocess
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -192,6 +192,18 @@ WORK_AREA = (f"node/{INSTALL_DIR}/.lock", f"node/{INSTALL_DIR}/.last-install.jso
              f"node/{INSTALL_DIR}/.cache/tmp")
 
 
+def refused_untouched(arena: Arena, run: Callable[[], Result], code: int, *causes: str,
+                      allowed: Iterable[str] = WORK_AREA) -> Result:
+    """`run()` is refused (`assert_refused`: the code, one line naming every cause) and
+    changes nothing in the arena outside `allowed` (`assert_untouched`); returns its result
+    for the checks a case adds."""
+    before = arena.snapshot()
+    done = run()
+    assert_refused(done, code, *causes)
+    assert_untouched(before, arena.snapshot(), allowed)
+    return done
+
+
 def assert_no_trace(result: Result, *secrets: str, paths: Iterable[Path] = ()) -> None:
     """None of `secrets` appears in stdout, stderr (logs) or the given files."""
     for secret in secrets:
@@ -218,6 +230,12 @@ def install(arena: Arena, *extra: str) -> Result:
     repo = f"file://{arena.scene.repo}"
     return arena.run("install", *arena.args("--mirror", repo, "--driver-version", VERSION,
                                             *extra))
+
+
+def install_preloaded(arena: Arena, preloaded: Path, *extra: str) -> Result:
+    """`install` of VERSION from a preloaded dir (beside the node, as an image holds one)."""
+    return arena.run("install", *arena.args("--preloaded-dir", str(preloaded),
+                                            "--driver-version", VERSION, *extra))
 
 
 def assert_ok(result: Result) -> None:
