@@ -39,6 +39,13 @@ exec "$@"
 Entry = tuple[str, int, str]  # kind, permission bits, content digest or link target
 
 
+def sandboxed(arena_dir: Path, *command: str) -> list[str]:
+    """`command` in a private mount namespace where every filesystem but `arena_dir` is
+    read-only (SANDBOX); it exits SANDBOX_FAILED if that cannot be set up."""
+    return ["unshare", "-m", "--propagation", "private", "sh", "-c", SANDBOX, "sandbox",
+            str(arena_dir), *command]
+
+
 @dataclass
 class Result:
     """What one run of the CLI did."""
@@ -89,15 +96,18 @@ class Arena:
         private mount namespace where every filesystem but the arena is read-only, so a
         regression that escapes the host root fails the case instead of harming this
         machine (a case that links the node's install dir to `/usr/local` once did)."""
-        tmp = self.scene.work / "tmp"
-        tmp.mkdir(parents=True, exist_ok=True)
-        command = ["unshare", "-m", "--propagation", "private", "sh", "-c", SANDBOX,
-                   "sandbox", str(self.base), sys.executable, str(FAKENODE), *args]
-        done = subprocess.run(command, capture_output=True, text=True,
-                              env={**self.env, **(env or {}), "TMPDIR": str(tmp)},
+        command = sandboxed(self.base, sys.executable, str(FAKENODE), *args)
+        done = subprocess.run(command, capture_output=True, text=True, env=self.run_env(env),
                               timeout=timeout, check=False, errors="replace")
         assert done.returncode != SANDBOX_FAILED, f"sandbox not set up: {done.stderr[-500:]}"
         return Result(done.returncode, done.stdout, done.stderr)
+
+    def run_env(self, env: Mapping[str, str] | None = None) -> dict[str, str]:
+        """This arena's environment plus `env`, with TMPDIR in the work dir (created): what a
+        sandboxed run of the CLI gets."""
+        tmp = self.scene.work / "tmp"
+        tmp.mkdir(parents=True, exist_ok=True)
+        return {**self.env, **(env or {}), "TMPDIR": str(tmp)}
 
     def snapshot(self) -> dict[str, Entry]:
         """Every path in the arena with its kind, mode and content (or link target)."""
@@ -248,13 +258,9 @@ def run_wrapped(arena: Arena, wrapper: str, wrapper_args: list[str], *args: str,
                 env: dict[str, str] | None = None) -> Result:
     """`fakenode.py ARGS` in the arena's sandbox, through one more shell `wrapper` that
     mounts what the case needs (a small tmpfs, a private /dev); it exits 96 if it cannot."""
-    tmp = arena.scene.work / "tmp"
-    tmp.mkdir(parents=True, exist_ok=True)
-    command = ["unshare", "-m", "--propagation", "private", "sh", "-c", SANDBOX, "sandbox",
-               str(arena.base), "sh", "-c", wrapper, "wrapper", *wrapper_args,
-               sys.executable, str(FAKENODE), *args]
+    command = sandboxed(arena.base, "sh", "-c", wrapper, "wrapper", *wrapper_args,
+                        sys.executable, str(FAKENODE), *args)
     done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False,
-                          env={**arena.env, **(env or {}), "TMPDIR": str(tmp)},
-                          errors="replace")
+                          env=arena.run_env(env), errors="replace")
     assert done.returncode not in (SANDBOX_FAILED, 96), done.stderr[-2000:]
     return Result(done.returncode, done.stdout, done.stderr)
