@@ -16,7 +16,14 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from artifacts import DEBIAN_VERSIONS, DEFAULT_VERSION, _locked, cache_root, extracted_tree
+from artifacts import (
+    DEBIAN_VERSIONS,
+    DEFAULT_VERSION,
+    _locked,
+    cache_root,
+    extracted_tree,
+    makeself_run,
+)
 from kernel.apt import Apt
 
 # nvvm (86 MB) and ptxjitcompiler (23 MB) add nothing an arch test needs
@@ -86,15 +93,8 @@ def make_runfile(target: Path, version: str, firmware: dict[str, bytes]) -> Path
     (staging / "nvidia-smi").chmod(0o755)
     for name, data in firmware.items():
         (staging / "firmware" / name).write_bytes(data)
-    (staging / "nvidia-installer").write_text("#!/bin/sh\necho never run\nexit 99\n")
-    (staging / "nvidia-installer").chmod(0o755)
-    partial = target.with_name(target.name + ".partial")
-    subprocess.run(["makeself", "--nox11", "--nocomp", "--quiet", str(staging), str(partial),
-                    f"NVIDIA Accelerated Graphics Driver for Linux-aarch64 {version}",
-                    "./nvidia-installer"], check=True, stdout=subprocess.DEVNULL)
-    partial.rename(target)
-    shutil.rmtree(staging)
-    return target
+    return makeself_run(staging, target, "aarch64", version,
+                        "#!/bin/sh\necho never run\nexit 99\n")
 
 
 def aarch64_modules(directory: Path, *, version: str, kernel: str, licence: str,

@@ -40,6 +40,21 @@ def cache_root() -> Path:
     return path
 
 
+def makeself_run(staging: Path, target: Path, arch: str, version: str, installer: str) -> Path:
+    """`staging` packed by Debian's makeself as NVIDIA's .run for `arch` at `target` (through
+    a .partial file), with `installer` as its ./nvidia-installer (never run); the staging dir
+    is removed."""
+    (staging / "nvidia-installer").write_text(installer)
+    (staging / "nvidia-installer").chmod(0o755)
+    partial = target.with_name(target.name + ".partial")
+    subprocess.run(["makeself", "--nox11", "--nocomp", "--quiet", str(staging), str(partial),
+                    f"NVIDIA Accelerated Graphics Driver for Linux-{arch} {version}",
+                    "./nvidia-installer"], check=True, stdout=subprocess.DEVNULL)
+    partial.rename(target)
+    shutil.rmtree(staging)
+    return target
+
+
 @contextmanager
 def _locked(name: str) -> Iterator[None]:
     """Serialise downloads between concurrent test processes."""

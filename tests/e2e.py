@@ -18,7 +18,7 @@ from native import build_standins
 from native.packages import standin_tree
 
 from installer.packages.builder import BuildRequest, build
-from installer.testing import SAMPLE_NODES, build_node
+from installer.testing import SAMPLE_NODES, NodeSpec, build_node
 from installer.testing.kernel import fake_module_set
 
 FAKENODE = Path(__file__).resolve().parent / "fakenode.py"
@@ -43,10 +43,12 @@ class Scene:
         return [*node_args(self.root), "--log-format", "json", *extra]
 
 
-def make_scene(base: Path) -> Scene:
+def make_scene(base: Path, spec: NodeSpec | None = None) -> Scene:
+    """A node (the sample NODE, or `spec`) under `base`, beside an empty repository and work
+    dir."""
     root = base / "node"
     root.mkdir()
-    build_node(root, SAMPLE_NODES[NODE])
+    build_node(root, spec or SAMPLE_NODES[NODE])
     scene = Scene(root, base / "repo", base / "work")
     scene.work.mkdir()
     return scene

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from agentnode import INSTALL, REPO, AgentNode, make_node
 
-from adversarial.harness import SANDBOX, SANDBOX_FAILED, Result, assert_untouched, snapshot
+from adversarial.harness import SANDBOX_FAILED, Result, assert_untouched, sandboxed, snapshot
 from installer.node.daemons import read_pid
 from installer.packages.manifest import Package
 
@@ -44,8 +44,7 @@ def run_once(node: AgentNode, env: dict[str, str] | None = None) -> Result:
     """`agent --once` in the sandbox (with `env` added), within CASE_S."""
     arena = node.root.parent
     (arena / "tmp").mkdir(exist_ok=True)
-    command = ["unshare", "-m", "--propagation", "private", "sh", "-c", SANDBOX, "sandbox",
-               str(arena), *node.command("agent", "--once")]
+    command = sandboxed(arena, *node.command("agent", "--once"))
     done = subprocess.run(command, env={**node.env, **(env or {}), "TMPDIR": str(arena / "tmp")},
                           cwd=REPO, capture_output=True, text=True, timeout=CASE_S, check=False,
                           errors="replace")

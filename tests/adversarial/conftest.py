@@ -7,9 +7,11 @@ from pathlib import Path
 
 import pytest
 from agentnode import AgentNode, daemon_package
+from httpserver import MirrorServer
 
 from adversarial.agentkit import agent_node, kill_standins
 from adversarial.harness import Arena, make_arena
+from adversarial.mirrorkit import copy_repo
 from installer.packages.manifest import Package
 
 
@@ -17,6 +19,14 @@ from installer.packages.manifest import Package
 def arena(tmp_path: Path) -> Arena:
     """A node with a driver repository beside it and sentinel data outside the host root."""
     return make_arena(tmp_path / "arena")
+
+
+@pytest.fixture
+def http_bad(arena: Arena) -> Iterator[tuple[MirrorServer, Path]]:
+    """A spoilable copy of the repository served over plain http (the mirror cases)."""
+    repo = copy_repo(arena, "bad")
+    with MirrorServer(repo) as server:
+        yield server, repo
 
 
 @pytest.fixture(scope="module")

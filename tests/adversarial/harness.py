@@ -15,7 +15,7 @@ import shutil
 import stat
 import subprocess
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,6 +37,13 @@ if touch /.gni-sandbox-probe 2>/dev/null; then rm -f /.gni-sandbox-probe; exit {
 exec "$@"
 """
 Entry = tuple[str, int, str]  # kind, permission bits, content digest or link target
+
+
+def sandboxed(arena_dir: Path, *command: str) -> list[str]:
+    """`command` in a private mount namespace where every filesystem but `arena_dir` is
+    read-only (SANDBOX); it exits SANDBOX_FAILED if that cannot be set up."""
+    return ["unshare", "-m", "--propagation", "private", "sh", "-c", SANDBOX, "sandbox",
+            str(arena_dir), *command]
 
 
 @dataclass
@@ -89,15 +96,18 @@ class Arena:
         private mount namespace where every filesystem but the arena is read-only, so a
         regression that escapes the host root fails the case instead of harming this
         machine (a case that links the node's install dir to `/usr/local` once did)."""
-        tmp = self.scene.work / "tmp"
-        tmp.mkdir(parents=True, exist_ok=True)
-        command = ["unshare", "-m", "--propagation", "private", "sh", "-c", SANDBOX,
-                   "sandbox", str(self.base), sys.executable, str(FAKENODE), *args]
-        done = subprocess.run(command, capture_output=True, text=True,
-                              env={**self.env, **(env or {}), "TMPDIR": str(tmp)},
+        command = sandboxed(self.base, sys.executable, str(FAKENODE), *args)
+        done = subprocess.run(command, capture_output=True, text=True, env=self.run_env(env),
                               timeout=timeout, check=False, errors="replace")
         assert done.returncode != SANDBOX_FAILED, f"sandbox not set up: {done.stderr[-500:]}"
         return Result(done.returncode, done.stdout, done.stderr)
+
+    def run_env(self, env: Mapping[str, str] | None = None) -> dict[str, str]:
+        """This arena's environment plus `env`, with TMPDIR in the work dir (created): what a
+        sandboxed run of the CLI gets."""
+        tmp = self.scene.work / "tmp"
+        tmp.mkdir(parents=True, exist_ok=True)
+        return {**self.env, **(env or {}), "TMPDIR": str(tmp)}
 
     def snapshot(self) -> dict[str, Entry]:
         """Every path in the arena with its kind, mode and content (or link target)."""
@@ -192,6 +202,18 @@ WORK_AREA = (f"node/{INSTALL_DIR}/.lock", f"node/{INSTALL_DIR}/.last-install.jso
              f"node/{INSTALL_DIR}/.cache/tmp")
 
 
+def refused_untouched(arena: Arena, run: Callable[[], Result], code: int, *causes: str,
+                      allowed: Iterable[str] = WORK_AREA) -> Result:
+    """`run()` is refused (`assert_refused`: the code, one line naming every cause) and
+    changes nothing in the arena outside `allowed` (`assert_untouched`); returns its result
+    for the checks a case adds."""
+    before = arena.snapshot()
+    done = run()
+    assert_refused(done, code, *causes)
+    assert_untouched(before, arena.snapshot(), allowed)
+    return done
+
+
 def assert_no_trace(result: Result, *secrets: str, paths: Iterable[Path] = ()) -> None:
     """None of `secrets` appears in stdout, stderr (logs) or the given files."""
     for secret in secrets:
@@ -220,6 +242,12 @@ def install(arena: Arena, *extra: str) -> Result:
                                             *extra))
 
 
+def install_preloaded(arena: Arena, preloaded: Path, *extra: str) -> Result:
+    """`install` of VERSION from a preloaded dir (beside the node, as an image holds one)."""
+    return arena.run("install", *arena.args("--preloaded-dir", str(preloaded),
+                                            "--driver-version", VERSION, *extra))
+
+
 def assert_ok(result: Result) -> None:
     """A run that had to succeed did, without a traceback."""
     assert "Traceback" not in result.stderr, result.stderr[-3000:]
@@ -230,13 +258,9 @@ def run_wrapped(arena: Arena, wrapper: str, wrapper_args: list[str], *args: str,
                 env: dict[str, str] | None = None) -> Result:
     """`fakenode.py ARGS` in the arena's sandbox, through one more shell `wrapper` that
     mounts what the case needs (a small tmpfs, a private /dev); it exits 96 if it cannot."""
-    tmp = arena.scene.work / "tmp"
-    tmp.mkdir(parents=True, exist_ok=True)
-    command = ["unshare", "-m", "--propagation", "private", "sh", "-c", SANDBOX, "sandbox",
-               str(arena.base), "sh", "-c", wrapper, "wrapper", *wrapper_args,
-               sys.executable, str(FAKENODE), *args]
+    command = sandboxed(arena.base, "sh", "-c", wrapper, "wrapper", *wrapper_args,
+                        sys.executable, str(FAKENODE), *args)
     done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False,
-                          env={**arena.env, **(env or {}), "TMPDIR": str(tmp)},
-                          errors="replace")
+                          env=arena.run_env(env), errors="replace")
     assert done.returncode not in (SANDBOX_FAILED, 96), done.stderr[-2000:]
     return Result(done.returncode, done.stdout, done.stderr)

@@ -6,13 +6,13 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from e2e import INSTALL_DIR, KERNEL
 
-from adversarial.harness import VERSION, WORK_AREA, Arena, Entry, Result
+from adversarial.harness import VERSION, WORK_AREA, Arena, Entry, Result, assert_refused
 
 PKG = f"{KERNEL}/{VERSION}/proprietary"
 LIB = f"{PKG}/lib64/libcuda.so.{VERSION}"
@@ -86,3 +86,24 @@ def warned(result: Result, source_part: str) -> bool:
     kinds = ("source unavailable", "source failed", "file failed on mirror")
     return any(event.get("event") in kinds and source_part in json.dumps(event)
                for event in result.events)
+
+
+def fetch_refused(arena: Arena, mirrors: Sequence[str], code: int, *causes: str,
+                  extra: tuple[str, ...] = (), prefixes: tuple[str, ...] = WORK_AREA) -> Result:
+    """A fetch from `mirrors` is refused (the code, one line naming every cause) and changes
+    nothing in the arena but what `assert_only` allows; returns its result."""
+    before = arena.snapshot()
+    done = fetch(arena, *mirrors, extra=extra)
+    assert_refused(done, code, *causes)
+    assert_only(before, arena.snapshot(), prefixes)
+    return done
+
+
+def fetch_ok(arena: Arena, mirrors: Sequence[str], extra: tuple[str, ...] = ()) -> Result:
+    """A fetch from `mirrors` succeeds and changes nothing in the arena but the cache (and
+    what `assert_only` always allows); returns its result."""
+    before = arena.snapshot()
+    done = fetch(arena, *mirrors, extra=extra)
+    assert_fetched(done)
+    assert_only(before, arena.snapshot(), CACHE)
+    return done

@@ -20,7 +20,7 @@ from typing import Any
 
 from healthkit import host_tree
 
-from adversarial.harness import SANDBOX, SANDBOX_FAILED, Entry, snapshot
+from adversarial.harness import SANDBOX_FAILED, Entry, sandboxed, snapshot
 
 REPO = Path(__file__).resolve().parents[2]
 PROBE = Path(__file__).with_name("healthprobe.py")
@@ -53,8 +53,7 @@ def small_arena(base: Path, gpus: tuple[str, ...] | None = None) -> SmallArena:
 
 
 def command(arena: SmallArena, *args: str) -> list[str]:
-    return ["unshare", "-m", "--propagation", "private", "sh", "-c", SANDBOX, "sandbox",
-            str(arena.base), sys.executable, str(PROBE), *args]
+    return sandboxed(arena.base, sys.executable, str(PROBE), *args)
 
 
 def environ(extra: dict[str, str] | None = None) -> dict[str, str]:

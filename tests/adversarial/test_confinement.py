@@ -28,10 +28,18 @@ from adversarial.harness import (
     assert_refused,
     assert_untouched,
     install,
+    refused_untouched,
 )
 
 INSTALL = INSTALL_DIR
 KERNEL = KERNEL_STATE
+
+
+def _installs_on_node(arena: Arena, *extra: str) -> None:
+    """`install` succeeds and changes nothing in the arena outside the node."""
+    before = arena.snapshot()
+    assert_ok(install(arena, *extra))
+    assert_untouched(before, arena.snapshot(), ("node/",))
 
 
 def link(path: Path, target: str | Path) -> None:
@@ -54,9 +62,7 @@ def climb(frm: Path, to: Path) -> str:
 def test_install_dir_absolute_link_into_the_container_lands_on_the_node(arena: Arena) -> None:
     target = arena.outside / "installed"
     link(arena.root / INSTALL, target)
-    before = arena.snapshot()
-    assert_ok(install(arena))
-    assert_untouched(before, arena.snapshot(), ("node/",))
+    _installs_on_node(arena)
     assert (on_node(arena, target) / ".ready.json").is_file()
     assert not target.exists()
 
@@ -65,35 +71,27 @@ def test_install_dir_relative_link_climbing_out_is_clamped_at_the_host_root(
         arena: Arena) -> None:
     nvidia = arena.root / INSTALL
     link(nvidia, climb(nvidia.parent, arena.outside / "rel"))
-    before = arena.snapshot()
-    assert_ok(install(arena))
-    assert_untouched(before, arena.snapshot(), ("node/",))
+    _installs_on_node(arena)
     assert (arena.root / "outside" / "rel" / "lib64").is_symlink()
     assert not (arena.outside / "rel").exists()
 
 
 def test_a_parent_absolute_link_is_followed_under_the_host_root(arena: Arena) -> None:
     link(arena.root / "home" / "kubernetes", arena.outside / "k8s")
-    before = arena.snapshot()
-    assert_ok(install(arena))
-    assert_untouched(before, arena.snapshot(), ("node/",))
+    _installs_on_node(arena)
     assert (on_node(arena, arena.outside / "k8s") / "bin/nvidia/.state.json").is_file()
 
 
 def test_a_parent_relative_link_is_followed_under_the_host_root(arena: Arena) -> None:
     home = arena.root / "home"
     link(home / "kubernetes", climb(home, arena.outside / "k8s-rel"))
-    before = arena.snapshot()
-    assert_ok(install(arena))
-    assert_untouched(before, arena.snapshot(), ("node/",))
+    _installs_on_node(arena)
     assert (arena.root / "outside" / "k8s-rel" / "bin/nvidia/.current").is_symlink()
 
 
 def test_a_dangling_parent_link_creates_its_target_on_the_node(arena: Arena) -> None:
     link(arena.root / "home", "/mnt/stateful_partition/home")
-    before = arena.snapshot()
-    assert_ok(install(arena))
-    assert_untouched(before, arena.snapshot(), ("node/",))
+    _installs_on_node(arena)
     assert (arena.root / "mnt/stateful_partition/home" / INSTALL.split("/", 1)[1]
             / ".ready.json").is_file()
 
@@ -103,18 +101,13 @@ def test_the_installers_own_versions_dir_as_a_link_is_refused(arena: Arena) -> N
     versions = arena.root / INSTALL / ".versions"
     versions.rename(arena.outside / "moved")
     link(versions, arena.outside / "moved")
-    before = arena.snapshot()
-    done = install(arena)
-    assert_refused(done, 4, ".versions", "symbolic link")
-    assert_untouched(before, arena.snapshot(), (*WORK_AREA, KERNEL))
+    refused_untouched(arena, lambda: install(arena), 4, ".versions", "symbolic link",
+                      allowed=(*WORK_AREA, KERNEL))
 
 
 def test_a_lock_file_link_is_never_written_through(arena: Arena) -> None:
     link(arena.root / INSTALL / ".lock", arena.outside / "etc" / "sentinel.conf")
-    before = arena.snapshot()
-    done = install(arena)
-    assert_refused(done, 11, "lock file")
-    assert_untouched(before, arena.snapshot(), (KERNEL,))
+    refused_untouched(arena, lambda: install(arena), 11, "lock file", allowed=(KERNEL,))
 
 
 @pytest.mark.parametrize("name", [".ready.json", ".state.json"])
@@ -123,9 +116,7 @@ def test_a_state_file_link_is_replaced_not_written_through(arena: Arena, name: s
     path = arena.root / INSTALL / name
     path.unlink()
     link(path, arena.outside / "etc" / "sentinel.conf")
-    before = arena.snapshot()
-    assert_ok(install(arena))
-    assert_untouched(before, arena.snapshot(), ("node/",))
+    _installs_on_node(arena)
     assert not path.is_symlink() and json.loads(path.read_text())
 
 
@@ -133,18 +124,14 @@ def test_a_state_file_link_is_replaced_not_written_through(arena: Arena, name: s
 
 def test_cache_dir_absolute_link_lands_on_the_node(arena: Arena) -> None:
     link(arena.root / "var" / "cache" / "gni", arena.outside / "cache")
-    before = arena.snapshot()
-    assert_ok(install(arena, "--cache-dir", "/var/cache/gni"))
-    assert_untouched(before, arena.snapshot(), ("node/",))
+    _installs_on_node(arena, "--cache-dir", "/var/cache/gni")
     assert any((on_node(arena, arena.outside / "cache") / "blobs").rglob("*"))
 
 
 def test_cache_dir_relative_link_climbing_out_is_clamped(arena: Arena) -> None:
     parent = arena.root / "var" / "cache"
     link(parent / "gni", climb(parent, arena.outside / "cache-rel"))
-    before = arena.snapshot()
-    assert_ok(install(arena, "--cache-dir", "/var/cache/gni"))
-    assert_untouched(before, arena.snapshot(), ("node/",))
+    _installs_on_node(arena, "--cache-dir", "/var/cache/gni")
     assert (arena.root / "outside" / "cache-rel" / "refs").is_dir()
 
 
@@ -152,19 +139,15 @@ def test_cache_blobs_dir_as_a_link_is_refused(arena: Arena) -> None:
     cache = arena.root / "var" / "cache" / "gni"
     cache.mkdir(parents=True)
     link(cache / "blobs", arena.outside)
-    before = arena.snapshot()
-    done = install(arena, "--cache-dir", "/var/cache/gni")
-    assert_refused(done, 4, "blobs", "symbolic link")
-    assert_untouched(before, arena.snapshot(), (KERNEL,))
+    refused_untouched(arena, lambda: install(arena, "--cache-dir", "/var/cache/gni"), 4,
+                      "blobs", "symbolic link", allowed=(KERNEL,))
 
 
 # --- etc/ld.so.conf.d and run/nvidia ------------------------------------------------------
 
 def test_ld_so_conf_d_absolute_link_lands_on_the_node(arena: Arena) -> None:
     link(arena.root / "etc" / "ld.so.conf.d", arena.outside / "etc")
-    before = arena.snapshot()
-    assert_ok(install(arena))
-    assert_untouched(before, arena.snapshot(), ("node/",))
+    _installs_on_node(arena)
     conf = on_node(arena, arena.outside / "etc") / "gpu-node-installer.conf"
     assert conf.read_text().splitlines()[-1] == f"/{INSTALL}/lib64"
     assert not (arena.outside / "etc" / "gpu-node-installer.conf").exists()
@@ -173,44 +156,34 @@ def test_ld_so_conf_d_absolute_link_lands_on_the_node(arena: Arena) -> None:
 def test_ld_so_conf_d_relative_link_climbing_out_is_clamped(arena: Arena) -> None:
     etc = arena.root / "etc"
     link(etc / "ld.so.conf.d", climb(etc, arena.outside / "etc"))
-    before = arena.snapshot()
-    assert_ok(install(arena))
-    assert_untouched(before, arena.snapshot(), ("node/",))
+    _installs_on_node(arena)
     assert (arena.root / "outside" / "etc" / "gpu-node-installer.conf").is_file()
 
 
 def test_the_conf_file_as_a_link_is_replaced_not_written_through(arena: Arena) -> None:
     link(arena.root / "etc/ld.so.conf.d/gpu-node-installer.conf",
          arena.outside / "etc" / "sentinel.conf")
-    before = arena.snapshot()
-    assert_ok(install(arena))
-    assert_untouched(before, arena.snapshot(), ("node/",))
+    _installs_on_node(arena)
     conf = arena.root / "etc/ld.so.conf.d/gpu-node-installer.conf"
     assert not conf.is_symlink() and INSTALL in conf.read_text()
 
 
 def test_run_nvidia_absolute_link_lands_on_the_node(arena: Arena) -> None:
     link(arena.root / "run" / "nvidia", arena.outside / "run")
-    before = arena.snapshot()
-    assert_ok(install(arena))
-    assert_untouched(before, arena.snapshot(), ("node/",))
+    _installs_on_node(arena)
     assert (on_node(arena, arena.outside / "run") / "validations/driver-ready").is_file()
 
 
 def test_run_relative_link_climbing_out_is_clamped(arena: Arena) -> None:
     link(arena.root / "run", climb(arena.root, arena.outside / "run-rel"))
-    before = arena.snapshot()
-    assert_ok(install(arena))
-    assert_untouched(before, arena.snapshot(), ("node/",))
+    _installs_on_node(arena)
     assert (arena.root / "outside/run-rel/nvidia/validations/driver-ready").is_file()
 
 
 def test_the_validation_file_as_a_link_is_replaced(arena: Arena) -> None:
     link(arena.root / "run/nvidia/validations/driver-ready",
          arena.outside / "etc" / "sentinel.conf")
-    before = arena.snapshot()
-    assert_ok(install(arena))
-    assert_untouched(before, arena.snapshot(), ("node/",))
+    _installs_on_node(arena)
     assert not (arena.root / "run/nvidia/validations/driver-ready").is_symlink()
 
 
@@ -219,9 +192,7 @@ def test_the_validation_file_as_a_link_is_replaced(arena: Arena) -> None:
 def test_dev_absolute_link_lands_on_the_node(arena: Arena) -> None:
     (arena.root / "dev").rmdir()
     link(arena.root / "dev", arena.outside / "dev")
-    before = arena.snapshot()
-    assert_ok(install(arena))
-    assert_untouched(before, arena.snapshot(), ("node/",))
+    _installs_on_node(arena)
     assert (on_node(arena, arena.outside / "dev") / "nvidiactl").exists()
     assert not (arena.outside / "dev").exists()
 
@@ -229,17 +200,13 @@ def test_dev_absolute_link_lands_on_the_node(arena: Arena) -> None:
 def test_dev_relative_link_climbing_out_is_clamped(arena: Arena) -> None:
     (arena.root / "dev").rmdir()
     link(arena.root / "dev", climb(arena.root, arena.outside / "dev-rel"))
-    before = arena.snapshot()
-    assert_ok(install(arena))
-    assert_untouched(before, arena.snapshot(), ("node/",))
+    _installs_on_node(arena)
     assert (arena.root / "outside" / "dev-rel" / "nvidiactl").exists()
 
 
 def test_dev_char_link_gets_its_links_on_the_node(arena: Arena) -> None:
     link(arena.root / "dev" / "char", arena.outside / "bin")
-    before = arena.snapshot()
-    assert_ok(install(arena))
-    assert_untouched(before, arena.snapshot(), ("node/",))
+    _installs_on_node(arena)
     assert any(on_node(arena, arena.outside / "bin").iterdir())
 
 
@@ -261,12 +228,10 @@ def test_uninstall_through_a_dev_char_link_deletes_nothing_outside(arena: Arena)
 def test_a_host_root_that_is_a_file_is_refused(arena: Arena) -> None:
     fake = arena.base / "host-file"
     fake.write_text("not a directory\n")
-    before = arena.snapshot()
     args = arena.args("--mirror", f"file://{arena.scene.repo}")
     args[args.index("--host-root") + 1] = str(fake)
-    done = arena.run("install", *args)
-    assert_refused(done, 2, "--host-root")
-    assert_untouched(before, arena.snapshot(), (KERNEL,))
+    refused_untouched(arena, lambda: arena.run("install", *args), 2, "--host-root",
+                      allowed=(KERNEL,))
 
 
 # --- staging never writes into the cache (item 3) ----------------------------------------
@@ -295,14 +260,12 @@ def _colliding_repo(arena: Arena) -> tuple[str, str]:
 
 def test_two_libraries_with_one_basename_never_rewrite_a_blob(arena: Arena) -> None:
     _colliding_repo(arena)
-    before = arena.snapshot()
-    done = install(arena, "--cache-dir", "/var/cache/gni")
-    assert_refused(done, 7, "lib64/libcuda.so")
+    refused_untouched(arena, lambda: install(arena, "--cache-dir", "/var/cache/gni"), 7,
+                      "lib64/libcuda.so", allowed=("node/",))
     # Refused at validation now (before any download); whatever reached the cache is intact.
     for blob in (arena.root / "var/cache/gni/blobs/sha256").glob("*/*"):
         assert hashlib.sha256(blob.read_bytes()).hexdigest() == blob.name, blob
     assert not (arena.install_dir / "lib64").exists()
-    assert_untouched(before, arena.snapshot(), ("node/",))
 
 
 def test_staged_hard_links_into_the_cache_are_read_only(arena: Arena) -> None:
@@ -354,8 +317,7 @@ def test_a_blob_prefix_dir_as_a_link_is_never_written_through(arena: Arena) -> N
     sha = json.loads((pkg / "manifest.json").read_text())["files"][0]["sha256"]
     store = arena.root / "var/cache/gni/blobs/sha256"
     link(store / sha[:2], arena.outside / "etc")
-    before = arena.snapshot()
-    done = install(arena, "--cache-dir", "/var/cache/gni")
-    assert_refused(done, 11, sha[:12], "symbolic link")
-    assert_untouched(before, arena.snapshot(), ("node/home", KERNEL, "node/var/cache/gni/"))
+    refused_untouched(arena, lambda: install(arena, "--cache-dir", "/var/cache/gni"), 11,
+                      sha[:12], "symbolic link",
+                      allowed=("node/home", KERNEL, "node/var/cache/gni/"))
     assert sorted(p.name for p in (arena.outside / "etc").iterdir()) == ["sentinel.conf"]

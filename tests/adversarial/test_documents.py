@@ -22,19 +22,13 @@ from adversarial.harness import (
     Result,
     assert_refused,
     assert_untouched,
+    install,
+    install_preloaded,
+    refused_untouched,
     settle,
 )
 
 Doc = dict[str, Any]
-
-
-def _mirror(arena: Arena) -> str:
-    return f"file://{arena.scene.repo}"
-
-
-def _install(arena: Arena, *extra: str) -> Result:
-    return arena.run("install", *arena.args("--mirror", _mirror(arena),
-                                            "--driver-version", VERSION, *extra))
 
 
 def _manifest_path(arena: Arena) -> Path:
@@ -60,11 +54,7 @@ def _refused(arena: Arena, write: Callable[[], None], *causes: str,
              run: Callable[[], Result] | None = None) -> Result:
     write()
     settle(arena)
-    before = arena.snapshot()
-    result = run() if run is not None else _install(arena)
-    assert_refused(result, 7, *causes)
-    assert_untouched(before, arena.snapshot(), WORK_AREA)
-    return result
+    return refused_untouched(arena, run or (lambda: install(arena)), 7, *causes)
 
 
 # ------------------------------------------------------------------ index.json on a mirror
@@ -186,8 +176,7 @@ def _preloaded(arena: Arena) -> Path:
 
 
 def _install_preloaded(arena: Arena, preloaded: Path) -> Callable[[], Result]:
-    return lambda: arena.run("install", *arena.args("--preloaded-dir", str(preloaded),
-                                                    "--driver-version", VERSION))
+    return lambda: install_preloaded(arena, preloaded)
 
 
 def test_hostile_preloaded_index(arena: Arena) -> None:
@@ -210,7 +199,7 @@ def test_hostile_preloaded_manifest(arena: Arena) -> None:
 # ------------------------------------------------------------------ documents on the node
 
 def _installed(arena: Arena) -> None:
-    done = _install(arena)
+    done = install(arena)
     assert done.code == 0, done.stderr[-2000:]
 
 
@@ -223,7 +212,7 @@ def test_malformed_state_is_ignored_with_a_warning(arena: Arena, data: bytes) ->
     state = arena.install_dir / ".state.json"
     state.write_bytes(data)
     before = arena.snapshot()
-    done = _install(arena)
+    done = install(arena)
     assert done.code == 0, done.stderr[-2000:]
     assert not done.lines and "Traceback" not in done.stderr
     warned = [e for e in done.events if e.get("event") == "install state ignored"]
@@ -240,10 +229,7 @@ def test_node_document_that_is_a_directory(arena: Arena, name: str) -> None:
     (arena.install_dir / name).unlink()
     (arena.install_dir / name).mkdir()
     (arena.install_dir / name / "x").write_text("{}")
-    before = arena.snapshot()
-    done = _install(arena)
-    assert_refused(done, 11, name)
-    assert_untouched(before, arena.snapshot(), WORK_AREA)
+    refused_untouched(arena, lambda: install(arena), 11, name)
 
 
 def test_state_that_is_a_fifo_does_not_hang(arena: Arena) -> None:
@@ -285,10 +271,9 @@ def test_readiness_that_is_a_fifo_does_not_hang(arena: Arena) -> None:
     _installed(arena)
     (arena.install_dir / ".ready.json").unlink()
     os.mkfifo(arena.install_dir / ".ready.json")
-    before = arena.snapshot()
-    done = arena.run("wait-ready", *arena.args("--timeout", "0"), timeout=30)
-    assert_refused(done, 12, ".ready.json at ", "not a regular file")
-    assert_untouched(before, arena.snapshot(), WORK_AREA)
+    refused_untouched(arena, lambda: arena.run("wait-ready", *arena.args("--timeout", "0"),
+                                               timeout=30),
+                      12, ".ready.json at ", "not a regular file")
 
 
 def test_a_gpu_name_with_a_tab_is_free_text(arena: Arena) -> None:
@@ -315,7 +300,7 @@ def test_termination_log_in_a_missing_directory(arena: Arena) -> None:
     log = arena.scene.work / "missing" / "termination-log"
     _refused(arena, lambda: index.write_bytes(b"[]"), "index.json", "not an object",
              run=lambda: arena.run("install", *arena.args(
-                 "--mirror", _mirror(arena), "--driver-version", VERSION,
+                 "--mirror", f"file://{arena.scene.repo}", "--driver-version", VERSION,
                  "--termination-log", str(log))))
     assert not log.parent.exists()
 
@@ -323,14 +308,13 @@ def test_termination_log_in_a_missing_directory(arena: Arena) -> None:
 def test_odd_characters_reach_the_line_escaped(arena: Arena) -> None:
     """A value with an escape sequence and an undecodable byte (a surrogate in argv) is
     written to stderr and the termination log as printable text."""
-    before = arena.snapshot()
-    done = arena.run("install", *arena.args("--driver-version", "5\x1b[2J\udcff"),
-                     env={"TERMINATION_LOG": str(arena.termination_log)})
-    assert_refused(done, 2, "--driver-version")
+    done = refused_untouched(
+        arena, lambda: arena.run("install", *arena.args("--driver-version", "5\x1b[2J\udcff"),
+                                 env={"TERMINATION_LOG": str(arena.termination_log)}),
+        2, "--driver-version", allowed=())
     assert "\x1b" not in done.stderr
     line = arena.termination_log.read_text(encoding="utf-8")
     assert line.count("\n") == 1 and "\x1b" not in line and "\\x1b" in line
-    assert_untouched(before, arena.snapshot())
 
 
 def _rel(arena: Arena) -> str:

@@ -15,14 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from adversarial.harness import (
-    WORK_AREA,
-    Arena,
-    Result,
-    assert_refused,
-    assert_untouched,
-    settle,
-)
+from adversarial.harness import Arena, Result, refused_untouched, settle
 
 CASE_S = 5  # every case ends within this, or the subprocess is killed and the case fails
 
@@ -59,11 +52,8 @@ def _write(arena: Arena, name: str, text: str) -> Path:
 
 def _refused(arena: Arena, args: list[str], code: int, *causes: str,
              env: dict[str, str] | None = None) -> Result:
-    before = arena.snapshot()
-    done = arena.run(*args, env=env, timeout=CASE_S)
-    assert_refused(done, code, *causes)
-    assert_untouched(before, arena.snapshot(), WORK_AREA)
-    return done
+    return refused_untouched(arena, lambda: arena.run(*args, env=env, timeout=CASE_S), code,
+                             *causes)
 
 
 @pytest.mark.parametrize("case", EXPLODING)

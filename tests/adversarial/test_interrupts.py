@@ -27,7 +27,6 @@ from e2e import FAKENODE, INSTALL_DIR, KERNEL, add_version
 from httpserver import Fault, MirrorServer
 
 from adversarial.harness import (
-    SANDBOX,
     SANDBOX_FAILED,
     VERSION,
     WORK_AREA,
@@ -37,6 +36,7 @@ from adversarial.harness import (
     assert_refused,
     assert_untouched,
     install,
+    sandboxed,
 )
 from adversarial.mirrorkit import CACHE, assert_only
 
@@ -55,13 +55,9 @@ class Running:
     """The sandboxed CLI started in the background, its stderr read as it comes."""
 
     def __init__(self, arena: Arena, *args: str, env: dict[str, str] | None = None) -> None:
-        tmp = arena.scene.work / "tmp"
-        tmp.mkdir(parents=True, exist_ok=True)
-        command = ["unshare", "-m", "--propagation", "private", "sh", "-c", SANDBOX,
-                   "sandbox", str(arena.base), sys.executable, str(FAKENODE), *args]
+        command = sandboxed(arena.base, sys.executable, str(FAKENODE), *args)
         self.proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True, errors="replace",
-                                     env={**arena.env, **(env or {}), "TMPDIR": str(tmp)})
+                                     text=True, errors="replace", env=arena.run_env(env))
         self.lines: list[str] = []
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()

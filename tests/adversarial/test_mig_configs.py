@@ -26,13 +26,13 @@ from e2e import INSTALL_DIR, NODE, Scene, add_version, standin_env
 
 from adversarial.harness import (
     KERNEL_STATE,
-    SANDBOX,
     SANDBOX_FAILED,
     Arena,
     Result,
     assert_ok,
     assert_refused,
     assert_untouched,
+    sandboxed,
 )
 from installer.testing import SAMPLE_NODES, PciSpec, build_node
 
@@ -111,12 +111,9 @@ def node(installed: Path, tmp_path: Path) -> Arena:
 def _run(arena: Arena, *args: str) -> Result:
     """`fakenode_gpus.py ARGS` (a simulated kernel with 8 GPUs) in the suite's sandbox:
     every filesystem but the arena read-only (`adversarial.harness.SANDBOX`)."""
-    tmp = arena.scene.work / "tmp"
-    tmp.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", SANDBOX,
-                           "sandbox", str(arena.base), sys.executable, str(FAKENODE_GPUS),
-                           *args], capture_output=True, text=True, timeout=TIMEOUT,
-                          env={**arena.env, "TMPDIR": str(tmp)}, check=False, errors="replace")
+    done = subprocess.run(sandboxed(arena.base, sys.executable, str(FAKENODE_GPUS), *args),
+                          capture_output=True, text=True, timeout=TIMEOUT,
+                          env=arena.run_env(), check=False, errors="replace")
     assert done.returncode != SANDBOX_FAILED, f"sandbox not set up: {done.stderr[-500:]}"
     return Result(done.returncode, done.stdout, done.stderr)
 

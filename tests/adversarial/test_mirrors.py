@@ -16,13 +16,7 @@ from pathlib import Path
 import pytest
 from httpserver import Fault, MirrorServer, self_signed
 
-from adversarial.harness import (
-    VERSION,
-    WORK_AREA,
-    Arena,
-    Result,
-    assert_refused,
-)
+from adversarial.harness import VERSION, WORK_AREA, Arena, Result, assert_refused
 from adversarial.mirrorkit import (
     CACHE,
     LIB,
@@ -32,6 +26,8 @@ from adversarial.mirrorkit import (
     copy_repo,
     edit_manifest,
     fetch,
+    fetch_ok,
+    fetch_refused,
     good,
     set_manifest_bytes,
     warned,
@@ -44,14 +40,6 @@ from adversarial.mirrorkit import (
 def tls(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """A self-signed certificate for 127.0.0.1 (also its own CA bundle) and its key."""
     return self_signed(tmp_path_factory.mktemp("tls"))
-
-
-@pytest.fixture
-def http_bad(arena: Arena) -> Iterator[tuple[MirrorServer, Path]]:
-    """A spoilable copy of the repository served over plain http."""
-    repo = copy_repo(arena, "bad")
-    with MirrorServer(repo) as server:
-        yield server, repo
 
 
 # ---------------------------------------------------------------- one bad mirror, one good
@@ -119,11 +107,8 @@ def test_a_spoiled_first_mirror_falls_through_to_a_good_one(
     server, repo = http_bad
     spoil, _cause = SPOILED[case]
     spoil(repo)
-    before = arena.snapshot()
-    done = fetch(arena, server.url, good(arena), extra=("--allow-http",))
-    assert_fetched(done)
+    done = fetch_ok(arena, [server.url, good(arena)], extra=("--allow-http",))
     assert warned(done, server.url), done.stderr[-3000:]
-    assert_only(before, arena.snapshot(), CACHE)
 
 
 @pytest.mark.parametrize("case", ["index not JSON", "manifest of another version",
@@ -134,22 +119,18 @@ def test_a_spoiled_only_mirror_names_its_cause(
     server, repo = http_bad
     spoil, cause = SPOILED[case]
     spoil(repo)
-    before = arena.snapshot()
-    done = fetch(arena, server.url, extra=("--allow-http",))
     code = 5 if "404" in case else 7
-    assert_refused(done, code, f"mirror {server.url}", cause)
+    done = fetch_refused(arena, [server.url], code, f"mirror {server.url}", cause,
+                         extra=("--allow-http",),
+                         prefixes=CACHE if "sha256" in case else WORK_AREA)
     assert "package-not-found" not in done.lines[0] or code == 5
-    assert_only(before, arena.snapshot(), CACHE if "sha256" in case else WORK_AREA)
 
 
 def test_server_errors_on_the_first_mirror_fall_through(
         arena: Arena, http_bad: tuple[MirrorServer, Path]) -> None:
     server, _repo = http_bad
     server.fault("/", Fault("status", status=500, times=0))
-    before = arena.snapshot()
-    done = fetch(arena, server.url, good(arena), extra=("--allow-http",))
-    assert_fetched(done)
-    assert_only(before, arena.snapshot(), CACHE)
+    fetch_ok(arena, [server.url, good(arena)], extra=("--allow-http",))
 
 
 def test_a_hostile_index_document_falls_through(
@@ -164,11 +145,8 @@ def test_a_hostile_index_document_falls_through(
 def test_tls_failure_on_the_first_mirror_falls_through(arena: Arena,
                                                        tls: tuple[Path, Path]) -> None:
     with MirrorServer(copy_repo(arena, "tls"), tls=tls) as server:
-        before = arena.snapshot()
-        done = fetch(arena, server.url, good(arena))
-    assert_fetched(done)
+        done = fetch_ok(arena, [server.url, good(arena)])
     assert warned(done, "TLS verification failed")
-    assert_only(before, arena.snapshot(), CACHE)
 
 
 def test_a_redirect_to_plain_http_falls_through(arena: Arena, tls: tuple[Path, Path],
@@ -213,12 +191,9 @@ def test_retry_after_beyond_the_deadline_moves_to_the_next_mirror(
 def test_tls_unknown_ca_says_so_and_points_at_the_ca_bundle(arena: Arena,
                                                             tls: tuple[Path, Path]) -> None:
     with MirrorServer(copy_repo(arena, "tls"), tls=tls) as server:
-        before = arena.snapshot()
-        done = fetch(arena, server.url)
-    assert_refused(done, 6, "TLS verification failed for mirror", server.url, "--ca-bundle",
-                   "DRIVER_CA_BUNDLE")
+        done = fetch_refused(arena, [server.url], 6, "TLS verification failed for mirror",
+                             server.url, "--ca-bundle", "DRIVER_CA_BUNDLE")
     assert "package-not-found" not in done.lines[0]
-    assert_only(before, arena.snapshot())
 
 
 def test_all_bad_each_cause_named_integrity_outranks_tls(
@@ -226,11 +201,9 @@ def test_all_bad_each_cause_named_integrity_outranks_tls(
     plain, repo = http_bad
     _index_junk(repo)
     with MirrorServer(copy_repo(arena, "tls"), tls=tls) as secure:
-        before = arena.snapshot()
-        done = fetch(arena, secure.url, plain.url, extra=("--allow-http",))
-    assert_refused(done, 7, f"mirror {secure.url}: TLS verification failed",
-                   f"mirror {plain.url}", "not valid JSON")
-    assert_only(before, arena.snapshot())
+        fetch_refused(arena, [secure.url, plain.url], 7,
+                      f"mirror {secure.url}: TLS verification failed", f"mirror {plain.url}",
+                      "not valid JSON", extra=("--allow-http",))
 
 
 def test_all_bad_server_error_and_404_is_a_download_failure(

@@ -17,14 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from adversarial.harness import (
-    WORK_AREA,
-    Arena,
-    Result,
-    assert_refused,
-    assert_untouched,
-    settle,
-)
+from adversarial.harness import Arena, Result, refused_untouched, settle
 
 CASE_S = 5
 
@@ -58,11 +51,7 @@ KINDS: dict[str, Callable[[Path], str]] = {
 
 
 def _refused(arena: Arena, args: list[str], code: int, *causes: str) -> Result:
-    before = arena.snapshot()
-    done = arena.run(*args, timeout=CASE_S)
-    assert_refused(done, code, *causes)
-    assert_untouched(before, arena.snapshot(), WORK_AREA)
-    return done
+    return refused_untouched(arena, lambda: arena.run(*args, timeout=CASE_S), code, *causes)
 
 
 @pytest.mark.parametrize("kind", KINDS)

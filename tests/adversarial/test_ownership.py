@@ -21,6 +21,7 @@ from adversarial.harness import (
     assert_refused,
     assert_untouched,
     install,
+    refused_untouched,
     snapshot,
 )
 
@@ -67,38 +68,30 @@ def under(listing: dict[str, tuple[str, int, str]], prefix: str
                                    "/home/kubernetes/bin", "/etc", "/var/lib", "/opt", "/usr"])
 def test_a_system_install_dir_is_refused_before_any_write(arena: Arena, where: str) -> None:
     kubelet_node(arena)
-    before = arena.snapshot()
-    done = install(arena, "--install-dir", where)
-    assert_refused(done, 2, f"--install-dir {where}", "system directory")
-    assert_untouched(before, arena.snapshot(), (KERNEL,))
+    refused_untouched(arena, lambda: install(arena, "--install-dir", where), 2,
+                      f"--install-dir {where}", "system directory", allowed=(KERNEL,))
 
 
 def test_an_install_dir_that_is_a_link_to_a_system_dir_is_refused(arena: Arena) -> None:
     kubelet_node(arena)
     (arena.root / INSTALL).symlink_to("/usr/local")
-    before = arena.snapshot()
-    done = install(arena)
-    assert_refused(done, 2, "--install-dir", "on the node: /usr/local", "system directory")
-    assert_untouched(before, arena.snapshot(), (KERNEL,))
+    refused_untouched(arena, lambda: install(arena), 2, "--install-dir",
+                      "on the node: /usr/local", "system directory", allowed=(KERNEL,))
 
 
 @pytest.mark.parametrize("where", ["/var/cache", "/home/kubernetes/bin", "/"])
 def test_a_system_cache_dir_is_refused(arena: Arena, where: str) -> None:
     kubelet_node(arena)
-    before = arena.snapshot()
-    done = install(arena, "--cache-dir", where)
-    assert_refused(done, 2, f"--cache-dir {where}", "system directory")
-    assert_untouched(before, arena.snapshot(), (KERNEL,))
+    refused_untouched(arena, lambda: install(arena, "--cache-dir", where), 2,
+                      f"--cache-dir {where}", "system directory", allowed=(KERNEL,))
 
 
 # --- directories with content that is not the installer's -------------------------------
 
 def test_an_install_dir_with_foreign_files_is_refused_untouched(arena: Arena) -> None:
     kubelet_node(arena)
-    before = arena.snapshot()
-    done = install(arena, "--install-dir", "/opt/tool")
-    assert_refused(done, 2, "--install-dir /opt/tool", "did not create", "bin")
-    assert_untouched(before, arena.snapshot(), (KERNEL,))
+    refused_untouched(arena, lambda: install(arena, "--install-dir", "/opt/tool"), 2,
+                      "--install-dir /opt/tool", "did not create", "bin", allowed=(KERNEL,))
 
 
 def test_a_kubelet_like_dir_with_bin_and_other_files_is_refused(arena: Arena) -> None:
@@ -107,10 +100,8 @@ def test_a_kubelet_like_dir_with_bin_and_other_files_is_refused(arena: Arena) ->
     (other / "bin").mkdir(parents=True)
     (other / "bin" / "kubelet").write_text("kubelet\n")
     (other / "config.yaml").write_text("a: 1\n")
-    before = arena.snapshot()
-    done = install(arena, "--install-dir", "/srv/gpu")
-    assert_refused(done, 2, "--install-dir /srv/gpu", "config.yaml")
-    assert_untouched(before, arena.snapshot(), (KERNEL,))
+    refused_untouched(arena, lambda: install(arena, "--install-dir", "/srv/gpu"), 2,
+                      "--install-dir /srv/gpu", "config.yaml", allowed=(KERNEL,))
 
 
 def test_a_cache_dir_with_foreign_content_is_refused_untouched(arena: Arena) -> None:
@@ -119,10 +110,8 @@ def test_a_cache_dir_with_foreign_content_is_refused_untouched(arena: Arena) -> 
     (cache / "tmp" / "run-1-deadbeef").mkdir()  # looks like a stale run: must survive
     (cache / "photos").mkdir()
     (cache / "photos" / "a.jpg").write_bytes(b"\xff\xd8 not the installer's")
-    before = arena.snapshot()
-    done = install(arena, "--cache-dir", "/data/cache")
-    assert_refused(done, 2, "--cache-dir /data/cache", "photos")
-    assert_untouched(before, arena.snapshot(), (KERNEL,))
+    refused_untouched(arena, lambda: install(arena, "--cache-dir", "/data/cache"), 2,
+                      "--cache-dir /data/cache", "photos", allowed=(KERNEL,))
 
 
 def test_an_empty_cache_dir_is_claimed_and_reused(arena: Arena) -> None:
@@ -225,10 +214,9 @@ def test_an_install_dir_from_before_the_marker_is_adopted(arena: Arena) -> None:
 
 def test_uninstall_refuses_a_foreign_install_dir_untouched(arena: Arena) -> None:
     kubelet_node(arena)
-    before = arena.snapshot()
-    done = arena.run("uninstall", *arena.args("--install-dir", "/opt/tool"))
-    assert_refused(done, 2, "--install-dir /opt/tool", "did not create")
-    assert_untouched(before, arena.snapshot(), (KERNEL,))
+    refused_untouched(arena, lambda: arena.run("uninstall",
+                                               *arena.args("--install-dir", "/opt/tool")),
+                      2, "--install-dir /opt/tool", "did not create", allowed=(KERNEL,))
 
 
 def test_a_refused_install_dir_leaves_the_kubelet_tree_byte_identical(arena: Arena) -> None:

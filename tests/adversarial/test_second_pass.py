@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,6 +22,8 @@ from adversarial.harness import (
     assert_refused,
     assert_untouched,
     install,
+    install_preloaded,
+    refused_untouched,
     run_wrapped,
     settle,
 )
@@ -32,22 +33,15 @@ from adversarial.mirrorkit import (
     PKG,
     add_file,
     assert_fetched,
-    assert_only,
     copy_repo,
     edit_manifest,
     fetch,
+    fetch_ok,
+    fetch_refused,
     good,
 )
 
 INSTALL = f"/{INSTALL_DIR}"
-
-
-@pytest.fixture
-def http_bad(arena: Arena) -> Iterator[tuple[MirrorServer, Path]]:
-    """A spoilable copy of the repository served over plain http."""
-    repo = copy_repo(arena, "bad")
-    with MirrorServer(repo) as server:
-        yield server, repo
 
 
 # ---------------------------------------------------------------- 1. module parameters
@@ -69,11 +63,9 @@ def test_1_package_default_parameter_refused_at_manifest_validation(arena: Arena
     key, value = SMUGGLING[case]
     repo = copy_repo(arena, "bad")
     edit_manifest(repo, lambda doc: doc["modules"][0].update(params={key: value}))
-    before = arena.snapshot()
-    done = fetch(arena, f"file://{repo}")
-    assert_refused(done, 7, "[fetch]", f"manifest.json from mirror file://{repo}/{PKG}",
-                   "modules[0].params", f"default parameter nvidia.{key}", "fix: rebuild")
-    assert_only(before, arena.snapshot())
+    fetch_refused(arena, [f"file://{repo}"], 7, "[fetch]",
+                  f"manifest.json from mirror file://{repo}/{PKG}", "modules[0].params",
+                  f"default parameter nvidia.{key}", "fix: rebuild")
 
 
 # ---------------------------------------------------------------- 2. linked directory
@@ -89,12 +81,9 @@ def test_2_symlinked_directory_in_a_preloaded_package(arena: Arena) -> None:
     shutil.move(preloaded / PKG / "lib64", elsewhere / "lib64")
     (preloaded / PKG / "lib64").symlink_to(elsewhere / "lib64")
     settle(arena)
-    before = arena.snapshot()
-    done = arena.run("install", *arena.args("--preloaded-dir", str(preloaded),
-                                            "--driver-version", VERSION))
-    assert_refused(done, 7, f"preloaded {preloaded}", "lib64/ is a symbolic link",
-                   "directories must be real", "fix: replace the link")
-    assert_untouched(before, arena.snapshot(), WORK_AREA)
+    refused_untouched(arena, lambda: install_preloaded(arena, preloaded), 7,
+                      f"preloaded {preloaded}", "lib64/ is a symbolic link",
+                      "directories must be real", "fix: replace the link")
 
 
 # ---------------------------------------------------------------- 3. short file on a mirror
@@ -114,12 +103,11 @@ def test_3_file_shorter_than_its_manifest_on_the_only_mirror(
     is inconsistent (exit 7), never 'answered HTTP 416'."""
     server, repo = http_bad
     short, size = _shorten(repo)
-    before = arena.snapshot()
-    done = fetch(arena, server.url, extra=("--allow-http",))
-    assert_refused(done, 7, f"mirror {server.url}", f"the mirror's file is {short} bytes",
-                   f"the manifest says {size}", "inconsistent", "fix: republish the package")
+    done = fetch_refused(arena, [server.url], 7, f"mirror {server.url}",
+                         f"the mirror's file is {short} bytes", f"the manifest says {size}",
+                         "inconsistent", "fix: republish the package", extra=("--allow-http",),
+                         prefixes=CACHE)  # the other files arrived verified
     assert "416" not in done.lines[0]
-    assert_only(before, arena.snapshot(), CACHE)  # the other files arrived verified
 
 
 def test_3_short_file_then_a_good_mirror(arena: Arena,
@@ -127,12 +115,9 @@ def test_3_short_file_then_a_good_mirror(arena: Arena,
     """Item 3: the next source is tried, and the package arrives whole from it."""
     server, repo = http_bad
     _shorten(repo)
-    before = arena.snapshot()
-    done = fetch(arena, server.url, good(arena), extra=("--allow-http",))
-    assert_fetched(done)
+    done = fetch_ok(arena, [server.url, good(arena)], extra=("--allow-http",))
     assert any(e.get("event") == "file failed on mirror" and "inconsistent" in str(e)
                for e in done.events), done.stderr[-3000:]
-    assert_only(before, arena.snapshot(), CACHE)
 
 
 # ---------------------------------------------------------------- 4. oversize index
@@ -145,11 +130,9 @@ def test_4_index_over_the_size_limit_says_regenerate_it(
     server, repo = http_bad
     (repo / "index.json").write_bytes(b" " * (17 * 1024**2) + b"{}")
     mirror = server.url if scheme == "http" else f"file://{repo}"
-    before = arena.snapshot()
-    done = fetch(arena, mirror, extra=("--allow-http",))
-    assert_refused(done, 7, "index.json", "bytes allowed", "fix: regenerate index.json")
+    done = fetch_refused(arena, [mirror], 7, "index.json", "bytes allowed",
+                         "fix: regenerate index.json", extra=("--allow-http",))
     assert "republish" not in done.lines[0]
-    assert_only(before, arena.snapshot())
 
 
 # ---------------------------------------------------------------- 5. long path component
@@ -160,22 +143,18 @@ def test_5_manifest_path_component_over_255_bytes(arena: Arena) -> None:
     repo = copy_repo(arena, "bad")
     name = "lib64/" + "\u00e9" * 128 + ".so"  # 259 bytes in UTF-8, 131 characters
     edit_manifest(repo, lambda doc: add_file(doc, name, b"x"))
-    before = arena.snapshot()
-    done = fetch(arena, f"file://{repo}")
-    assert_refused(done, 7, "manifest.json from mirror", "longer than 255 bytes",
-                   "fix: rebuild the package")
+    done = fetch_refused(arena, [f"file://{repo}"], 7, "manifest.json from mirror",
+                         "longer than 255 bytes", "fix: rebuild the package")
     assert "publish a package for this kernel" not in done.lines[0]
-    assert_only(before, arena.snapshot())
 
 
 # ---------------------------------------------------------------- 6, 7. settings
 
 
 def _config_refused(arena: Arena, env: dict[str, str], *causes: str) -> None:
-    before = arena.snapshot()
-    done = arena.run("install", *arena.args("--driver-version", VERSION), env=env)
-    assert_refused(done, 2, "error(config)", *causes)
-    assert_untouched(before, arena.snapshot())
+    refused_untouched(arena, lambda: arena.run("install", *arena.args("--driver-version", VERSION),
+                                               env=env),
+                      2, "error(config)", *causes, allowed=())
 
 
 @pytest.mark.parametrize("value", ["1e-9", "3E1", "-5"])
@@ -203,13 +182,12 @@ def test_8_install_dir_that_is_a_file(arena: Arena, which: str) -> None:
     shutil.rmtree(path, ignore_errors=True)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("not a directory\n")
-    before = arena.snapshot()
-    done = install(arena)
     node = "/" + str(path.relative_to(arena.root))
     what = "is a file" if which == "install dir" else f"cannot be created: {node} is a file"
-    assert_refused(done, 2, f"--install-dir {INSTALL} {what}", "fix: remove or rename")
+    done = refused_untouched(arena, lambda: install(arena), 2,
+                             f"--install-dir {INSTALL} {what}", "fix: remove or rename",
+                             allowed=())
     assert "lock" not in done.lines[0]
-    assert_untouched(before, arena.snapshot())
 
 
 # ---------------------------------------------------------------- 9. full filesystem
@@ -302,11 +280,10 @@ def test_overlapping_install_and_cache_dirs_are_refused(arena: Arena, case: str)
     install dir, is refused at start (exit 2)."""
     install_dir, cache_dir, why = OVERLAPS[case]
     settle(arena)
-    before = arena.snapshot()
-    done = install(arena, "--install-dir", install_dir, "--cache-dir", cache_dir)
-    assert_refused(done, 2, f"--cache-dir {cache_dir} {why}", f"--install-dir {install_dir}",
-                   "fix: leave --cache-dir")
-    assert_untouched(before, arena.snapshot())
+    refused_untouched(arena, lambda: install(arena, "--install-dir", install_dir,
+                                             "--cache-dir", cache_dir),
+                      2, f"--cache-dir {cache_dir} {why}", f"--install-dir {install_dir}",
+                      "fix: leave --cache-dir", allowed=())
 
 
 def test_the_default_cache_dir_given_explicitly_still_installs(arena: Arena) -> None:

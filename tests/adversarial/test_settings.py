@@ -14,14 +14,7 @@ from pathlib import Path
 import pytest
 from httpserver import self_signed
 
-from adversarial.harness import (
-    VERSION,
-    WORK_AREA,
-    Arena,
-    Result,
-    assert_refused,
-    assert_untouched,
-)
+from adversarial.harness import VERSION, WORK_AREA, Arena, Result, refused_untouched
 
 
 def _install(arena: Arena, *flags: str, env: dict[str, str] | None = None,
@@ -41,11 +34,8 @@ def _install(arena: Arena, *flags: str, env: dict[str, str] | None = None,
 
 def _refused_untouched(arena: Arena, flags: tuple[str, ...], env: dict[str, str],
                        *causes: str, code: int = 2, allowed: tuple[str, ...] = ()) -> Result:
-    before = arena.snapshot()
-    done = _install(arena, *flags, env=env)
-    assert_refused(done, code, *causes)
-    assert_untouched(before, arena.snapshot(), allowed)
-    return done
+    return refused_untouched(arena, lambda: _install(arena, *flags, env=env), code, *causes,
+                             allowed=allowed)
 
 
 # (id, flags, env, causes): each names the setting exactly as it was given
@@ -131,25 +121,24 @@ def test_bad_setting_is_refused_before_any_write(arena: Arena, flags: tuple[str,
 
 @pytest.mark.parametrize("how", ["flag", "env"])
 def test_host_root_with_a_newline(arena: Arena, how: str) -> None:
-    before = arena.snapshot()
     bad = f"{arena.root}\n"
-    if how == "flag":
-        done = _install(arena, "--host-root", bad)
-    else:
-        done = _install(arena, "--proc-root", str(arena.root / "proc"), "--sys-root",
+
+    def run() -> Result:
+        if how == "flag":
+            return _install(arena, "--host-root", bad)
+        return _install(arena, "--proc-root", str(arena.root / "proc"), "--sys-root",
                         str(arena.root / "sys"), env={"HOST_ROOT": bad}, node_flags=False)
-    assert_refused(done, 2, "--host-root=" if how == "flag" else "HOST_ROOT=", "U+000A")
-    assert_untouched(before, arena.snapshot())
+
+    refused_untouched(arena, run, 2, "--host-root=" if how == "flag" else "HOST_ROOT=",
+                      "U+000A", allowed=())
 
 
 def test_termination_log_env_with_a_newline_is_not_written(arena: Arena) -> None:
     """The refusal is not copied to a path that failed its own check."""
     bad = f"{arena.outside}/etc/termination\nlog"
-    before = arena.snapshot()
-    done = arena.run("install", *arena.args()[:-2], "--mirror", f"file://{arena.scene.repo}",
-                     env={"TERMINATION_LOG": bad})
-    assert_refused(done, 2, "TERMINATION_LOG=", "U+000A")
-    assert_untouched(before, arena.snapshot())
+    refused_untouched(arena, lambda: arena.run(
+        "install", *arena.args()[:-2], "--mirror", f"file://{arena.scene.repo}",
+        env={"TERMINATION_LOG": bad}), 2, "TERMINATION_LOG=", "U+000A", allowed=())
 
 
 # --- the module-params file, checked when the config loads
@@ -256,10 +245,8 @@ def test_legitimate_values_still_install(arena: Arena, tmp_path: Path) -> None:
     "http://user:hunter2@mirror.example/repo?token=s3cret",
 ])
 def test_a_refused_mirror_url_never_shows_its_credentials(arena: Arena, flag_value: str) -> None:
-    before = arena.snapshot()
-    done = arena.run("fetch", *arena.args("--mirror", flag_value))
-    assert_refused(done, 2, "mirror", "://")
+    done = refused_untouched(arena, lambda: arena.run("fetch", *arena.args("--mirror", flag_value)),
+                             2, "mirror", "://", allowed=())
     log = arena.termination_log.read_text() if arena.termination_log.exists() else ""
     for secret in ("hunter2", "s3cret", "user:"):
         assert secret not in done.stderr and secret not in done.stdout and secret not in log
-    assert_untouched(before, arena.snapshot())

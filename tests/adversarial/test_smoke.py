@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 
 from adversarial.harness import (
-    SANDBOX,
     SANDBOX_FAILED,
     VERSION,
     Arena,
     Result,
     assert_refused,
     assert_untouched,
+    sandboxed,
 )
 
 
@@ -47,8 +47,7 @@ def test_the_sandbox_lets_a_case_write_only_in_its_arena(arena: Arena) -> None:
     escape = Path(f"/var/tmp/gni-sandbox-escape-{os.getpid()}")
     inside = arena.scene.work / "inside"
     for target, allowed in ((inside, True), (escape, False)):
-        done = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c",
-                               SANDBOX, "sandbox", str(arena.base), "touch", str(target)],
+        done = subprocess.run(sandboxed(arena.base, "touch", str(target)),
                               capture_output=True, text=True, timeout=30, check=False)
         assert done.returncode != SANDBOX_FAILED, done.stderr
         assert (done.returncode == 0) is allowed, done.stderr

@@ -16,15 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from adversarial.harness import (
-    VERSION,
-    WORK_AREA,
-    Arena,
-    Result,
-    assert_refused,
-    assert_untouched,
-    settle,
-)
+from adversarial.harness import VERSION, Arena, Result, install_preloaded, refused_untouched, settle
 
 GIB = 1024**3
 Member = tuple[tarfile.TarInfo, bytes | None]
@@ -89,18 +81,11 @@ def _tarball(arena: Arena, members: list[Member], **kwargs: int) -> Path:
     return preloaded
 
 
-def _install(arena: Arena, preloaded: Path) -> Result:
-    return arena.run("install", *arena.args("--preloaded-dir", str(preloaded),
-                                            "--driver-version", VERSION))
-
-
 def _refused(arena: Arena, members: list[Member], *causes: str, **kwargs: int) -> Result:
     preloaded = _tarball(arena, members, **kwargs)
     settle(arena)
-    before = arena.snapshot()
-    result = _install(arena, preloaded)
-    assert_refused(result, 7, "tarball", *causes)
-    assert_untouched(before, arena.snapshot(), WORK_AREA)
+    result = refused_untouched(arena, lambda: install_preloaded(arena, preloaded), 7,
+                               "tarball", *causes)
     assert not list(_big_files(arena.base)), list(_big_files(arena.base))
     return result
 
@@ -111,7 +96,7 @@ def _big_files(top: Path) -> Iterator[Path]:
 
 def test_a_good_tarball_installs(arena: Arena) -> None:
     preloaded = _tarball(arena, _members(arena))
-    done = _install(arena, preloaded)
+    done = install_preloaded(arena, preloaded)
     assert done.code == 0, done.stderr[-2000:]
     assert json.loads((arena.install_dir / ".state.json").read_text())["driver_version"] == \
         VERSION
@@ -217,9 +202,8 @@ def test_not_a_tarball(arena: Arena) -> None:
     bogus.parent.mkdir(parents=True)
     bogus.write_bytes(b"\x1f\x8b\x08\x00 not really gzip")
     settle(arena)
-    before = arena.snapshot()
-    assert_refused(_install(arena, preloaded), 7, "not a readable package tarball")
-    assert_untouched(before, arena.snapshot(), WORK_AREA)
+    refused_untouched(arena, lambda: install_preloaded(arena, preloaded), 7,
+                      "not a readable package tarball")
 
 
 def test_a_tarball_is_unpacked_once(arena: Arena, tmp_path: Path,

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import kubefake
 import pytest
 from agentnode import daemon_package
+from healthkit import fifo_log
 from kubefake import Cluster, node_doc
 from native import build_standins, packages
+from native.nvmlsession import clear_fake_env
 from native.packages import tree_package
 
+from installer.node.host import RealHost
 from installer.packages.manifest import Package
 
 STANDIN_VERSION = "535.261.03"
@@ -38,3 +42,36 @@ def cluster() -> Iterator[tuple[str, Cluster]]:
     with kubefake.serve(cluster) as url:
         yield url, cluster
     assert not cluster.errors, cluster.errors
+
+
+@pytest.fixture(scope="module")
+def libs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The compiled NVML and CUDA stand-ins (tests/native), once a module."""
+    return build_standins(tmp_path_factory.mktemp("nvml"))
+
+
+@pytest.fixture
+def fake_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """No FAKE_* variable of this environment steers a stand-in: every test sets its own,
+    on the monkeypatch returned."""
+    for name in clear_fake_env():
+        monkeypatch.delenv(name)
+    return monkeypatch
+
+
+@pytest.fixture
+def xid_file(fake_env: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """An empty file the NVML stand-in delivers Xid events from (FAKE_NVML_XID_FILE): each
+    line "<gpu index> <xid>" appended to it, once."""
+    path = tmp_path / "xids"
+    path.touch()
+    fake_env.setenv("FAKE_NVML_XID_FILE", str(path))
+    return path
+
+
+@pytest.fixture
+def fifo_host(tmp_path: Path) -> Iterator[tuple[RealHost, int]]:
+    """A host tree whose kernel log (<dev root>/kmsg) is a FIFO, and the writer's descriptor
+    (healthkit.fifo_log), for the health watcher's cases."""
+    with fifo_log(tmp_path) as found:
+        yield found

@@ -10,7 +10,7 @@ import pynvml  # type: ignore[import-untyped]
 import pytest
 from native import build_standins
 from native.daemons import write_fabric
-from native.nvmlsession import clear_fake_env, nvml_session
+from native.nvmlsession import nvml_session
 
 from installer.node.gpufabric import (
     GpuFabric,
@@ -23,22 +23,15 @@ from installer.node.gpufabric import (
 
 
 @pytest.fixture(scope="module")
-def libs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_standins(tmp_path_factory.mktemp("nvml"))
-
-
-@pytest.fixture(scope="module")
 def old_libs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An NVML without nvmlDeviceGetGpuFabricInfoV (branches before R550)."""
     return build_standins(tmp_path_factory.mktemp("nvml-old"), omit_fabric_v=True)
 
 
 @pytest.fixture(autouse=True)
-def _env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:
-    for name in clear_fake_env():
-        monkeypatch.delenv(name)
+def _env(fake_env: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:
     fabric = tmp_path / "fabric"
-    monkeypatch.setenv("FAKE_NVML_FABRIC_FILE", str(fabric))
+    fake_env.setenv("FAKE_NVML_FABRIC_FILE", str(fabric))
     yield fabric
 
 

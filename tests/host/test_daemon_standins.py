@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pynvml  # type: ignore[import-untyped]
 import pytest
-from native import build_standins
 from native.daemons import (
     FM,
     NVLSM,
@@ -23,17 +22,12 @@ from native.daemons import (
     write_daemon_standins,
     write_fabric,
 )
-from native.nvmlsession import clear_fake_env, nvml_session
+from native.nvmlsession import nvml_session
 
 from installer.node.gpufabric import fabric_summary, read_fabric
 
 VERSION = "535.261.03"
 DEADLINE_S = 30.0  # generous: a loaded 2-core machine
-
-
-@pytest.fixture(scope="module")
-def libs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_standins(tmp_path_factory.mktemp("nvml"))
 
 
 @pytest.fixture(scope="module")
@@ -119,14 +113,12 @@ def wait_for(check: Callable[[], bool], what: str) -> None:
 
 @pytest.fixture
 def node(tmp_path: Path, bin_dir: Path, libs: Path,
-         monkeypatch: pytest.MonkeyPatch) -> Iterator[Node]:
-    for name in clear_fake_env():
-        monkeypatch.delenv(name)
+         fake_env: pytest.MonkeyPatch) -> Iterator[Node]:
     made = Node(tmp_path / "root", bin_dir, libs)
     for name, value in {"FAKE_DAEMON_ROOT": str(made.root), "FAKE_NVML_GPUS": "8",
                         "FAKE_NVML_FABRIC_FILE": str(made.fabric), "FAKE_FM_SECONDS": "0.8",
                         "FAKE_NVML_PERSISTENCE_FILE": str(made.persistence)}.items():
-        monkeypatch.setenv(name, value)
+        fake_env.setenv(name, value)
     yield made
     made.cleanup()
 

@@ -15,13 +15,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pynvml
 import pytest
-from healthkit import BOOT, XID13, XID48_OLD, XID79, fifo_log, host_tree, record
+from healthkit import BOOT, XID13, XID48_OLD, XID79, host_tree, record
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -41,12 +40,6 @@ from installer.config import load_config
 from installer.errors import ConfigError
 from installer.node import kmsg
 from installer.node.host import RealHost
-
-
-@pytest.fixture
-def fifo_host(tmp_path: Path) -> Iterator[tuple[RealHost, int]]:
-    with fifo_log(tmp_path) as found:
-        yield found
 
 
 class TestParseRecord:

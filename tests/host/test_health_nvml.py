@@ -10,7 +10,6 @@ answers a wait with NVML_ERROR_TIMEOUT after its timeout.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import kubefake
@@ -18,8 +17,7 @@ import pynvml
 import pytest
 from healthkit import BOOT, NODE, Log
 from kubefake import Cluster, node_doc
-from native import build_standins
-from native.nvmlsession import clear_fake_env, nvml_session
+from native.nvmlsession import append_xids, nvml_session
 
 from installer.agent import health
 from installer.agent.xids import NvmlXidSource
@@ -27,25 +25,10 @@ from installer.node import kube
 from installer.node.host import RealHost, Roots
 
 
-@pytest.fixture(scope="module")
-def libs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_standins(tmp_path_factory.mktemp("nvml"))
-
-
 @pytest.fixture(autouse=True)
-def xid_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:
-    for name in clear_fake_env():
-        monkeypatch.delenv(name)
-    path = tmp_path / "xids"
-    path.touch()
-    monkeypatch.setenv("FAKE_NVML_XID_FILE", str(path))
-    monkeypatch.setenv("FAKE_NVML_GPUS", "8")
-    yield path
-
-
-def append(path: Path, text: str) -> None:
-    with path.open("a") as handle:
-        handle.write(text)
+def _eight_gpus(xid_file: Path, fake_env: pytest.MonkeyPatch) -> None:
+    """Every case: the stand-in's eight GPUs, their Xid events from `xid_file`."""
+    fake_env.setenv("FAKE_NVML_GPUS", "8")
 
 
 class TestNvmlXidEvents:
@@ -56,7 +39,7 @@ class TestNvmlXidEvents:
             source = health.open_xid_source(host, use_nvml=True)
             assert isinstance(source, NvmlXidSource)
             names = sorted(source.gpus.values())
-            append(xid_file, "3 79\n5 48\n")
+            append_xids(xid_file, "3 79\n5 48\n")
             xids = source.wait(10)
             assert source.wait(0.1) == []
             source.close()
@@ -71,7 +54,7 @@ class TestNvmlXidEvents:
         log = Log()
         with nvml_session(libs), kubefake.serve(cluster) as url:
             source = NvmlXidSource(pynvml)
-            writer = threading.Timer(0.3, append, (xid_file, "0 13\n7 79\n"))
+            writer = threading.Timer(0.3, append_xids, (xid_file, "0 13\n7 79\n"))
             writer.start()
             new = health.watch_once(source, health.Health({48, 79}),
                                     api=kube.ApiServer(url, token, None), node=NODE,

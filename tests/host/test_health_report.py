@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import kubefake
@@ -23,7 +22,6 @@ from healthkit import (
     StaticSource,
     api_for,
     fake_cluster,
-    fifo_log,
     host_tree,
     record,
 )
@@ -33,12 +31,6 @@ from installer.agent.health import Health, Xid
 from installer.agent.xids import parse_xid
 from installer.node import kmsg, kube
 from installer.node.host import RealHost
-
-
-@pytest.fixture
-def fifo_host(tmp_path: Path) -> Iterator[tuple[RealHost, int]]:
-    with fifo_log(tmp_path) as found:
-        yield found
 
 
 class TestReport:

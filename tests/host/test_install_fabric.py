@@ -11,12 +11,12 @@ import time
 from pathlib import Path
 
 import pytest
-from e2e import KERNEL, NODE, Scene, add_version, run_cli, standin_env
+from e2e import KERNEL, NODE, Scene, add_version, make_scene, run_cli, standin_env
 from httpserver import MirrorServer
 from native.daemons import COMPLETED, IN_PROGRESS, NOT_STARTED, write_fabric
 
 from installer.errors import IncompatibleError
-from installer.testing import SAMPLE_NODES, PciSpec, build_node
+from installer.testing import SAMPLE_NODES, PciSpec
 
 V1 = "535.261.03"
 # the T4 sample node with the NVSwitch functions of an HGX board (class 0x0680, device 22a3)
@@ -28,11 +28,7 @@ NVSWITCH_NODE = dataclasses.replace(
 
 @pytest.fixture
 def scene(tmp_path: Path) -> Scene:
-    root = tmp_path / "node"
-    root.mkdir()
-    build_node(root, NVSWITCH_NODE)
-    scene = Scene(root, tmp_path / "repo", tmp_path / "work")
-    scene.work.mkdir()
+    scene = make_scene(tmp_path, NVSWITCH_NODE)
     add_version(scene, V1)
     return scene
 

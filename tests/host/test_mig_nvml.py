@@ -18,8 +18,7 @@ from pathlib import Path
 
 import pynvml
 import pytest
-from native import build_standins
-from native.nvmlsession import clear_fake_env, nvml_session
+from native.nvmlsession import nvml_session
 
 from installer.errors import MigInUseError, MigLayoutError
 from installer.stages.partition import nvml
@@ -50,11 +49,6 @@ resets = [nvml.apply(change) for change in found]
 print(json.dumps({"changed": [c.gpu.index for c in found], "resets": resets}))
 pynvml.nvmlShutdown()
 """
-
-
-@pytest.fixture(scope="module")
-def libs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_standins(tmp_path_factory.mktemp("nvml"))
 
 
 class Node:
@@ -95,10 +89,8 @@ class Node:
 
 
 @pytest.fixture
-def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Node]:
-    for name in clear_fake_env():
-        monkeypatch.delenv(name)
-    yield Node(tmp_path, monkeypatch)
+def node(tmp_path: Path, fake_env: pytest.MonkeyPatch) -> Iterator[Node]:
+    yield Node(tmp_path, fake_env)
 
 
 def on(devices: dict[str, int]) -> GpuLayout:

@@ -132,17 +132,23 @@ def _valid_patch(patch: dict[str, Any]) -> None:
         assert value is None or valid_value(value), (key, value)
 
 
+def _signalled(root: Path, api: tuple[str, FakeApi], tmp_path: Path,
+               *extra: str) -> dict[str, Any]:
+    """`signal` succeeds and sends the Node exactly one patch, a valid one; returns it."""
+    url, fake = api
+    done = _signal(root, url, tmp_path, *extra)
+    assert done.exit_code == 0, done.output
+    (patch,) = fake.patches
+    _valid_patch(patch)
+    return patch
+
+
 class TestGpuLabels:
     def test_one_gpu(self, tmp_path: Path, standin_package: Package,
                      monkeypatch: pytest.MonkeyPatch, api: tuple[str, FakeApi]) -> None:
         _nvml(monkeypatch, ["NVIDIA L4"], [23034], ["8.9"])
         root = _node(tmp_path / "n", standin_package, [(_addresses(1)[0], 0x27B8)])
-        url, fake = api
-        done = _signal(root, url, tmp_path)
-        assert done.exit_code == 0, done.output
-        (patch,) = fake.patches
-        _valid_patch(patch)
-        labels = patch["metadata"]["labels"]
+        labels = _signalled(root, api, tmp_path)["metadata"]["labels"]
         assert {k: v for k, v in labels.items() if k.startswith(P)} == {
             P + "driver-version": VERSION, P + "cuda-version": "12.2", P + "status": "ready",
             P + "gpu.product": "NVIDIA-L4", P + "gpu.count": "1", P + "gpu.memory": "23034",
@@ -160,11 +166,7 @@ class TestGpuLabels:
         _nvml(monkeypatch, ["NVIDIA A100-SXM4-40GB"] * 8, [40960] * 8, ["8.0"] * 8)
         root = _node(tmp_path / "n", standin_package,
                      [(a, 0x20B0) for a in _addresses(8)])
-        url, fake = api
-        assert _signal(root, url, tmp_path).exit_code == 0
-        (patch,) = fake.patches
-        _valid_patch(patch)
-        labels = patch["metadata"]["labels"]
+        labels = _signalled(root, api, tmp_path)["metadata"]["labels"]
         assert labels[P + "gpu.product"] == "NVIDIA-A100-SXM4-40GB"
         assert labels[P + "gpu.count"] == "8"
         assert labels[P + "gpu.memory"] == "40960"
@@ -178,11 +180,7 @@ class TestGpuLabels:
               [81559, 15360, 15360], ["9.0", "7.5", "7.5"])
         root = _node(tmp_path / "n", standin_package,
                      list(zip(_addresses(3), (0x2330, 0x1EB8, 0x1EB8), strict=True)))
-        url, fake = api
-        assert _signal(root, url, tmp_path).exit_code == 0
-        (patch,) = fake.patches
-        _valid_patch(patch)
-        labels = patch["metadata"]["labels"]
+        labels = _signalled(root, api, tmp_path)["metadata"]["labels"]
         assert labels[P + "gpu.product"] == "mixed"
         assert labels[P + "gpu.family"] == "mixed"
         assert labels[P + "gpu.count"] == "3"
@@ -196,10 +194,7 @@ class TestGpuLabels:
                                    api: tuple[str, FakeApi]) -> None:
         _nvml(monkeypatch, ["Tesla T4"], [15360], ["7.5"])
         root = _node(tmp_path / "n", standin_package, [(_addresses(1)[0], 0x1EB8)])
-        url, fake = api
-        assert _signal(root, url, tmp_path, "--gpu-label-prefix", "nvidia.com").exit_code == 0
-        (patch,) = fake.patches
-        _valid_patch(patch)
+        patch = _signalled(root, api, tmp_path, "--gpu-label-prefix", "nvidia.com")
         labels = patch["metadata"]["labels"]
         assert labels["nvidia.com/gpu.product"] == "Tesla-T4"
         assert labels["nvidia.com/gpu.family"] == "turing"
@@ -218,16 +213,14 @@ class TestStaleLabels:
         keys we never wrote (gpu-feature-discovery's, the cloud's) stay."""
         _nvml(monkeypatch, ["NVIDIA L4"], [23034], ["8.9"])
         root = _node(tmp_path / "n", standin_package, [(_addresses(1)[0], 0x27B8)])
-        url, fake = api
+        _url, fake = api
         fake.node["metadata"]["labels"] = {
             P + "gpu.model.Tesla-T4": "2", P + "cuda.toolkit.max": "11.4",
             P + "gpu.product": "Tesla-T4", "nvidia.com/gpu.memory": "15360",
             "nvidia.com/gpu.product": "Tesla-T4", "nvidia.com/gpu.machine": "n1-standard-8",
             "cloud.google.com/gke-accelerator": "nvidia-l4", "kubernetes.io/hostname": "gpu-1"}
         fake.node["metadata"]["annotations"] = {OWNED_ANNOTATION: "nvidia.com/gpu.memory"}
-        assert _signal(root, url, tmp_path).exit_code == 0
-        (patch,) = fake.patches
-        _valid_patch(patch)
+        patch = _signalled(root, api, tmp_path)
         removed = {k for k, v in patch["metadata"]["labels"].items() if v is None}
         assert removed == {P + "gpu.model.Tesla-T4", "nvidia.com/gpu.memory"}
         after = fake.merged_labels()

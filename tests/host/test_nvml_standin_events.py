@@ -5,30 +5,16 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pynvml  # type: ignore[import-untyped]
 import pytest
-from native import build_standins
-from native.nvmlsession import clear_fake_env, nvml_session
+from native.nvmlsession import append_xids, nvml_session
 
 XID = pynvml.nvmlEventTypeXidCriticalError
 
 
-@pytest.fixture(scope="module")
-def libs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_standins(tmp_path_factory.mktemp("nvml"))
-
-
-@pytest.fixture(autouse=True)
-def xid_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:
-    for name in clear_fake_env():
-        monkeypatch.delenv(name)
-    path = tmp_path / "xids"
-    path.touch()
-    monkeypatch.setenv("FAKE_NVML_XID_FILE", str(path))
-    yield path
+pytestmark = pytest.mark.usefixtures("xid_file")  # every case: no Xid event but its own
 
 
 def _event_set(gpus: int) -> object:
@@ -37,11 +23,6 @@ def _event_set(gpus: int) -> object:
         pynvml.nvmlDeviceRegisterEvents(pynvml.nvmlDeviceGetHandleByIndex(index), XID,
                                         event_set)
     return event_set
-
-
-def _append(path: Path, text: str) -> None:
-    with path.open("a") as handle:
-        handle.write(text)
 
 
 class TestXidEvents:
@@ -56,7 +37,7 @@ class TestXidEvents:
         monkeypatch.setenv("FAKE_NVML_GPUS", "8")
         with nvml_session(libs):
             event_set = _event_set(8)
-            _append(xid_file, "3 79\n5 48\n")
+            append_xids(xid_file, "3 79\n5 48\n")
             first = pynvml.nvmlEventSetWait_v2(event_set, 1000)
             second = pynvml.nvmlEventSetWait_v2(event_set, 1000)
             seen = [(pynvml.nvmlDeviceGetIndex(e.device), e.eventType, e.eventData)
@@ -71,7 +52,7 @@ class TestXidEvents:
             self, libs: Path, xid_file: Path) -> None:
         with nvml_session(libs):
             event_set = _event_set(1)
-            writer = threading.Timer(0.3, _append, (xid_file, "0 13\n"))
+            writer = threading.Timer(0.3, append_xids, (xid_file, "0 13\n"))
             writer.start()
             event = pynvml.nvmlEventSetWait_v2(event_set, 30_000)
             writer.join()
@@ -91,10 +72,10 @@ class TestXidEvents:
     def test_a_partial_line_waits_for_its_newline(self, libs: Path, xid_file: Path) -> None:
         with nvml_session(libs):
             event_set = _event_set(1)
-            _append(xid_file, "0 4")
+            append_xids(xid_file, "0 4")
             with pytest.raises(pynvml.NVMLError):
                 pynvml.nvmlEventSetWait_v2(event_set, 60)
-            _append(xid_file, "8\n")
+            append_xids(xid_file, "8\n")
             event = pynvml.nvmlEventSetWait_v2(event_set, 1000)
         assert event.eventData == 48
 
@@ -103,7 +84,7 @@ class TestXidEvents:
         monkeypatch.setenv("FAKE_NVML_GPUS", "2")
         with nvml_session(libs):
             event_set = _event_set(1)  # GPU 0 only
-            _append(xid_file, "1 79\n7 79\n0 63\n")
+            append_xids(xid_file, "1 79\n7 79\n0 63\n")
             event = pynvml.nvmlEventSetWait_v2(event_set, 1000)
             gpu = pynvml.nvmlDeviceGetIndex(event.device)
         assert (gpu, event.eventData) == (0, 63)
@@ -111,7 +92,7 @@ class TestXidEvents:
     def test_delivered_once_across_event_sets(self, libs: Path, xid_file: Path) -> None:
         """A restarted watcher does not see the old lines again."""
         with nvml_session(libs):
-            _append(xid_file, "0 79\n")
+            append_xids(xid_file, "0 79\n")
             assert pynvml.nvmlEventSetWait_v2(_event_set(1), 1000).eventData == 79
             with pytest.raises(pynvml.NVMLError):
                 pynvml.nvmlEventSetWait_v2(_event_set(1), 60)
@@ -119,7 +100,7 @@ class TestXidEvents:
     def test_truncated_file_starts_again(self, libs: Path, xid_file: Path) -> None:
         with nvml_session(libs):
             event_set = _event_set(1)
-            _append(xid_file, "0 31\n0 43\n")
+            append_xids(xid_file, "0 31\n0 43\n")
             pynvml.nvmlEventSetWait_v2(event_set, 1000)
             pynvml.nvmlEventSetWait_v2(event_set, 1000)
             xid_file.write_text("0 94\n")

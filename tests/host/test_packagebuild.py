@@ -79,15 +79,8 @@ def run_file() -> Path:
     shutil.copy2(tree / "usr/lib/nvidia/current/nvidia-smi", staging / "nvidia-smi")
     (staging / "firmware").mkdir()
     (staging / "firmware" / "gsp_ga10x.bin").write_bytes(hashlib.sha256(b"gsp").digest() * 64)
-    (staging / "nvidia-installer").write_text("#!/bin/sh\necho never run by package build\n")
-    (staging / "nvidia-installer").chmod(0o755)
-    partial = target.with_name(target.name + ".partial")
-    subprocess.run(["makeself", "--nox11", "--nocomp", "--quiet", str(staging), str(partial),
-                    f"NVIDIA Accelerated Graphics Driver for Linux-x86_64 {VERSION}",
-                    "./nvidia-installer"], check=True, stdout=subprocess.DEVNULL)
-    partial.rename(target)
-    shutil.rmtree(staging)
-    return target
+    return artifacts.makeself_run(staging, target, "x86_64", VERSION,
+                                  "#!/bin/sh\necho never run by package build\n")
 
 
 def build(args: list[str]) -> tuple[int, str, str]:

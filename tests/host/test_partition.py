@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e import NODE, Scene, add_version, events, standin_env
+from e2e import NODE, Scene, add_version, events, make_scene, standin_env
 from httpserver import MirrorServer
 from migconfigs import MIG_PARTED
 
-from installer.testing import SAMPLE_NODES, PciSpec, build_node
+from installer.testing import SAMPLE_NODES, PciSpec
 
 V = "535.261.03"
 P = "gpu-node-installer/"
@@ -88,20 +88,17 @@ def mig_node(base: Path, model: tuple[str, int, int], count: int) -> MigNode:
     name, memory, device = model
     spec = dataclasses.replace(SAMPLE_NODES[NODE], pci=tuple(
         PciSpec(a, device, 0x030200, driver=None) for a in _addresses(count)))
-    root = base / "node"
-    root.mkdir()
-    build_node(root, spec)
-    scene = Scene(root, base / "repo", base / "work")
-    scene.work.mkdir()
+    scene = make_scene(base, spec)
     add_version(scene, V)
     mig_dir = base / "mig"
     mig_dir.mkdir()
     for i, address in enumerate(_addresses(count)):  # the PCI reset reaches the stand-in
-        (root / "sys/bus/pci/devices" / address / "reset").symlink_to(mig_dir / f"reset-gpu{i}")
+        (scene.root / "sys/bus/pci/devices" / address / "reset").symlink_to(
+            mig_dir / f"reset-gpu{i}")
     env = {**standin_env(V, count), "FAKE_NVML_NAMES": ",".join([name] * count),
            "FAKE_NVML_MEMORY_MIB": ",".join([str(memory)] * count),
            "FAKE_NVML_BUS_IDS": ",".join(f"0000{a}" for a in _addresses(count)),
-           "FAKE_NVML_MIG_DIR": str(mig_dir), "FAKE_NVML_PROC_DIR": str(root / "proc"),
+           "FAKE_NVML_MIG_DIR": str(mig_dir), "FAKE_NVML_PROC_DIR": str(scene.root / "proc"),
            "FAKE_KERNEL_GPUS": str(count)}
     for unset in ("NODE_NAME", "KUBE_API_URL", "KUBERNETES_SERVICE_HOST", "UPGRADE_POLICY",
                   "MIG_CONFIG_FILE", "MIG_CONFIG", "MIG_PROFILE", "GPU_LABEL_PREFIX"):

@@ -35,7 +35,9 @@ from kubefake import Cluster, node_doc, pod_doc
 
 from installer.errors import UpgradeBlockedError, UpgradeTimeoutError
 
-repo = shared.repo  # the fixture: V1 and V2 packages, built once for this module
+# the fixtures: V1 and V2 packages built once for this module; a node serving V1 (installed
+# the ordinary way, no API) and a mirror holding both
+repo, scene = shared.repo, shared.scene
 
 SKIP = "gpu-node-installer/upgrade.skip"
 STATE = kubefake.STATE
@@ -47,15 +49,6 @@ ENV_FILE = "run/nvidia/validations/driver-ready"
 def mirror(repo: Path) -> Iterator[str]:
     with MirrorServer(repo) as server:
         yield server.url
-
-
-@pytest.fixture
-def scene(tmp_path: Path, mirror: str) -> tuple[Scene, str]:
-    """A node serving V1, installed the ordinary way (no API)."""
-    scene = make_scene(tmp_path)
-    first = install(scene, mirror, V1)
-    assert first.returncode == 0, first.stderr
-    return scene, mirror
 
 
 def served(scene: Scene) -> dict[str, tuple[int, int, int]]:

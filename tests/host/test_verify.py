@@ -26,18 +26,6 @@ VERSION = "535.261.03"
 INSTALL = "home/kubernetes/bin/nvidia"
 
 
-@pytest.fixture(scope="session")
-def standin_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tree shaped like Debian's extraction, holding the compiled stand-ins."""
-    built = build_standins(tmp_path_factory.mktemp("standins"))
-    return packages.standin_tree(tmp_path_factory.mktemp("standin") / "tree", built, VERSION)
-
-
-@pytest.fixture(scope="session")
-def standin_package(standin_tree: Path) -> Package:
-    return tree_package(standin_tree, VERSION)
-
-
 @pytest.fixture(autouse=True)
 def _fake_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Every test states its own stand-in behaviour."""
@@ -181,21 +169,34 @@ class TestVerifyFails:
         assert (root / "termination-log").read_text().strip() == line
         return line
 
-    def test_gpu_count_differs_from_pci(self, tmp_path: Path, standin_package: Package,
-                                        monkeypatch: pytest.MonkeyPatch) -> None:
-        root = staged_node(tmp_path, standin_package, 8)
-        gpu_env(monkeypatch, root, 8)
-        monkeypatch.setenv("FAKE_NVML_GPUS", "7")
-        line = self.fail(root)
-        assert "NVML sees 7 GPU(s) but 8 are on the PCI bus; not seen: 0000:cb:00.0" in line
-
-    def test_wrong_driver_version(self, tmp_path: Path, standin_package: Package,
-                                  monkeypatch: pytest.MonkeyPatch) -> None:
-        root = staged_node(tmp_path, standin_package, 1)
-        gpu_env(monkeypatch, root, 1)
-        monkeypatch.setenv("FAKE_NVML_DRIVER", "535.309.01")
-        line = self.fail(root)
-        assert f"NVML reports driver 535.309.01, but {VERSION} was staged" in line
+    @pytest.mark.parametrize(("gpus", "fault", "args", "words"), [
+        pytest.param(8, ("FAKE_NVML_GPUS", "7"), (),
+                     "NVML sees 7 GPU(s) but 8 are on the PCI bus; not seen: 0000:cb:00.0",
+                     id="gpu count differs from pci"),
+        pytest.param(1, ("FAKE_NVML_DRIVER", "535.309.01"), (),
+                     f"NVML reports driver 535.309.01, but {VERSION} was staged",
+                     id="wrong driver version"),
+        pytest.param(8, ("FAKE_NVML_DEVICE_ERROR", "1:15"), (),
+                     "GPU fell off the bus: GPU index 1, PCI 0000:0b:00.0 by bus order",
+                     id="error 15 gpu fell off the bus"),
+        pytest.param(1, ("FAKE_CUDA_INIT_ERROR", "100"), (),
+                     "CUDA cuInit failed: CUDA_ERROR_NO_DEVICE (100): no CUDA device visible",
+                     id="cuda init error 100 says what it means"),
+        pytest.param(1, ("FAKE_CUDA_INIT_ERROR", "999"), (),
+                     "CUDA cuInit failed: CUDA_ERROR_UNKNOWN (999): unknown error",
+                     id="cuda init error 999 says what it means"),
+        pytest.param(2, ("FAKE_CUDA_WRONG", "1"), ("--cuda-smoke",),
+                     "GPU 0 computed a wrong vector sum at 1 of 4096 elements (first at 7)",
+                     id="wrong vector sum fails the smoke"),
+    ])
+    def test_a_fault_of_the_seen_gpus_is_named(
+            self, tmp_path: Path, standin_package: Package, monkeypatch: pytest.MonkeyPatch,
+            gpus: int, fault: tuple[str, str], args: tuple[str, ...], words: str) -> None:
+        """The stand-ins see the node's GPUs, but with one fault (env var, value)."""
+        root = staged_node(tmp_path, standin_package, gpus)
+        gpu_env(monkeypatch, root, gpus)
+        monkeypatch.setenv(*fault)
+        assert words in self.fail(root, *args)
 
     def test_error_9_kernel_module_not_loaded(self, tmp_path: Path, standin_package: Package,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
@@ -210,14 +211,6 @@ class TestVerifyFails:
         (root / INSTALL / "lib64" / "libnvidia-ml.so.1").unlink()
         line = self.fail(root)
         assert f"NVML library not found at {root / INSTALL / 'lib64/libnvidia-ml.so.1'}" in line
-
-    def test_error_15_gpu_fell_off_the_bus(self, tmp_path: Path, standin_package: Package,
-                                           monkeypatch: pytest.MonkeyPatch) -> None:
-        root = staged_node(tmp_path, standin_package, 8)
-        gpu_env(monkeypatch, root, 8)
-        monkeypatch.setenv("FAKE_NVML_DEVICE_ERROR", "1:15")
-        line = self.fail(root)
-        assert "GPU fell off the bus: GPU index 1, PCI 0000:0b:00.0 by bus order" in line
 
     def test_error_18_names_both_versions(self, tmp_path: Path, standin_package: Package,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
@@ -238,25 +231,6 @@ class TestVerifyFails:
         root = staged_node(tmp_path, tree_package(tree, VERSION), 1)
         line = self.fail(root)
         assert "has no NVML function nvmlSystemGetDriverVersion" in line
-
-    @pytest.mark.parametrize(("code", "words"), [
-        (100, "CUDA_ERROR_NO_DEVICE (100): no CUDA device visible"),
-        (999, "CUDA_ERROR_UNKNOWN (999): unknown error")])
-    def test_cuda_init_errors_say_what_they_mean(
-            self, tmp_path: Path, standin_package: Package, monkeypatch: pytest.MonkeyPatch,
-            code: int, words: str) -> None:
-        root = staged_node(tmp_path, standin_package, 1)
-        gpu_env(monkeypatch, root, 1)
-        monkeypatch.setenv("FAKE_CUDA_INIT_ERROR", str(code))
-        assert f"CUDA cuInit failed: {words}" in self.fail(root)
-
-    def test_wrong_vector_sum_fails_the_smoke(self, tmp_path: Path, standin_package: Package,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
-        root = staged_node(tmp_path, standin_package, 2)
-        gpu_env(monkeypatch, root, 2)
-        monkeypatch.setenv("FAKE_CUDA_WRONG", "1")
-        line = self.fail(root, "--cuda-smoke")
-        assert "GPU 0 computed a wrong vector sum at 1 of 4096 elements (first at 7)" in line
 
     def test_nothing_staged(self, make_node: Callable[[str], Path]) -> None:
         line = self.fail(make_node("debian12-l4"))

@@ -29,3 +29,10 @@ def nvml_session(lib_dir: Path) -> Iterator[None]:
 def clear_fake_env() -> list[str]:
     """Names of every FAKE_* variable in this environment (for a test to unset)."""
     return [name for name in os.environ if name.startswith("FAKE_")]
+
+
+def append_xids(path: Path, text: str) -> None:
+    """Xid events for the stand-in to deliver: lines "<gpu index> <xid>" added to the file
+    FAKE_NVML_XID_FILE names (each delivered once)."""
+    with path.open("a") as handle:
+        handle.write(text)

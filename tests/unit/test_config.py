@@ -10,14 +10,6 @@ from installer.config import SETTINGS, load_config
 from installer.errors import ConfigError
 
 
-@pytest.fixture
-def roots(tmp_path: Path) -> dict[str, str]:
-    for name in ("proc", "sys"):
-        (tmp_path / name).mkdir()
-    return {"host_root": str(tmp_path), "proc_root": str(tmp_path / "proc"),
-            "sys_root": str(tmp_path / "sys")}
-
-
 class TestPrecedence:
     def test_defaults(self, roots: dict[str, str], tmp_path: Path) -> None:
         config = load_config(roots, {})

@@ -22,14 +22,6 @@ from installer.errors import ConfigError
 # --- every setting through load_config
 
 
-@pytest.fixture
-def roots(tmp_path: Path) -> dict[str, str]:
-    for name in ("proc", "sys"):
-        (tmp_path / name).mkdir()
-    return {"host_root": str(tmp_path), "proc_root": str(tmp_path / "proc"),
-            "sys_root": str(tmp_path / "sys")}
-
-
 def _refused(roots: dict[str, str], name: str, value: str, *, env: bool) -> str:
     setting = SETTINGS_BY_NAME[name]
     assert setting.envvar is not None
