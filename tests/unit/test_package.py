@@ -69,7 +69,15 @@ def mutate(path: str, value: Any) -> dict[str, Any]:
     return doc
 
 
-_DELETE = object()
+class _Delete:
+    """The mutation that removes the field (its repr stays the same in every process, so
+    the parametrized ids do too)."""
+
+    def __repr__(self) -> str:
+        return "DELETE"
+
+
+_DELETE = _Delete()
 
 
 class TestValidManifest:
