@@ -25,6 +25,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
@@ -37,6 +38,7 @@ def _steps() -> list[tuple[str, Callable[[], object]]]:
     """What to make, in the order the tiers ask for it (the kernel tier runs its x86_64
     guests first and the arm64 ones last: tests/kernel/conftest.py)."""
     import artifacts
+    from deploy import podman
     from kernel import arm64, arm64cross, assets, matrixrepos, trixie
 
     def x86() -> assets.Kernel:
@@ -45,6 +47,8 @@ def _steps() -> list[tuple[str, Callable[[], object]]]:
     return [
         ("NVIDIA 535 .debs", lambda: (artifacts.nvidia_debs(with_source=True),
                                       artifacts.nvidia_debs("535.309.01"))),
+        ("image base rootfs (amd64)", podman.base_tarball),
+        ("image base rootfs (arm64, emulated)", lambda: _foreign_base(podman)),
         ("bookworm kernel, headers, busybox, test modules", x86),
         ("NVIDIA 535 compiled for it", lambda: assets.build_nvidia_cli(x86())),
         ("535 for two kernels (matrix)", lambda: matrixrepos.two_kernels_repo(x86())),
@@ -56,10 +60,19 @@ def _steps() -> list[tuple[str, Callable[[], object]]]:
     ]
 
 
+def _foreign_base(podman: Any) -> object:
+    """The arm64 image base where the deploy tier builds one (qemu-user's binfmt handler on)."""
+    return podman.why_arch_cannot_run("arm64") or podman.base_tarball("arm64")
+
+
 def run_steps() -> int:
-    """Each step once, timed; a failure is logged and the next step runs."""
+    """Each step once, timed; a failure is logged and the next step runs. GNI_PREFETCH_ONLY
+    (step names, comma-separated) runs only those."""
+    only = os.environ.get("GNI_PREFETCH_ONLY")
     failed = 0
     for name, step in _steps():
+        if only is not None and name not in only.split(","):
+            continue
         started = time.monotonic()
         try:
             step()

@@ -9,6 +9,7 @@ session's own hard limits (podman's default RLIMIT_NPROC is above them and runc 
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
@@ -90,27 +91,37 @@ def why_arch_cannot_run(arch: str) -> str | None:
     return None if enabled else f"the binfmt handler {handler} is disabled"
 
 
-def base_image(arch: str = NATIVE) -> tuple[str, float | None, float | None]:
-    """The local bookworm base (python3 + venv) for `arch`: cached tarball, imported once per
-    store. The native arch keeps the arguments (and cache key) it always had; a foreign one
-    is made by mmdebstrap through qemu-user (its maintainer scripts are the target's code)."""
+def base_tarball(arch: str = NATIVE) -> tuple[Path, str, float | None]:
+    """The bookworm rootfs tarball for `arch` (mmdebstrap, cached; tests/prefetch.py makes it
+    ahead): (its path, its image tag, seconds it took when made now). The native arch keeps
+    the arguments (and cache key) it always had; a foreign one is made by mmdebstrap through
+    qemu-user (its maintainer scripts are the target's code)."""
     args = MMDEBSTRAP if arch == NATIVE else (f"--architectures={arch}", *MMDEBSTRAP)
     key = hashlib.sha256("\0".join(args).encode()).hexdigest()[:12]
     name = "bookworm" if arch == NATIVE else f"bookworm-{arch}"
-    tag = f"localhost/gni-test-base:{name}-{key}"
     tarball = CACHE / f"base-{name}-{key}.tar"
-    rootfs_s = import_s = None
-    if not tarball.exists():
-        if shutil.which("mmdebstrap") is None:
-            raise AssertionError("mmdebstrap is missing: run scripts/install-deps.sh as root")
-        CACHE.mkdir(parents=True, exist_ok=True)
-        partial = tarball.with_suffix(".partial.tar")
-        started = time.monotonic()
-        proc = subprocess.run(["mmdebstrap", *args, str(partial)], capture_output=True,
-                              text=True, timeout=1800, check=False)
-        assert proc.returncode == 0, f"mmdebstrap failed:\n{proc.stderr[-4000:]}"
-        partial.rename(tarball)
-        rootfs_s = time.monotonic() - started
+    rootfs_s = None
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / f".{tarball.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one maker; the others wait and take its tarball
+        if not tarball.exists():
+            if shutil.which("mmdebstrap") is None:
+                raise AssertionError("mmdebstrap is missing: run scripts/install-deps.sh as root")
+            partial = tarball.with_suffix(".partial.tar")
+            started = time.monotonic()
+            proc = subprocess.run(["mmdebstrap", *args, str(partial)], capture_output=True,
+                                  text=True, timeout=1800, check=False)
+            assert proc.returncode == 0, f"mmdebstrap failed:\n{proc.stderr[-4000:]}"
+            partial.rename(tarball)
+            rootfs_s = time.monotonic() - started
+    return tarball, f"localhost/gni-test-base:{name}-{key}", rootfs_s
+
+
+def base_image(arch: str = NATIVE) -> tuple[str, float | None, float | None]:
+    """The local bookworm base (python3 + venv) for `arch`: the cached tarball, imported once
+    per store. Returns (tag, seconds mmdebstrap took now, seconds the import took now)."""
+    tarball, tag, rootfs_s = base_tarball(arch)
+    import_s = None
     if podman("image", "exists", tag, check=False).returncode != 0:
         started = time.monotonic()
         podman("import", "--arch", arch, "--change", "CMD [\"/bin/sh\"]", str(tarball), tag,
