@@ -24,8 +24,11 @@ def _wait_gone(pid: int) -> None:
     """Until the detached run (init's child, not ours) is gone or a zombie."""
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        stat = Path(f"/proc/{pid}/stat")
-        if not stat.exists() or stat.read_bytes().rsplit(b")", 1)[-1].split()[0] == b"Z":
+        try:
+            state = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[-1].split()[0]
+        except FileNotFoundError:
+            return
+        if state == b"Z":
             return
         time.sleep(0.1)
     raise AssertionError(f"prefetch {pid} still runs")
