@@ -22,6 +22,12 @@ from arm64debs import LIB_DIR, arm64_tree
 from kernel import arm64, arm64cross, guest
 
 REAL_LOAD = r"""
+echo "== the guest: $(uname -m), kernel $(uname -r), python $(python3 -c \
+  'import platform, sys; print(platform.machine(), "%d.%d" % sys.version_info[:2])'), \
+modules.dep $(test -f "/lib/modules/$(uname -r)/modules.dep" && echo present || echo missing)"
+touch /usr/gni-demo-write-stays-in-guest  # the guest's root is a throw-away overlay
+python3 -m installer detect --host-root / --proc-root /proc --sys-root /sys \
+  --log-format console | sed 's/^/   /'
 echo "== NVIDIA's real 535 nvidia.ko (cross-built for $(uname -r)): finit_module, no GPU"
 modprobe drm  # arm64's nvidia.ko needs the kernel's drm (modinfo: depends=drm)
 python3 - "$GNI_OUT/nvidia-real.ko" <<'PY'

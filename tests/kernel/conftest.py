@@ -23,7 +23,7 @@ REPO = HERE.parent.parent
 # prefetch `make test` starts (tests/prefetch.py) has them ready: the matrix builds, trixie's
 # build root and kernel, then everything arm64 (its emulated root, the cross-built 535).
 LATE = ("test_matrix_real.py", "test_buildroot_real.py", "test_cross_arm64_real.py",
-        "test_arm64_guest.py", "test_arm64_demo.py")
+        "test_arm64_demo.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
