@@ -11,6 +11,16 @@ import structlog
 from installer.testing import SAMPLE_NODES, build_node
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (`make test`: `-n 2 --dist loadgroup`) a file's tests run on one
+    worker, so its module fixtures are made once; the kernel tier is one group of its own
+    (tests/kernel/conftest.py)."""
+    kernel = Path(__file__).resolve().parent / "kernel"
+    for item in items:
+        if kernel not in Path(str(item.fspath)).resolve().parents:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+
+
 @pytest.fixture(autouse=True)
 def _reset_structlog() -> None:
     """Each test starts with structlog's defaults, as a fresh process would."""
