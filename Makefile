@@ -31,7 +31,7 @@ test: venv deps ## run every test tier (unit, CLI, host-tree, real kernel)
 		$(BIN)/python tests/prefetch.py --stop; exit $$rc
 
 test-fast: venv ## unit, CLI and host-tree tests only (no guest kernel)
-	$(BIN)/pytest -m 'not kernel'
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup -m 'not kernel'
 
 test-kernel: venv deps ## real-kernel tier alone: Debian's kernel under qemu/TCG (~2 min warm)
 	$(BIN)/pytest tests/kernel
