@@ -55,6 +55,8 @@ def _steps() -> list[tuple[str, Callable[[], object]]]:
         ("550 in both flavours (matrix)", lambda: matrixrepos.both_flavours_repo(x86())),
         ("trixie kernel and open 550 (build root)",
          lambda: trixie.build_open_package(trixie.kernel())),
+        ("open 550 without its patch (the compile's failure)",
+         lambda: trixie.unpatched_build(trixie.kernel())),
         ("arm64 kernel, root and wheel", arm64.ensure_all),
         ("arm64 open 535 cross-built", lambda: arm64cross.cross_package("open")),
     ]

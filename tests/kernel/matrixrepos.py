@@ -30,7 +30,9 @@ def _unique(debs: list[Path]) -> list[Path]:
 
 def _repo(kernel: Kernel, name: str, args: list[str], inputs: list[Path]) -> Path:
     """Run `package build ... --repo` once per inputs and code (cached): the repository."""
-    key = assets.build_key(inputs, " ".join(args).encode())
+    # the flags as given, but for the checkout's own path (a patch lives in it): every
+    # clone shares the entry
+    key = assets.build_key(inputs, " ".join(args).replace(str(REPO), "<repo>").encode())
     out = kernel.root / f"{name}-{key}"
     with assets.locked(f"{name}-{kernel.release}"):
         if out.is_dir():

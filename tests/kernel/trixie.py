@@ -4,6 +4,7 @@ and the package `package build --build-root auto --patch` compiles from them, ca
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -80,6 +81,26 @@ def build_open_package(k: Kernel) -> Path:
             (tmp / "build.log").write_text(stderr)
             (tmp / "seconds").write_text(f"{time.monotonic() - started:.1f}\n")
     return out / "pkg"
+
+
+def unpatched_build(k: Kernel) -> tuple[int, str, bool]:
+    """`package build --build-root auto` of the open 550 sources without PATCH: (exit code,
+    stderr, whether an out dir was left). The compile runs until nv-pci.c fails (a minute
+    and more), so its outcome is kept like a package, keyed by the inputs and build code."""
+    source = open_source_deb()
+    headers = headers_debs(k)
+    key = assets.build_key([source, *headers], b"--build-root=auto --jobs=2, no patch")
+    out = k.root / f"nvidia-open-{NVIDIA_VERSION}-unpatched-{key}"
+    with locked(f"nvidia-open-unpatched-{k.release}"):
+        if not out.is_dir():
+            log(f"compiling NVIDIA {source.name} for {k.release} without the patch (minutes)")
+            with staging(out) as tmp:
+                rc, stderr = cli_build(source, headers, tmp / "pkg", "--build-root=auto",
+                                       "--jobs=2")
+                (tmp / "outcome.json").write_text(json.dumps(
+                    {"rc": rc, "stderr": stderr, "left": (tmp / "pkg").exists()}))
+    outcome = json.loads((out / "outcome.json").read_text())
+    return outcome["rc"], outcome["stderr"], outcome["left"]
 
 
 def trixie_source_debs(version: str = NVIDIA_VERSION) -> dict[str, Path]:
