@@ -17,6 +17,7 @@ Everything is cached outside the repo; a second run takes about a minute.
 
 from __future__ import annotations
 
+import shutil
 import sys
 import time
 
@@ -46,7 +47,10 @@ def main() -> int:
     script = GUEST_SCRIPT.format(fake_gpu=guest.FAKE_GPU_SH, repo=REPO,
                                  python=sys.executable,
                                  mirror=mirror, banner=BANNER)
-    result = guest.run_in_guest(script, kernel=kernel, timeout=600, cwd=REPO)
+    try:
+        result = guest.run_in_guest(script, kernel=kernel, timeout=600, cwd=REPO)
+    finally:
+        shutil.rmtree(mirror.parent, ignore_errors=True)
     print(result.stdout, end="", flush=True)
     if result.rc != 0:
         say(f"FAILED (guest exit {result.rc})\n{result.console[-3000:]}")

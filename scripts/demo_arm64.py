@@ -74,5 +74,6 @@ def main_arm64() -> int:
             return 1
     finally:
         shutil.rmtree(out, ignore_errors=True)
+        shutil.rmtree(mirror.parent, ignore_errors=True)
     say(f"done in {time.monotonic() - start:.0f}s ({result.wall_s:.0f}s in the guest)")
     return 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -99,9 +100,9 @@ def standin_source(work: Path) -> Path:
 
 
 def make_mirror(work: Path, headers: list[Path], tree: Path, *extra: str) -> Path:
-    """`gpu-node-installer package build --nvidia-source ...` into a repository directory."""
-    mirror = work / "mirror"
-    shutil.rmtree(mirror, ignore_errors=True)  # a fresh repository: nothing of an older run's
+    """`gpu-node-installer package build --nvidia-source ...` into a fresh repository of this
+    run's own (a temp dir: two demos at once never share one); the caller removes its parent."""
+    mirror = Path(tempfile.mkdtemp(prefix="gni-demo-mirror-")) / "mirror"
     cmd = [sys.executable, "-m", "installer", "package", "build",
            "--nvidia-source", str(standin_source(work)),
            *(f"--kernel-headers={deb}" for deb in headers),

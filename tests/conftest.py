@@ -13,12 +13,15 @@ from installer.testing import SAMPLE_NODES, build_node
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Under pytest-xdist (`make test`: `-n 2 --dist loadgroup`) a file's tests run on one
-    worker, so its module fixtures are made once; the kernel tier is one group of its own
-    (tests/kernel/conftest.py)."""
+    worker, so its module fixtures are made once. The image builds share one group (podman's
+    store and tags are the machine's: two builds at once would swap each other's images), and
+    the kernel tier is one group of its own (tests/kernel/conftest.py)."""
     kernel = Path(__file__).resolve().parent / "kernel"
     for item in items:
-        if kernel not in Path(str(item.fspath)).resolve().parents:
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+        if kernel in Path(str(item.fspath)).resolve().parents:
+            continue
+        group = "image" if item.get_closest_marker("image") else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(autouse=True)

@@ -197,10 +197,12 @@ class TestEvict:
         node, mirror = scene
         pid = kernel(node).open_device("nvidia", "/dev/nvidia0", "python3", pod_cgroup(UID))
         cluster = cluster_with(node, pod_doc("train", UID, NODE), holders={"train": pid})
-        cluster.evictions["default/train"] = [429] * 3
+        cluster.evictions["default/train"] = [429] * 1000  # the first run cannot finish
         with kubefake.serve(cluster) as api:
-            assert upgrade(node, mirror, api, "--upgrade-timeout", "0.2").returncode == 16
+            # long enough to cordon on a loaded machine; the eviction never comes
+            assert upgrade(node, mirror, api, "--upgrade-timeout", "2").returncode == 16
             assert cluster.node()["spec"]["unschedulable"] is True
+            cluster.evictions["default/train"] = [429] * 3
             done = upgrade(node, mirror, api, "--upgrade-timeout", "30")
         assert done.returncode == 0, done.stderr
         assert "unschedulable" not in cluster.node()["spec"]
