@@ -16,6 +16,7 @@ measured on different days and read side by side.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import re
@@ -64,6 +65,16 @@ def read_junit(path: Path) -> list[Case]:
     return cases
 
 
+def started_at(path: Path) -> str | None:
+    """When the run began, as its report says (`testsuite timestamp`, local time), in UTC."""
+    suite = next(ET.parse(path).getroot().iter("testsuite"), None)  # noqa: S314
+    stamp = suite.get("timestamp") if suite is not None else None
+    if not stamp:
+        return None
+    when = datetime.datetime.fromisoformat(stamp)
+    return when.astimezone(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
 def _module_path(classname: str) -> str:
     """`tests.host.test_agent.TestX` -> `tests/host/test_agent.py` (the longest existing file)."""
     parts = classname.split(".")
@@ -87,7 +98,7 @@ def summarise(cases: list[Case], wall: float | None = None,
     slowest = sorted(cases, key=lambda c: -c.seconds)[:SLOWEST]
     return {
         "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "cores": os.cpu_count(), "load": round(os.getloadavg()[0], 2),
+        "cores": os.cpu_count(), "load": round(os.getloadavg()[2], 2),
         "tests": len(cases), "seconds": round(sum(c.seconds for c in cases), 1),
         "wall minutes": round(wall / 60, 1) if wall is not None else "-",
         "prefetch": prefetch or [],
@@ -195,6 +206,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--label", required=True, help="the column: warm, cold, rebuild ...")
     parser.add_argument("--from", dest="source", type=Path, help="a JUnit XML report to read")
     parser.add_argument("--wall", type=float, help="with --from: the run's wall seconds")
+    parser.add_argument("--load", type=float, help="with --from: the machine's load average "
+                        "over the run [default: the 15-minute one now]")
     parser.add_argument("--prefetch-log", type=Path, help="the prefetch's log [default: the "
                         "test cache's prefetch.log]")
     parser.add_argument("pytest_args", nargs="*", help="after --: what pytest runs")
@@ -211,6 +224,9 @@ def main(argv: list[str]) -> int:
     data = json.loads(DATA.read_text()) if DATA.is_file() else {}
     data[args.label] = summarise(read_junit(report), wall,
                                  read_prefetch(args.prefetch_log or cache / "prefetch.log"))
+    data[args.label]["load"] = args.load if args.load is not None else round(
+        os.getloadavg()[2], 2)
+    data[args.label]["measured"] = started_at(report) or data[args.label]["measured"]
     DATA.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
     write_page(render(data))
     print(render(data))
