@@ -23,15 +23,16 @@ deps: ## install the system packages the test tiers use (root; no-op when presen
 
 # The real-kernel tier's assets are built in the background (tests/prefetch.py, its log in the
 # test cache) while the other tiers run; a test that needs one waits for that one only.
-# TEST_WORKERS pytest-xdist workers share the tests; the kernel tier stays on one of them.
+# TEST_WORKERS pytest-xdist workers share the tests a file at a time (a file's module fixtures
+# are made once, on its worker).
 TEST_WORKERS ?= 2
 test: venv deps ## run every test tier (unit, CLI, host-tree, real kernel)
 	@$(BIN)/python tests/prefetch.py --start
-	@$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS); rc=$$?; \
+	@$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS); rc=$$?; \
 		$(BIN)/python tests/prefetch.py --stop; exit $$rc
 
 test-fast: venv ## unit, CLI and host-tree tests only (no guest kernel)
-	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup -m 'not kernel'
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile -m 'not kernel'
 
 test-kernel: venv deps ## real-kernel tier alone: Debian's kernel under qemu/TCG (~2 min warm)
 	$(BIN)/pytest tests/kernel

@@ -11,19 +11,6 @@ import structlog
 from installer.testing import SAMPLE_NODES, build_node
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (`make test`: `-n 2 --dist loadgroup`) a file's tests run on one
-    worker, so its module fixtures are made once. The image builds share one group (podman's
-    store and tags are the machine's: two builds at once would swap each other's images), and
-    the kernel tier is one group of its own (tests/kernel/conftest.py)."""
-    kernel = Path(__file__).resolve().parent / "kernel"
-    for item in items:
-        if kernel in Path(str(item.fspath)).resolve().parents:
-            continue
-        group = "image" if item.get_closest_marker("image") else item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group(group))
-
-
 @pytest.fixture(autouse=True)
 def _reset_structlog() -> None:
     """Each test starts with structlog's defaults, as a fresh process would."""

@@ -33,9 +33,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
               if HERE in Path(str(item.fspath)).resolve().parents]
     for n in places:
         items[n].add_marker(pytest.mark.kernel)
-        # under pytest-xdist (`make test`: -n 2 --dist loadgroup) the tier stays on one
-        # worker, in this order: each guest takes a core, and the prefetch the other
-        items[n].add_marker(pytest.mark.xdist_group("kernel"))
 
     def rank(item: pytest.Item) -> int:
         name = Path(str(item.fspath)).name
