@@ -61,7 +61,9 @@ def image() -> str:
         bases.append(base)
         timings.append(f"{arch} rootfs {'cached' if rootfs_s is None else f'{rootfs_s:.0f} s'}"
                        f", import {'cached' if import_s is None else f'{import_s:.0f} s'}")
-    build_s = make_image(podman.manifest_list(BASES, bases))
+    # no layer cache: each platform's pip resolves now, against the same index (a cached
+    # layer of one platform would keep the versions of the day it was built)
+    build_s = make_image(podman.manifest_list(BASES, bases), target=("--no-cache",))
     print(f"\nmulti-arch image timings: {'; '.join(timings)}; build {build_s:.0f} s",
           file=sys.stderr)
     return LIST
