@@ -1,5 +1,11 @@
 """The NVML stand-in's Xid events and persistence mode, through the real pynvml: what the
-agent's health watcher and persistenced checks are tested against."""
+agent's health watcher and persistenced checks are tested against.
+
+The oracle is NVML's own header, as NVIDIA publishes it in NVIDIA/go-nvml `gen/nvml/nvml.h`
+at 2f9e261fe40a7a1c54783d66805e8920564763b4: `nvmlEventSetCreate` (line 9882),
+`nvmlEventSetWait_v2` (9979: NVML_ERROR_TIMEOUT when no event arrives within `timeoutms`),
+`nvmlEventTypeXidCriticalError` 0x8 (3168, the Xid in `eventData`),
+`nvmlDeviceGetPersistenceMode` (5433)."""
 
 from __future__ import annotations
 

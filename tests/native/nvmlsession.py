@@ -1,5 +1,10 @@
 """The real pynvml over a compiled NVML stand-in, for tests of code that expects NVML
-already initialised (the agent's fabric and Xid readers)."""
+already initialised (the agent's fabric and Xid readers).
+
+A session is NVML's own pairing, as its header declares it (NVIDIA/go-nvml
+`gen/nvml/nvml.h` at 2f9e261fe40a7a1c54783d66805e8920564763b4): `nvmlInitWithFlags` (line
+4019) before any call, `nvmlShutdown` (4036) after the last; an Xid appended to the stand-in's
+file is one `nvmlEventTypeXidCriticalError` event (3168) for `nvmlEventSetWait_v2` (9979)."""
 
 from __future__ import annotations
 
