@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
 import signal
 import subprocess
@@ -41,7 +42,8 @@ def _steps() -> list[tuple[str, Callable[[], object]]]:
     from deploy import podman
     from kernel import arm64, arm64cross, assets, matrixrepos, trixie
 
-    def x86() -> assets.Kernel:
+    @functools.cache
+    def x86() -> assets.Kernel:  # once: the steps after it reuse the kernel it made
         return assets.ensure_all(real_nvidia=False)
 
     return [
