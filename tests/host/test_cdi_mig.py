@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 from e2e import NODE
 from host.test_cdi import SPEC, validate
-from host.test_partition import A100_40, H100, MigNode, device_plugin_view, mig_node
 from migconfigs import MIG_PARTED
+from mignode import A100_40, H100, MigNode, device_plugin_view, mig_node
 
 from installer.installdir import cdi, cdimig, migrecord
 from installer.node.host import RealHost, Roots

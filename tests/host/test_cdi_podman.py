@@ -162,7 +162,7 @@ def test_podman_runs_a_mig_device_from_our_spec(base: str, tmp_path: Path) -> No
     """An H100 split into 2x3g.40gb by a real `install` (the MIG stand-in, the simulated
     kernel); `signal` (RealHost) rewrites the spec from real nodes; a container asking for
     MIG device 0:1 gets /dev/nvidia0 and exactly GI 2's and its CI 0's capability nodes."""
-    from host.test_partition import H100, mig_node
+    from mignode import H100, mig_node
 
     node = mig_node(tmp_path, H100, 1)
     done = node.install("--mig-profile", "3g.40gb")

@@ -15,95 +15,18 @@ import dataclasses
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e import NODE, Scene, add_version, events, make_scene, standin_env
-from httpserver import MirrorServer
+from e2e import events
 from migconfigs import MIG_PARTED
-
-from installer.testing import SAMPLE_NODES, PciSpec
+from mignode import A100_40, A100_80, H100, MigNode, device_plugin_view, mig_node
 
 V = "535.261.03"
 P = "gpu-node-installer/"
-A100_40 = ("NVIDIA A100-SXM4-40GB", 40960, 0x20B0)
-A100_80 = ("NVIDIA A100-SXM4-80GB", 81920, 0x20B2)
-H100 = ("NVIDIA H100 80GB HBM3", 81559, 0x2330)
 POD_UID = "0a5c3d8e-2f0b-4f54-9b7e-6c1a5a1b2c3d"
-FAKENODE = Path(__file__).resolve().parents[1] / "fakenode_gpus.py"
 
-
-
-@dataclasses.dataclass
-class MigNode:
-    """One node with `count` GPUs of one model, the driver's repository, the MIG state."""
-
-    scene: Scene
-    mig_dir: Path
-    env: dict[str, str]
-    count: int
-
-    def run(self, command: str, *extra: str, mirror: str = "http://127.0.0.1:9/"
-            ) -> subprocess.CompletedProcess[str]:
-        args = [command, *self.scene.args("--output", "json", *extra)]
-        if command == "install":
-            args += ["--mirror", mirror, "--allow-http", "--driver-version", V]
-        return subprocess.run([sys.executable, str(FAKENODE), *args], capture_output=True,
-                              text=True, env=self.env, timeout=300, check=False)
-
-    def install(self, *extra: str) -> subprocess.CompletedProcess[str]:
-        with MirrorServer(self.scene.repo) as server:
-            return self.run("install", *extra, mirror=server.url)
-
-    def gis(self, gpu: int) -> list[tuple[int, int]]:
-        """The stand-in's GPU instances of one GPU: (GI id, profile constant)."""
-        path = self.mig_dir / f"gpu{gpu}"
-        lines = path.read_text().splitlines() if path.exists() else []
-        return sorted((int(p[1]), int(p[2])) for p in (ln.split() for ln in lines)
-                      if p and p[0] == "gi")
-
-    def states(self) -> dict[str, str]:
-        return {p.name: p.read_text() for p in sorted(self.mig_dir.glob("gpu*"))}
-
-    def record(self) -> dict[str, Any]:
-        data: dict[str, Any] = json.loads((self.scene.install_dir / ".mig.json").read_text())
-        return data
-
-    def ready(self) -> dict[str, Any] | None:
-        path = self.scene.install_dir / ".ready.json"
-        return json.loads(path.read_text()) if path.exists() else None
-
-    def cap_nodes(self) -> dict[str, str]:
-        caps = self.scene.root / "dev/nvidia-caps"
-        return {p.name: p.read_text().strip() for p in caps.iterdir()} if caps.exists() else {}
-
-
-def _addresses(count: int) -> list[str]:
-    return [f"0000:{0x10 + i:02x}:00.0" for i in range(count)]
-
-
-def mig_node(base: Path, model: tuple[str, int, int], count: int) -> MigNode:
-    name, memory, device = model
-    spec = dataclasses.replace(SAMPLE_NODES[NODE], pci=tuple(
-        PciSpec(a, device, 0x030200, driver=None) for a in _addresses(count)))
-    scene = make_scene(base, spec)
-    add_version(scene, V)
-    mig_dir = base / "mig"
-    mig_dir.mkdir()
-    for i, address in enumerate(_addresses(count)):  # the PCI reset reaches the stand-in
-        (scene.root / "sys/bus/pci/devices" / address / "reset").symlink_to(
-            mig_dir / f"reset-gpu{i}")
-    env = {**standin_env(V, count), "FAKE_NVML_NAMES": ",".join([name] * count),
-           "FAKE_NVML_MEMORY_MIB": ",".join([str(memory)] * count),
-           "FAKE_NVML_BUS_IDS": ",".join(f"0000{a}" for a in _addresses(count)),
-           "FAKE_NVML_MIG_DIR": str(mig_dir), "FAKE_NVML_PROC_DIR": str(scene.root / "proc"),
-           "FAKE_KERNEL_GPUS": str(count)}
-    for unset in ("NODE_NAME", "KUBE_API_URL", "KUBERNETES_SERVICE_HOST", "UPGRADE_POLICY",
-                  "MIG_CONFIG_FILE", "MIG_CONFIG", "MIG_PROFILE", "GPU_LABEL_PREFIX"):
-        env.pop(unset, None)
-    return MigNode(scene, mig_dir, env, count)
 
 
 def _gke_config(node: MigNode, size: str) -> None:
@@ -120,31 +43,6 @@ def _partition_event(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
     (event,) = [e for e in events(done.stderr)
                 if e["event"] == "stage finished" and e["stage"] == "partition"]
     return event
-
-
-def device_plugin_view(root: Path, size_count: int) -> dict[str, list[str]]:
-    """What GKE's device plugin (pkg/gpu/nvidia/mig) needs before it advertises slices:
-    under /proc/driver/nvidia/capabilities, each gpu<N>/mig/gi<G> with `DeviceFileMinor:` in
-    its access file and its ci0's, exactly `size_count` GIs per GPU, every GPU that has a
-    /dev/nvidia<N> partitioned, and /dev/nvidia<N> plus both /dev/nvidia-caps/nvidia-cap<M>
-    present. Returns each slice's device paths (as the plugin would hand them to a pod)."""
-    caps, dev = root / "proc/driver/nvidia/capabilities", root / "dev"
-    slices: dict[str, list[str]] = {}
-    gpus = sorted(p for p in caps.iterdir() if p.name.startswith("gpu"))
-    for gpu in gpus:
-        gis = sorted(p for p in (gpu / "mig").iterdir() if p.name.startswith("gi"))
-        assert len(gis) == size_count, (gpu.name, len(gis))
-        for gi in gis:
-            minors = [int((p / "access").read_text().split("DeviceFileMinor:")[1].split()[0])
-                      for p in (gi, gi / "ci0")]
-            paths = [dev / f"nvidia{gpu.name[3:]}",
-                     *(dev / f"nvidia-caps/nvidia-cap{m}" for m in minors)]
-            assert all(p.exists() for p in paths), paths
-            slices[f"nvidia{gpu.name[3:]}/{gi.name}"] = [str(p.relative_to(root))
-                                                         for p in paths]
-    whole = [p for p in dev.iterdir() if p.name[6:].isdigit() and p.name.startswith("nvidia")]
-    assert len(whole) == len(gpus), "not every GPU is partitioned"
-    return slices
 
 
 def _expected_minors(gpu: int, gis: list[int]) -> set[int]:
