@@ -5,9 +5,18 @@ it; what the cluster is told (the condition, the status label, Events) is put he
 round goes on. Each write has a key: a write put while an earlier one of the same key is
 still queued replaces it (the condition and the label coalesce to the latest verdict; an
 Event is its own key). A failed write stays queued, unless replaced, and is tried again
-after a capped exponential backoff; an Event is given up after `EVENT_TRIES`. The queue
-holds at most `MAX_EVENTS` Events (the oldest dropped first), so a hung API server costs
-memory no more than it costs time: nothing in the loop ever waits on it.
+after a capped exponential backoff, behind what was queued meanwhile; an Event is given
+up after `EVENT_TRIES`. The queue holds at most `MAX_EVENTS` Events (the oldest dropped
+first), so a hung API server costs memory no more than it costs time: nothing in the loop
+ever waits on it.
+
+A write that got no answer may still land later: a server that was hung can apply it after
+a newer write of the same key went through, and the Node then shows a stale verdict that
+nothing would correct, since only changes are sent. So, as node-problem-detector's condition
+manager resyncs after a failed sync (kubernetes/node-problem-detector
+pkg/exporters/k8sexporter/condition/manager.go at 2cbf6c50, `resyncPeriod`), once a write
+has gone unanswered the latest write of every state key (not Events) is sent again
+`RESYNC_S` after the server answers again.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ BACKOFF_CAP_S = 8.0
 MAX_EVENTS = 32
 EVENT_TRIES = 3
 EVENT_PREFIX = "event:"
+RESYNC_S = 10.0  # node-problem-detector's resyncPeriod
 
 
 @dataclass
@@ -45,12 +55,17 @@ class ApiQueue:
         self._retry_at = 0.0
         self._failures = 0
         self._ids = itertools.count()
+        self._latest: dict[str, _Write] = {}  # the last write put per state key
+        self._doubt = False  # a write went unanswered: a copy of it may land later
+        self._resync_at: float | None = None
         self._thread: threading.Thread | None = None
 
     def put(self, key: str, what: str, call: Callable[[], object]) -> None:
         """Queue `call` under `key`, replacing a queued write of that key (never waits)."""
         with self._lock:
             self._pending[key] = _Write(what, call)
+            if not key.startswith(EVENT_PREFIX):
+                self._latest[key] = self._pending[key]
             self._start()
             self._lock.notify_all()
 
@@ -105,8 +120,22 @@ class ApiQueue:
                     key = next(iter(self._pending))
                     self._busy = True
                     return key, self._pending.pop(key)
-                self._lock.wait(wait if self._pending else None)
+                if not self._pending and self._resync_at is not None:
+                    wait = self._resync_at - self.clock()
+                    if wait <= 0:
+                        self._resync()
+                        continue
+                self._lock.wait(wait if self._pending or self._resync_at is not None
+                                else None)
             return None
+
+    def _resync(self) -> None:
+        """Queue the latest write of every state key again (the lock is held)."""
+        self._doubt, self._resync_at = False, None
+        for key, write in self._latest.items():
+            self._pending.setdefault(key, _Write(write.what, write.call))
+        self.log.info("writing the node's state again: a write went unanswered and may "
+                      "have landed late", keys=list(self._latest))
 
     def _work(self) -> None:
         while (item := self._next()) is not None:
@@ -118,19 +147,23 @@ class ApiQueue:
             else:
                 with self._lock:
                     self._failures, self._busy = 0, False
+                    if self._doubt and self._resync_at is None:  # answering again
+                        self._resync_at = self.clock() + RESYNC_S
                     self._lock.notify_all()
 
     def _failed(self, key: str, write: _Write, exc: Exception) -> None:
         with self._lock:
             self._busy = False
+            # unanswered (no HTTP status: a timeout, a reset) may yet land; a refusal not
+            self._doubt = self._doubt or getattr(exc, "status", None) is None
             self._failures += 1
             delay = min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** (self._failures - 1))
             self._retry_at = self.clock() + delay
             write.tries += 1
             retry = key not in self._pending and not (
                 key.startswith(EVENT_PREFIX) and write.tries >= EVENT_TRIES)
-            if retry:  # back at the front: it was the oldest
-                self._pending = {key: write, **self._pending}
+            if retry:  # at the back: one the server keeps refusing never holds the others
+                self._pending[key] = write
             self._lock.notify_all()
         self.log.warning(f"could not {write.what}", detail=str(exc)[:300],
                          retry_in_s=round(delay, 1) if retry else None)

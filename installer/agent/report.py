@@ -4,7 +4,8 @@ Best effort, as the signal stage's labels, and never in the readiness loop's way
 write goes through the bounded queue of `installer.agent.publish`, which coalesces the
 condition and the label to the latest verdict and retries a failed write with backoff, so
 a hung API server delays nothing on the node. Only changes are sent (the condition and
-label when the verdict changes, an Event once per cause), so an idle agent makes no calls.
+label when the verdict changes, an Event once per cause; the state once more after a write
+went unanswered), so an idle agent makes no calls.
 """
 
 from __future__ import annotations

@@ -16,15 +16,33 @@ from installer.agent.publish import ApiQueue
 class Log:
     def __init__(self) -> None:
         self.warnings: list[tuple[str, dict[str, Any]]] = []
+        self.infos: list[tuple[str, dict[str, Any]]] = []
 
     def warning(self, event: str, **fields: Any) -> None:
         self.warnings.append((event, fields))
+
+    def info(self, event: str, **fields: Any) -> None:
+        self.infos.append((event, fields))
 
 
 @pytest.fixture(autouse=True)
 def _fast_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(publish, "BACKOFF_BASE_S", 0.01)
     monkeypatch.setattr(publish, "BACKOFF_CAP_S", 0.05)
+    monkeypatch.setattr(publish, "RESYNC_S", 0.2)
+
+
+class Refused(Exception):
+    """A failure that carried an HTTP answer (as KubeError's `status`)."""
+
+    status = 403
+
+
+def wait_until(what: Any, timeout: float = 5.0) -> None:
+    end = time.monotonic() + timeout
+    while not what():
+        assert time.monotonic() < end, "not within the time"
+        time.sleep(0.01)
 
 
 def test_put_never_waits_on_a_hung_write() -> None:
@@ -106,3 +124,65 @@ def test_close_bounds_a_hung_write() -> None:
     assert queue.close(0.2) is False
     assert time.monotonic() - start < 1.0
     release.set()
+
+
+def test_state_is_written_again_after_an_unanswered_write() -> None:
+    """A hung server may apply an unanswered write after a newer one: once it answers
+    again, the latest state of every key is sent again (Events are not)."""
+    log, sent, calls = Log(), [], []
+
+    def unanswered() -> None:
+        calls.append("old")
+        raise TimeoutError("no complete answer within 5.0 s")
+
+    queue = ApiQueue(log)
+    queue.put("label", "label the node", unanswered)
+    queue.put("condition", "set the node condition", lambda: sent.append("condition"))
+    queue.event("post an Event", lambda: sent.append("event"))
+    wait_until(lambda: calls)
+    queue.put("label", "label the node", lambda: sent.append("label"))
+    assert queue.drain(5)
+    wait_until(lambda: len(sent) == 5)  # the resync: both state keys once more
+    time.sleep(publish.RESYNC_S * 2)
+    assert sorted(sent) == ["condition", "condition", "event", "label", "label"]
+    assert [event for event, _ in log.infos] == [
+        "writing the node's state again: a write went unanswered and may have landed late"]
+    assert queue.close(5)
+
+
+def test_no_resync_after_refusals_or_when_all_went_through() -> None:
+    log, sent = Log(), []
+
+    def refused() -> None:
+        sent.append("refused")
+        raise Refused("HTTP 403")
+
+    queue = ApiQueue(log)
+    queue.put("condition", "set the node condition", lambda: sent.append("condition"))
+    queue.put("label", "label the node", refused)
+    wait_until(lambda: "refused" in sent)
+    queue.put("label", "label the node", lambda: sent.append("label"))
+    assert queue.drain(5)
+    time.sleep(publish.RESYNC_S * 3)
+    assert sent.count("condition") == 1 and sent.count("label") == 1
+    assert log.infos == []
+    assert queue.close(5)
+
+
+def test_a_refused_write_never_holds_the_others() -> None:
+    """A label the server keeps refusing (RBAC) is retried behind the condition and the
+    Events queued after it, which still go out."""
+    sent: list[str] = []
+
+    def refused() -> None:
+        sent.append("refused")
+        raise Refused("HTTP 403: nodes is forbidden")
+
+    queue = ApiQueue(Log())
+    queue.put("label", "label the node", refused)
+    queue.put("condition", "set the node condition", lambda: sent.append("condition"))
+    queue.event("post an Event", lambda: sent.append("event"))
+    wait_until(lambda: "condition" in sent and "event" in sent)
+    assert sent[0] == "refused" and queue.pending() in (["label"], ["(in flight)"],
+                                                         ["label", "(in flight)"])
+    queue.close(0.1)
