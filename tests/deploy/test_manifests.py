@@ -381,15 +381,19 @@ class TestOverlays:
         terms = spec["affinity"]["nodeAffinity"][
             "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
         arch = {"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64", "arm64"]}
+        # not where GKE's own confidential DaemonSet goes (nvidia-driver-installer/cos/
+        # daemonset-confidential.yaml at 992db812 selects on this label)
+        confidential = {"key": "cloud.google.com/gke-confidential-nodes-instance-type",
+                        "operator": "DoesNotExist"}
         assert terms == [{"matchExpressions": [
             {"key": "cloud.google.com/gke-accelerator", "operator": "Exists"},
             {"key": "cloud.google.com/gke-gpu-driver-version", "operator": "DoesNotExist"},
-            arch,
+            confidential, arch,
         ]}, {"matchExpressions": [
             {"key": "cloud.google.com/gke-accelerator", "operator": "Exists"},
             {"key": "cloud.google.com/gke-gpu-driver-version", "operator": "In",
              "values": ["disabled"]},
-            arch,
+            confidential, arch,
         ]}]
         assert spec["tolerations"] == [{"operator": "Exists"}]
 

@@ -74,6 +74,13 @@ class TestGkeCosOnArm64:
         labels = {**A4X, "cloud.google.com/gke-gpu-driver-version": "latest"}
         assert not schedules(spec, labels, A4X_TAINTS)
 
+    def test_a_confidential_node_is_left_alone(self, spec: dict[str, Any]) -> None:
+        for kind in ("TDX", "SEV"):
+            for labels in (A3, {**A3, "cloud.google.com/gke-gpu-driver-version": "disabled"}):
+                assert not schedules(
+                    spec, {**labels, "cloud.google.com/gke-confidential-nodes-instance-type":
+                           kind})
+
     def test_an_arch_the_image_is_not_built_for_is_left_alone(self,
                                                                spec: dict[str, Any]) -> None:
         assert not schedules(spec, {**A3, "kubernetes.io/arch": "s390x"})
