@@ -320,6 +320,16 @@ class TestDaemonSet:
         assert not of_kind(render(f"overlays/{overlay}"), "Role")
 
 
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_object_of_an_overlay_carries_the_app_labels(overlay: str) -> None:
+    """`kubectl get -l app.kubernetes.io/part-of=gpu-node-installer` finds all of it."""
+    for doc in render(f"overlays/{overlay}"):
+        labels = doc["metadata"].get("labels", {})
+        assert labels.get("app.kubernetes.io/name") == "gpu-node-installer" and \
+            labels.get("app.kubernetes.io/part-of") == "gpu-node-installer", (
+                f"{overlay}: {doc['kind']} {doc['metadata']['name']} lacks the app labels")
+
+
 def _granted(role: dict) -> set[tuple[str, str, str]]:
     return {(group, resource, verb) for rule in role["rules"] for group in rule["apiGroups"]
             for resource in rule["resources"] for verb in rule["verbs"]}
