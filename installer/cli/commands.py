@@ -1,8 +1,8 @@
 """The `gpu-node-installer` command line: parse, build Config and Host, call a stage, render.
 
 Commands hold no logic. Every node-facing command takes the same settings (see
-`installer.config.SETTINGS`); failures are `InstallerError`s, turned into one line on stderr,
-the termination log and the class's exit code here and nowhere else.
+`installer.config.SETTINGS`); failures are `InstallerError`s, which `installer.cli.failures`
+turns into one line, the termination log and the class's exit code.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ import functools
 import importlib.util
 import os
 import sys
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -21,9 +20,9 @@ import click
 
 from installer import __version__
 from installer.cli import logs
-from installer.config import SETTINGS, SETTINGS_BY_NAME, Config, load_config
-from installer.errors import InstallerError, disk_full, error_table, printable
-from installer.node import interrupts
+from installer.cli.failures import InstallerGroup
+from installer.config import SETTINGS, load_config
+from installer.errors import error_table
 
 if TYPE_CHECKING:  # start-up is a feature: `--help` and check-pod never load these
     from installer.context import Context
@@ -60,95 +59,6 @@ def _epilog() -> str:
     return f"Exit codes:\n\b\n  0  success\n{rows}"
 
 
-class InstallerGroup(click.Group):
-    """Turns InstallerError (and unexpected exceptions) into one line and an exit code;
-    SIGTERM and SIGINT end the command as such an error (`installer.node.interrupts`)."""
-
-    def invoke(self, ctx: click.Context) -> Any:
-        with interrupts.handled():
-            try:
-                return super().invoke(ctx)
-            except (click.exceptions.Exit, click.ClickException, click.Abort):
-                raise
-            except InstallerError as exc:
-                interrupts.disarm()
-                _report(ctx, exc.one_line())
-                raise click.exceptions.Exit(exc.code) from exc
-            except interrupts.Signalled as sig:  # outside any stage (e.g. the lock wait)
-                interrupts.disarm()
-                command = ctx.invoked_subcommand or "run"
-                error = sig.error(command, f"during {command}, outside its stages")
-                _report(ctx, error.one_line())
-                raise click.exceptions.Exit(error.code) from None
-            except Exception as exc:
-                interrupts.disarm()
-                full = disk_full(exc, cleaned=False)  # a full disk no write site named: exit 11
-                if full is not None:
-                    _report(ctx, full.one_line())
-                    raise click.exceptions.Exit(full.code) from exc
-                line = (f"error(internal): {type(exc).__name__}: {exc}; "
-                        "fix: rerun with --debug and report the traceback")
-                if _debug_enabled(ctx):
-                    traceback.print_exc()
-                _report(ctx, line)
-                raise click.exceptions.Exit(1) from exc
-
-
-def _debug_enabled(ctx: click.Context) -> bool:
-    config = _config_of(ctx)
-    if config is not None:
-        return config.debug
-    return os.environ.get("DEBUG", "").lower() in ("1", "true", "yes", "on")
-
-
-def _config_of(ctx: click.Context) -> Config | None:
-    obj = ctx.find_object(dict)
-    return None if obj is None else obj.get("config")
-
-
-# Commands run by hand to look at a node or a workload: their failure is no pod's last word,
-# so it never goes to a termination log (nor creates one in a laptop's real /dev).
-LOOK_ONLY = frozenset({"check-pod", "compat", "detect", "status", "versions"})
-
-
-def _report(ctx: click.Context, line: str) -> None:
-    """Print the failure line and copy it to the termination log (`_termination_log`).
-
-    The line may quote a hostile document: control characters and lone surrogates are
-    escaped, so it stays one printable line and no encoding step can fail on it.
-    """
-    line = printable(line)
-    click.echo(line, err=True)
-    if ctx.invoked_subcommand in LOOK_ONLY:
-        return
-    target, explicit = _termination_log(ctx)
-    if target is None:
-        return
-    # the default path is written only where the kubelet made it: never created here
-    flags = os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC | (
-        os.O_CREAT if explicit else os.O_NOFOLLOW)
-    try:
-        with os.fdopen(os.open(target, flags, 0o644), "w", encoding="utf-8",
-                       errors="backslashreplace") as handle:
-            handle.write(line + "\n")
-    except (OSError, ValueError):
-        pass  # absent, a directory, read-only or odd: the line is on stderr all the same
-
-
-def _termination_log(ctx: click.Context) -> tuple[Path | None, bool]:
-    """Where the failure line goes, and whether the operator set that path explicitly
-    (--termination-log or $TERMINATION_LOG); before the config loaded, $TERMINATION_LOG only
-    once it passes its own check."""
-    config = _config_of(ctx)
-    value = os.environ.get("TERMINATION_LOG", "")
-    if config is not None:
-        obj = ctx.find_object(dict) or {}
-        return config.termination_log, bool(obj.get("termination_log_flag") or value)
-    try:
-        return Path(SETTINGS_BY_NAME["termination_log"].parse(
-            value or SETTINGS_BY_NAME["termination_log"].default or "")), bool(value)
-    except ValueError:
-        return None, False
 
 
 def node_options(fn: F) -> F:
@@ -186,16 +96,27 @@ def make_context(flags: dict[str, Any]) -> Context:
                    log=logs.get_logger())
 
 
+def remember_output(ctx: click.Context, _param: click.Parameter, value: str) -> str:
+    """Note the chosen output where a failure's report finds it."""
+    ctx.find_root().ensure_object(dict)["output"] = value
+    return value
+
+
 def output_option(fn: F) -> F:
-    """`--output text|json` for commands that report something."""
-    return click.option("--output", "output", type=click.Choice(["text", "json"]),
-                        default="text", show_default=True,
-                        help="human-readable text or JSON")(fn)
+    """`-o/--output text|json` for commands that report something (a failure too)."""
+    return click.option("-o", "--output", "output", type=click.Choice(["text", "json"]),
+                        default="text", show_default=True, callback=remember_output,
+                        help="human-readable text or JSON (a failure too: a JSON object "
+                             "on stdout)")(fn)
 
 
 def emit(result: Any, output: str) -> None:
-    """Print a result as JSON or as its human text (results offer to_json/to_text)."""
+    """Print a result as JSON or as its human text (results offer to_json/to_text); a
+    failure after it (check-pod's failed rules) is then the exit code and stderr's line."""
     click.echo(result.to_json() if output == "json" else result.to_text())
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None:
+        ctx.find_root().ensure_object(dict)["emitted"] = True
 
 
 @click.group(cls=InstallerGroup, epilog=_epilog(),
@@ -276,8 +197,16 @@ def fetch(ctx: Context, output: str) -> None:
 @node_options
 @output_option
 def versions(ctx: Context, output: str) -> None:
-    """List what each package source offers for this node and what would be chosen."""
-    emit(run.versions(ctx), output)
+    """List what each package source offers for this node and what would be chosen
+    (exit 5 when nothing would be: the report is printed all the same)."""
+    found = run.versions(ctx)
+    emit(found, output)
+    if found.resolved is None:
+        from installer.errors import PackageNotFoundError
+
+        error = PackageNotFoundError(f"nothing for this node: {found.problem}")
+        click.echo(error.one_line(), err=True)
+        raise click.exceptions.Exit(error.code)
 
 
 @cli.command()
@@ -317,8 +246,9 @@ def signal_command(ctx: Context, output: str) -> None:
 
 @cli.command(name="cdi")
 @node_options
-@click.option("--output", "output", type=click.Choice(["json", "yaml"]), default="json",
-              show_default=True, help="JSON (as written) or YAML (as nvidia-ctk prints)")
+@click.option("-o", "--output", "output", type=click.Choice(["json", "yaml"]), default="json",
+              show_default=True, callback=remember_output,
+              help="JSON (as written) or YAML (as nvidia-ctk prints)")
 def cdi_command(ctx: Context, output: str) -> None:
     """Print the CDI spec for this node's staged driver (what `signal` writes)."""
     click.echo(run.cdi_spec(ctx).render(output))

@@ -57,9 +57,10 @@ def _summary(command: click.Command) -> str:
 
 
 def _name(param: click.Parameter) -> str:
+    """As code: `FILE`, or each spelling of an option (`-o`/`--output`)."""
     if isinstance(param, click.Argument):
-        return param.metavar or param.name or ""
-    return ", ".join(param.opts)
+        return f"`{param.metavar or param.name or ''}`"
+    return "/".join(f"`{opt}`" for opt in param.opts)
 
 
 def commands_table() -> str:
@@ -67,7 +68,7 @@ def commands_table() -> str:
     rows = ["| command | arguments and options (besides the settings) | settings | what |",
             "|---|---|---|---|"]
     for path, command in commands():
-        params = _cell(" ".join(f"`{_name(p)}`" for p in own_params(command))) or "none"
+        params = _cell(" ".join(_name(p) for p in own_params(command))) or "none"
         settings = "all" if takes_settings(command) else "none"
         rows.append(f"| `{path}` | {params} | {settings} | {_summary(command)} |")
     return "\n".join(rows) + "\n"
@@ -113,7 +114,7 @@ def command_options_table() -> str:
             "|---|---|---|---|---|---|"]
     for (name, help_text, env, accepted, default), paths in sorted(by_param.items()):
         where = ", ".join(f"`{p}`" for p in paths)
-        cells = [f"`{name}`", where, f"`{env}`" if env else "", accepted, default]
+        cells = [name, where, f"`{env}`" if env else "", accepted, default]
         rows.append("| " + " | ".join(_cell(c) for c in cells) + f" | {help_text} |")
     return "\n".join(rows) + "\n"
 

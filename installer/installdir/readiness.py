@@ -35,7 +35,16 @@ READY_FREE_TEXT = ("name",)  # a GPU's product name, as NVML reports it
 
 
 class NotReadyError(VerificationError):
-    """`wait-ready` gave up: no readiness for the loaded driver within the timeout."""
+    """The node's driver is not ready (the agent's view, `agent --probe`)."""
+
+    slug = "not-ready"
+
+
+class WaitTimeoutError(NotReadyError):
+    """`wait-ready` gave up: no readiness for the loaded driver within the timeout (exit 12
+    as every not-ready answer; its own slug, so a script can tell the wait ran out)."""
+
+    slug = "wait-timeout"
 
 
 def ready_paths(config: Config, roots: Roots) -> tuple[Path, Path]:
@@ -164,13 +173,13 @@ def check_ready(config: Config, host: Host) -> Readiness:
 
 def wait_ready(config: Config, host: Host, *, timeout: float,
                interval: float = 2.0) -> Readiness:
-    """Poll until ready or the timeout passes (then NotReadyError, exit code 12)."""
+    """Poll until ready or the timeout passes (then WaitTimeoutError, exit code 12)."""
     deadline = time.monotonic() + timeout
     while True:
         state = check_ready(config, host)
         if state.ready:
             return state
         if time.monotonic() + interval > deadline:
-            raise NotReadyError(f"node not ready after {timeout:g}s: {state.reason}",
-                                remedy="look at the installer pod's log on this node")
+            raise WaitTimeoutError(f"node not ready after {timeout:g}s: {state.reason}",
+                                   remedy="look at the installer pod's log on this node")
         time.sleep(interval)

@@ -231,6 +231,9 @@ class TestFetchStage:
             "versions", "--host-root", str(root), "--proc-root", str(root / "proc"),
             "--sys-root", str(root / "sys"), "--preloaded-dir", str(preloaded),
             "--driver-version", "470.256.02"])
-        assert result.exit_code == 0, result.stderr
+        assert result.exit_code == 5, result.stderr  # the report, then "nothing" as a code
         assert "470.256.02 -> nothing: driver 470.256.02 (branch 470) does not support" in (
             result.stdout)
+        assert result.stderr.splitlines()[-1].startswith(
+            "error(package-not-found): nothing for this node: driver 470.256.02 (branch 470) "
+            "does not support")

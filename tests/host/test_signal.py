@@ -213,8 +213,17 @@ class TestWaitReady:
     def test_times_out_with_the_reason(self, node: Path) -> None:
         done = invoke(node, "wait-ready", "--timeout", "0.2", "--interval", "0.05")
         assert done.exit_code == 12
-        assert "node not ready after 0.2s: no .ready.json in /home/kubernetes/bin/nvidia" \
-            in done.stderr
+        assert done.stderr.startswith("error(wait-timeout): node not ready after 0.2s: no "
+                                      ".ready.json in /home/kubernetes/bin/nvidia")
+
+    def test_a_timeout_as_json_for_scripts(self, node: Path) -> None:
+        done = invoke(node, "wait-ready", "--timeout", "0", "-o", "json")
+        assert done.exit_code == 12
+        failure = json.loads(done.stdout)
+        assert failure["exit_code"] == 12 and failure["slug"] == "wait-timeout"
+        assert failure["message"].startswith("node not ready after 0s: no .ready.json")
+        assert failure["fix"] == "look at the installer pod's log on this node"
+        assert failure["error"] == done.stderr.strip()
 
     def test_returns_once_readiness_appears(self, node: Path) -> None:
         ctx = make_ctx(node)  # not CliRunner: it swaps sys.stdout for the whole process

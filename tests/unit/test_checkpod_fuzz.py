@@ -101,7 +101,10 @@ def run(text: str, *args: str) -> None:
         (line,) = lines
         assert line.startswith("error(config): " if done.exit_code == 2
                                else "error(incompatible): ")
-    if done.exit_code == 2:
+    if done.exit_code == 2 and "--output" in args:  # the failure as an object, for scripts
+        failure = json.loads(done.stdout)
+        assert failure["exit_code"] == 2 and failure["error"] == line
+    elif done.exit_code == 2:
         assert done.stdout == ""
     elif "--output" in args:
         assert isinstance(json.loads(done.stdout)["workloads"], list)
