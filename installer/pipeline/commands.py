@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from installer.context import Context
+from installer.errors import ConfigError
 from installer.installdir import ownership
 from installer.installdir.layout import lock_path
 from installer.node.lock import node_lock
@@ -139,7 +140,14 @@ def compat(cuda: str, driver: str | None, node: Callable[[], Context]) -> CudaVe
     from installer.node import kmod
 
     def loaded_version() -> str | None:
-        loaded = kmod.loaded_driver(node().host)
+        try:
+            host = node().host
+        except ConfigError as exc:  # a workstation: the driver to check is the likelier fix
+            raise ConfigError(f"no --driver given, and no node's loaded driver to check: "
+                              f"{exc.message}",
+                              remedy="pass --driver VERSION to check a driver version, or "
+                                     "point --host-root at a node's filesystem") from None
+        loaded = kmod.loaded_driver(host)
         return loaded.version if loaded else None
 
     return toolkit.run_check(cuda, driver, loaded_version)

@@ -107,6 +107,16 @@ class TestLoadedDriver:
         assert code == 2 and out == ""
         assert "no NVIDIA driver is loaded" in err and "--driver" in err
 
+    def test_on_a_workstation_the_fix_is_driver(self) -> None:
+        """No node mounted and no --driver: the line leads with --driver, the likely fix."""
+        code, out, err = _invoke("--cuda", "12.4", "--host-root", "/nonexistent-host-root")
+        assert code == 2 and out == ""
+        (line,) = err.strip().splitlines()
+        assert line.startswith("error(config): no --driver given, and no node's loaded "
+                               "driver to check: --host-root /nonexistent-host-root")
+        assert line.endswith("fix: pass --driver VERSION to check a driver version, or point "
+                             "--host-root at a node's filesystem")
+
     def test_malformed_cuda_refused_before_reading_the_node(self) -> None:
         code, _, err = _invoke("--cuda", "12", "--host-root", "/nonexistent-host-root")
         assert code == 2 and "--cuda '12'" in err

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+import socket
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -135,7 +139,8 @@ class TestResume:
         # Two clocks see the same stall: the socket's read timeout and the watchdog's
         # minimum-rate window (64 KiB per read_timeout); whichever fires first names it.
         reason = str(log.named("download retry")[0]["reason"])
-        assert any(word in reason for word in ("Timeout", "timed out", "KiB arrived in")), reason
+        assert reason.endswith("sent nothing within the read timeout") or \
+            "KiB arrived in" in reason, reason
 
 
 class TestRetries:
@@ -173,10 +178,77 @@ class TestRetries:
             assert len(statuses(server)) <= 2
 
     def test_connection_refused(self, tmp_path: Path) -> None:
+        port = _closed_port()
         downloader = Downloader(replace(FAST, attempts=2), Recorder())
-        with pytest.raises(DownloadError, match="ConnectionError"):
-            downloader.fetch_file("http://127.0.0.1:9/f.bin", tmp_path / "o", size=1,
+        with pytest.raises(DownloadError) as caught:
+            downloader.fetch_file(f"http://127.0.0.1:{port}/f.bin", tmp_path / "o", size=1,
                                   sha256="0" * 64)
+        assert caught.value.message.endswith(
+            f"failed after retries: connect: 127.0.0.1:{port} refused the connection "
+            "(nothing listens there)")
+
+
+class TestNetworkCauses:
+    """What failed, said in our words: never urllib3's pools and retry counters."""
+
+    def _fail(self, url: str, tmp_path: Path, **settings: Any) -> str:
+        downloader = Downloader(replace(FAST, attempts=1, **settings), Recorder())
+        with pytest.raises(DownloadError) as caught:
+            downloader.fetch_file(url, tmp_path / "o", size=10, sha256="0" * 64)
+        message = caught.value.message
+        assert "Pool" not in message and "Max retries" not in message, message
+        return message
+
+    def test_a_name_that_does_not_resolve(self, tmp_path: Path) -> None:
+        message = self._fail("http://mirror.example.invalid/f.bin", tmp_path)
+        assert message.endswith("DNS: the name mirror.example.invalid does not resolve "
+                                "(check the mirror's host name and the node's DNS)")
+
+    def test_an_answer_that_breaks_off(self, tmp_path: Path) -> None:
+        with _one_shot(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nab"
+                       ) as port:
+            message = self._fail(f"http://127.0.0.1:{port}/f.bin", tmp_path)
+        assert message.endswith(f"failed after retries: after 2 bytes of the answer: the "
+                                f"connection to 127.0.0.1:{port} broke off mid-answer (reset "
+                                "or closed)"), message
+
+    def test_a_server_that_never_answers(self, tmp_path: Path) -> None:
+        with _one_shot(None) as port:
+            message = self._fail(f"http://127.0.0.1:{port}/f.bin", tmp_path, read_timeout=0.5)
+        assert message.endswith("less than 64 KiB arrived in 0.5 s (--read-timeout): the "
+                                "mirror stalls or trickles"), message
+
+
+def _closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@contextmanager
+def _one_shot(answer: bytes | None) -> Iterator[int]:
+    """A real socket on 127.0.0.1 that reads a request and sends `answer` then closes, or
+    (None) holds the connection without a word until the test ends."""
+    server = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+
+    def serve() -> None:
+        with suppress(OSError):
+            client, _ = server.accept()
+            held.append(client)
+            client.recv(65536)
+            if answer is not None:
+                client.sendall(answer)
+                client.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield int(server.getsockname()[1])
+    finally:
+        server.close()
+        for client in held:
+            client.close()
 
 
 class TestRefusals:

@@ -221,6 +221,16 @@ class TestMirrors:
         assert line.startswith("error(package-not-found): [fetch] no driver package 560")
         assert "535.261.03 (proprietary), 535.54.03 (proprietary)" in line
 
+        assert "DRIVER_MIRRORS" not in line  # a mirror is set: it is not the cause
+
+    def test_no_mirror_set_names_the_setting(self, host: Path) -> None:
+        """A fresh deploy with no mirror: the line says so and how to set one."""
+        result = invoke(host, "fetch")
+        assert result.exit_code == 5
+        line = result.stderr.strip().splitlines()[-1]
+        assert "no mirror is set (DRIVER_MIRRORS is empty); fix: set DRIVER_MIRRORS " \
+               "(--mirror) to a driver repository" in line, line
+
     def test_plain_http_needs_opt_in(self, host: Path, repo: Path) -> None:
         result = invoke(host, "fetch", "--mirror", "http://127.0.0.1:9")
         assert result.exit_code == 2

@@ -88,7 +88,7 @@ def _resolve_and_get(ctx: Context, node: NodeInfo, sources: list[Source], cache:
             from installer.stages.fetch import fallback
 
             if ctx.config.build_fallback == "never":
-                raise fallback.with_hint(exc) from None
+                raise fallback.with_hint(_without_mirrors(ctx, exc)) from None
             return fallback.build_missing(
                 ctx, node, cache, [c for o in offers for c in o.index.packages],
                 _aliases(offers), lambda c: get_first(sources, offers, c, ctx.log))
@@ -287,6 +287,15 @@ class Versions:
 
     def log_fields(self) -> dict[str, Any]:
         return {"requested": self.requested, "resolved": self.resolved}
+
+
+def _without_mirrors(ctx: Context, exc: PackageNotFoundError) -> PackageNotFoundError:
+    """No mirror configured is the likeliest cause on a fresh deploy: say so, and how."""
+    if ctx.config.mirrors:
+        return exc
+    return type(exc)(f"{exc.message}; no mirror is set (DRIVER_MIRRORS is empty)",
+                     remedy="set DRIVER_MIRRORS (--mirror) to a driver repository "
+                            f"(docs/package-format.md); or {exc.remedy}")
 
 
 def available(ctx: Context) -> Versions:

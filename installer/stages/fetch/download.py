@@ -42,6 +42,7 @@ from installer.stages.fetch.responses import (
     Retryable,
     check_length,
     check_status,
+    network_cause,
     tls_error,
     validator,
 )
@@ -264,7 +265,7 @@ class Downloader:
         except requests.exceptions.SSLError as exc:
             raise tls_error(url, exc) from None
         except NETWORK_ERRORS as exc:
-            raise Retryable(scrub(f"{type(exc).__name__}: {exc}", url)) from None
+            raise Retryable(network_cause(exc, url)) from None
         except (requests.RequestException, ValueError) as exc:
             raise DownloadError(scrub(f"GET {safe(url)} failed: {type(exc).__name__}: {exc}",
                                       url)) from None
@@ -293,7 +294,7 @@ class Downloader:
                     data += chunk
                     watch.progress(len(chunk))
             except NETWORK_ERRORS as exc:
-                raise Retryable(scrub(f"{type(exc).__name__}: {exc}", url)) from None
+                raise Retryable(network_cause(exc, url)) from None
         if len(data) > limit:
             raise oversize(f"{safe(url)} is larger than the {limit} bytes allowed")
         return bytes(data)
@@ -313,8 +314,8 @@ class Downloader:
             try:
                 self._stream(response, partial, watch)
             except NETWORK_ERRORS as exc:
-                raise Retryable(f"connection dropped after {partial.received} bytes "
-                                f"({type(exc).__name__})") from None
+                raise Retryable(f"after {partial.received} bytes of the answer: "
+                                f"{network_cause(exc, url)}") from None
         if partial.size is not None and partial.received < partial.size:
             raise Retryable(f"body ended after {partial.received} of {partial.size} bytes")
 

@@ -1,13 +1,17 @@
 """HTTP answers and transfer helpers of the downloader: status codes, Retry-After, TLS
-failures, resume validators, and the hashing thread."""
+failures, network failures in our words, resume validators, and the hashing thread."""
 
 from __future__ import annotations
 
 import email.utils
+import errno
 import queue
 import re
+import socket
 import threading
 import time
+import urllib.parse
+from collections.abc import Iterator
 from typing import Any
 
 import requests
@@ -120,3 +124,53 @@ def tls_error(url: str, exc: Exception) -> TlsError:
         reason = (match.group(1) or match.group(2)).strip() if match else "untrusted certificate"
         return TlsError(f"TLS verification failed for mirror {safe(url)}: {reason}")
     return TlsError(scrub(f"TLS handshake with mirror {safe(url)} failed: {text[-300:]}", url))
+
+
+def network_cause(exc: BaseException, url: str) -> str:
+    """What failed, in our words: the name lookup, the connection (refused, unreachable,
+    timed out), the proxy, or the answer breaking off; never the HTTP library's internals
+    (connection pools, retry counters). Unknown failures keep their type and text."""
+    parts = urllib.parse.urlsplit(url)
+    where = f"{parts.hostname}:{parts.port or (443 if parts.scheme == 'https' else 80)}"
+    causes = list(_causes(exc))
+
+    def found(*kinds: type[BaseException]) -> bool:
+        return any(isinstance(cause, kinds) for cause in causes)
+
+    unreachable = [c for c in causes if isinstance(c, OSError)
+                   and c.errno in (errno.ENETUNREACH, errno.EHOSTUNREACH)]
+    # the innermost, most telling causes first: urllib3 files a refused connection under
+    # its connect-timeout class
+    if found(socket.gaierror, urllib3.exceptions.NameResolutionError):
+        return f"DNS: the name {parts.hostname} does not resolve (check the mirror's host " \
+               "name and the node's DNS)"
+    if found(requests.exceptions.ProxyError, urllib3.exceptions.ProxyError):
+        return "proxy: the proxy in HTTPS_PROXY/HTTP_PROXY failed the connection"
+    if found(ConnectionRefusedError):
+        return f"connect: {where} refused the connection (nothing listens there)"
+    if unreachable:
+        return f"connect: no route to {where} ({unreachable[0].strerror})"
+    if found(requests.exceptions.ConnectTimeout, urllib3.exceptions.ConnectTimeoutError):
+        return f"connect: no answer from {where} within the connect timeout"
+    if found(requests.exceptions.ReadTimeout, urllib3.exceptions.ReadTimeoutError):
+        return f"read: {where} sent nothing within the read timeout"
+    if found(ConnectionResetError, requests.exceptions.ChunkedEncodingError,
+             urllib3.exceptions.ProtocolError):
+        return f"the connection to {where} broke off mid-answer (reset or closed)"
+    return scrub(f"{type(exc).__name__}: {str(exc)[-300:]}", url)
+
+
+def _causes(exc: BaseException) -> Iterator[BaseException]:
+    """`exc` and what it wraps (cause, context, urllib3's `reason`, exceptions in its args),
+    outermost first, each once."""
+    pending: list[BaseException] = [exc]
+    seen: set[int] = set()
+    while pending and len(seen) < 16:
+        cause = pending.pop(0)
+        if id(cause) in seen:
+            continue
+        seen.add(id(cause))
+        yield cause
+        inner = [cause.__cause__, cause.__context__, getattr(cause, "reason", None),
+                 *cause.args]
+        pending += [e for e in inner if isinstance(e, BaseException)]
