@@ -110,7 +110,7 @@ class NodeSpec:
     infiniband: tuple[IbSpec, ...] = ()
 
 
-def _gpu(address: str, device: int, numa: int = 0, driver: str | None = "nvidia") -> PciSpec:
+def _gpu(address: str, device: int, numa: int = 0, driver: str | None = None) -> PciSpec:
     return PciSpec(address, device, 0x030200, driver=driver, numa_node=numa)
 
 
@@ -230,11 +230,24 @@ def _write_infiniband(sys_root: Path, spec: IbSpec) -> None:
     link.symlink_to(os.path.relpath(ib_dir, link.parent))
 
 
+def usage() -> str:
+    """What the command does, its nodes, and the root flags a sample node then needs."""
+    names = "\n".join(f"  {name}" for name in SAMPLE_NODES)
+    return ("usage: python -m installer.testing NODE DIR\n\n"
+            "Write a sample node's host tree (os-release, /proc, /sys with its PCI devices) "
+            "into DIR, a new or empty directory.\n\nNODE, one of:\n"
+            f"{names}\n\nThen point any command at it with all three root flags:\n"
+            "  gpu-node-installer detect --host-root DIR --proc-root DIR/proc "
+            "--sys-root DIR/sys")
+
+
 def main(argv: list[str]) -> int:
     """`python -m installer.testing NODE DIR`: write a sample node's host tree."""
+    if argv in (["-h"], ["--help"]):
+        print(usage())
+        return 0
     if len(argv) != 2 or argv[0] not in SAMPLE_NODES:
-        names = ", ".join(SAMPLE_NODES)
-        print(f"usage: python -m installer.testing NODE DIR  (NODE: {names})", file=sys.stderr)
+        print(usage(), file=sys.stderr)
         return 2
     root = Path(argv[1])
     if root.exists() and any(root.iterdir()):

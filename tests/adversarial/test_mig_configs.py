@@ -134,7 +134,7 @@ def _refused(arena: Arena, config: str, *causes: str, dry_run: bool = False) -> 
     before = arena.snapshot()
     done = _partition(arena, config, "case", *(("--dry-run",) if dry_run else ()))
     assert_refused(done, 2, "error(config): [partition] ", *causes)
-    assert done.stdout == ""
+    assert json.loads(done.stdout)["error"] == done.lines[0]  # -o json: the failure object
     assert not any((arena.base / "mig").glob("gpu*")), "a GPU's MIG state changed"
     assert_untouched(before, arena.snapshot(), WITHDRAWN)
 

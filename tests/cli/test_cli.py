@@ -16,6 +16,7 @@ from helpers import node_args
 from installer import __version__
 from installer.cli import cli
 from installer.node.host import Roots
+from installer.testing import SAMPLE_NODES
 
 NodeMaker = Callable[[str], Path]
 
@@ -135,6 +136,30 @@ class TestProcess:
                               check=False)
         assert done.returncode == 2
         assert done.stderr.count("\n") == 1 and "NVIDIA_DRIVER_VERSION" in done.stderr
+
+    def test_sample_node_help_names_the_root_flags(self, tmp_path: Path) -> None:
+        done = subprocess.run([sys.executable, "-m", "installer.testing", "--help"],
+                              capture_output=True, text=True, timeout=60, check=False)
+        assert done.returncode == 0 and done.stderr == ""
+        assert "--host-root DIR --proc-root DIR/proc --sys-root DIR/sys" in done.stdout
+        assert "  gke-cos-a100x8\n" in done.stdout
+        wrong = subprocess.run([sys.executable, "-m", "installer.testing", "no-such-node",
+                                str(tmp_path / "n")], capture_output=True, text=True,
+                               timeout=60, check=False)
+        assert wrong.returncode == 2 and wrong.stdout == ""
+        assert wrong.stderr.startswith("usage: python -m installer.testing NODE DIR")
+        assert not (tmp_path / "n").exists()
+
+    @pytest.mark.parametrize("node", sorted(SAMPLE_NODES))
+    def test_a_sample_node_without_a_driver_binds_no_gpu_to_nvidia(self, node: str,
+                                                                   make_node: NodeMaker
+                                                                   ) -> None:
+        """As on a real node: no NVIDIA module loaded, no GPU bound to `nvidia` (what
+        `make sample` shows first)."""
+        code, out, _ = _invoke(["detect", *node_args(make_node(node)), "--output", "json"])
+        report = json.loads(out)
+        assert code == 0 and report["loaded_driver"]["version"] is None
+        assert all(gpu["driver"] != "nvidia" for gpu in report["gpus"]), report["gpus"]
 
     @pytest.mark.parametrize("heavy", ["requests", "pynvml"])
     def test_cli_import_stays_light(self, heavy: str) -> None:

@@ -30,7 +30,7 @@ class TestGpuInventory:
         audio = [f for f in node.functions if f.kind == "audio"]
         assert len(audio) == 8 and all(f.pci_address.endswith(".1") for f in audio)
         assert [g.numa_node for g in node.gpus] == [0, 0, 0, 0, 1, 1, 1, 1]
-        assert {g.driver for g in node.gpus} == {"nvidia"}
+        assert {g.driver for g in node.gpus} == {"none"}  # no module loaded: none bound
 
     def test_h100x8(self, make_node: NodeMaker) -> None:
         node = _detect(make_node("rocky9-h100x8"))
