@@ -51,13 +51,14 @@ def fake_headers(dest: Path, release: str, *, arch: str = "x86_64",
     return dest
 
 
-def make_deb(root: Path, package: str, version: str, out: Path) -> Path:
+def make_deb(root: Path, package: str, version: str, out: Path, *,
+             arch: str = "amd64") -> Path:
     """`root` (the package's files) as a real .deb made by dpkg-deb."""
     (root / "DEBIAN").mkdir(parents=True, exist_ok=True)
     (root / "DEBIAN" / "control").write_text(
-        f"Package: {package}\nVersion: {version}\nArchitecture: amd64\n"
+        f"Package: {package}\nVersion: {version}\nArchitecture: {arch}\n"
         "Maintainer: tests <tests@example.invalid>\nDescription: test package\n")
-    target = out / f"{package}_{version}_amd64.deb"
+    target = out / f"{package}_{version}_{arch}.deb"
     subprocess.run(["dpkg-deb", "--root-owner-group", "-Zxz", "--build", str(root),
                     str(target)], check=True, capture_output=True)
     return target

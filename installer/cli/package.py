@@ -98,9 +98,10 @@ _OUT = click.Path(path_type=Path)
 @click.option("--flavour", type=click.Choice(["open", "proprietary", "both"]),
               help="module flavour (default: the nvidia module's licence); both: compile "
                    "and publish each (--repo)")
-@click.option("--arch", type=click.Choice(arches.ARCHES), default="x86_64",
-              show_default=True, help="architecture of the files to take, as `uname -m` "
-                                      "says it (a .deb or .run of another arch is refused)")
+@click.option("--arch", type=click.Choice(arches.ARCHES), default=None,
+              help="architecture of the files to take, as `uname -m` says it (a .deb or .run "
+                   "of another arch is refused) [default: the --kernel-headers' arch, else "
+                   "x86_64]")
 @click.option("--os-id", help="only for nodes whose os-release ID is this")
 @click.option("--os-version-id", help="only for nodes whose os-release VERSION_ID is this")
 @click.option("--os-build-id", help="only for nodes whose os-release BUILD_ID is this")
@@ -154,6 +155,7 @@ def package_build(output: str, os_id: str | None, os_version_id: str | None,
     from installer.packages.builder.shard import build_shard, parse_shard
 
     logs.configure()  # compile progress: JSON events on stderr, readable lines on a terminal
+    options["arch"] = _arch(options["arch"], options["kernel_headers"])
     cos = {key: options.pop(key) for key in ("cos_build", "cos_board", "cos_tools_url",
                                              "nvidia_runfile_url", "ca_bundle", "allow_http")}
     if cos["cos_build"] is not None:
@@ -186,6 +188,17 @@ def package_build(output: str, os_id: str | None, os_version_id: str | None,
     emit(result, output)
     if isinstance(result, MatrixResult) and (failed := result.error()) is not None:
         raise failed  # after the report: what was built is published and listed
+
+
+def _arch(given: str | None, headers: tuple[Path, ...]) -> str:
+    """`--arch`, else the arch the kernel headers name (they say it: a .deb's control, a
+    tree's .config), else x86_64. Headers of another arch than a given `--arch` are refused
+    where they are read."""
+    if given is not None:
+        return given
+    from installer.packages.builder.headers import headers_arch
+
+    return headers_arch(headers) or "x86_64"
 
 
 def _from_apt(options: dict[str, Any], work: Path) -> tuple[tuple[Path, ...],

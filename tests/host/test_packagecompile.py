@@ -8,6 +8,7 @@ on stderr, exit 2, and nothing is published. Inputs are NVIDIA-shaped sources
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -101,6 +102,31 @@ def test_arch_mismatch(tmp_path: Path, source: Path) -> None:
     line = _refused(tmp_path, f"--nvidia-source={source}", f"--kernel-headers={tree}",
                     "--arch=x86_64")
     assert "are for aarch64, not --arch x86_64" in line
+
+
+def test_the_headers_name_the_arch_when_arch_is_not_given(tmp_path: Path,
+                                                          source: Path) -> None:
+    """No --arch: the arm64 headers' .config says aarch64, so they are not refused as
+    another arch's; the compile for them starts (and fails: the tree compiles nothing)."""
+    tree = fake_headers(tmp_path / "linux-headers-6.1.0-57-arm64", "6.1.0-57-arm64",
+                        arch="aarch64")
+    rc, lines = _build(tmp_path, f"--nvidia-source={source}", f"--kernel-headers={tree}")
+    assert rc == 2 and not any("not --arch" in line for line in lines), lines
+    started = [json.loads(line) for line in lines if line.startswith("{")]
+    assert [e["release"] for e in started if e["event"] == "compiling modules"] == [
+        "6.1.0-57-arm64"], lines
+
+
+@pytest.mark.parametrize(("deb_arch", "expected"), [("arm64", "aarch64"),
+                                                    ("amd64", "x86_64"), ("all", None)])
+def test_a_headers_deb_names_its_arch(tmp_path: Path, deb_arch: str,
+                                      expected: str | None) -> None:
+    from installer.packages.builder.headers import headers_arch
+
+    (tmp_path / "root").mkdir()
+    deb = make_deb(tmp_path / "root", "linux-headers-6.1.0-57", "6.1.0-57", tmp_path,
+                   arch=deb_arch)
+    assert headers_arch((deb,)) == expected
 
 
 def test_patch_that_does_not_apply(tmp_path: Path, source: Path, headers: Path) -> None:
