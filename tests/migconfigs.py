@@ -195,3 +195,25 @@ def default_configs() -> str:
                 shown = ", ".join(f'"{size}": {count}' for size, count in counts.items())
                 lines.append(f"      mig-devices: {{{shown}}}")
     return "\n".join(lines) + "\n"
+
+
+def layouts(text: str) -> list[dict[str, int]]:
+    """`1g.5gb:7 1g.5gb:2,2g.10gb:1` as layouts: spaces between them, commas within one."""
+    return [{size: int(count) for size, count in (item.split(":") for item in layout.split(","))}
+            for layout in text.split()]
+
+
+# GKE: GoogleCloudPlatform/container-engine-accelerators partition_gpu/partition_gpu.go
+# @ 992db812, `partitionSizeMaxCount` by the model its comments name: what one GPU holds.
+_GKE_SEVEN = "1g.{0}gb:7 1g.{1}gb:4 2g.{1}gb:3 3g.{2}gb:2 4g.{2}gb:1 7g.{3}gb:1"
+GKE = {
+    "A100-40GB": layouts("1g.5gb:7 2g.10gb:3 3g.20gb:2 4g.20gb:1 7g.40gb:1"),
+    "A100-80GB": layouts("1g.10gb:7 2g.20gb:3 3g.40gb:2 4g.40gb:1 7g.80gb:1"),
+    "H100-80GB": layouts(_GKE_SEVEN.format(10, 20, 40, 80)),
+    "H200-141GB": layouts(_GKE_SEVEN.format(18, 35, 71, 141)),
+    "B200": layouts(_GKE_SEVEN.format(23, 45, 90, 180)),
+    "GB200": layouts(_GKE_SEVEN.format(23, 47, 93, 186)),
+    "RTX-PRO-6000": layouts("1g.24gb:4 1g.24gb+me:1 1g.24gb+gfx:4 1g.24gb+me.all:1 "
+                             "1g.24gb-me:4 2g.48gb:2 2g.48gb+gfx:2 2g.48gb+me.all:1 "
+                             "2g.48gb-me:2 4g.96gb:1 4g.96gb+gfx:1"),
+}

@@ -1,4 +1,5 @@
-"""NVIDIA's default mig-parted configs on every MIG model of the table, on the NVML stand-in:
+"""NVIDIA's default mig-parted configs on every MIG model of the table, and GKE's
+gpu_config.json for every size GKE lists per model, on the NVML stand-in:
 each of config-default.yaml's configs (tests/migconfigs.py `DEFAULTS`, its file at
 bd7160f4) applied in turn to one GPU of each model, through the stage's own steps (read,
 layouts, validate, apply), with the outcome mig-parted would give.
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pynvml
 import pytest
-from migconfigs import MODEL_GPUS, default_configs, default_entries
+from migconfigs import GKE, MODEL_GPUS, default_configs, default_entries
 from native.nvmlsession import nvml_session
 
 from installer.errors import MigConfigError, MigLayoutError
@@ -64,16 +65,39 @@ def _apply(state: Path, want: dict[int, GpuLayout]) -> None:
                 assert not nvml.apply(again)
 
 
-@pytest.mark.parametrize("model", MODEL_GPUS)
-def test_every_default_config_on_each_model(libs: Path, fake_env: pytest.MonkeyPatch,
-                                            tmp_path: Path, model: str) -> None:
-    gpu_name, memory, device = MODEL_GPUS[model]
-    pci = f"0x{device}10DE"
-    state = tmp_path / "mig"
+def _one_gpu(env: pytest.MonkeyPatch, state: Path, model: str) -> None:
+    gpu_name, memory, _ = MODEL_GPUS[model]
     state.mkdir()
     for key, value in {"FAKE_NVML_MIG_DIR": str(state), "FAKE_NVML_GPUS": "1",
                        "FAKE_NVML_NAME": gpu_name, "FAKE_NVML_MEMORY_MIB": str(memory)}.items():
-        fake_env.setenv(key, value)
+        env.setenv(key, value)
+
+
+@pytest.mark.parametrize("model", GKE)
+def test_gkes_partition_sizes_on_each_model(libs: Path, fake_env: pytest.MonkeyPatch,
+                                            tmp_path: Path, model: str) -> None:
+    """GKE's `{"GPUPartitionSize": size}` (partition_gpu.go @ 992db812): as many of the size
+    as GKE's `partitionSizeMaxCount` says fit, each size in turn on the same GPU."""
+    state = tmp_path / "mig"
+    _one_gpu(fake_env, state, model)
+    with nvml_session(libs):
+        for [(size, count)] in (list(layout.items()) for layout in GKE[model]):
+            source = config.gke_source(f'{{"GPUPartitionSize": "{size}"}}', "gpu_config.json")
+            assert source is not None
+            before = nvml.read_gpus()
+            want = source.layouts(before, lambda gpu: None)
+            validate(want, before)
+            _apply(state, want)
+            assert nvml.read_gpus()[0].layout == layout(True, {size: count}), size
+
+
+@pytest.mark.parametrize("model", MODEL_GPUS)
+def test_every_default_config_on_each_model(libs: Path, fake_env: pytest.MonkeyPatch,
+                                            tmp_path: Path, model: str) -> None:
+    gpu_name, _, device = MODEL_GPUS[model]
+    pci = f"0x{device}10DE"
+    state = tmp_path / "mig"
+    _one_gpu(fake_env, state, model)
     outcomes: dict[str, str] = {}
     with nvml_session(libs):
         _apply(state, {0: GpuLayout(True, ())})

@@ -7,6 +7,7 @@ import itertools
 import re
 
 import pytest
+from migconfigs import GKE, layouts
 
 from installer.compat import mig
 from installer.compat.mig import MODELS, MigModel, mig_model
@@ -44,45 +45,24 @@ _SEVEN = ("1g.{0}gb:7 1g.{0}gb+me:1 1g.{1}gb:4 2g.{1}gb:3 3g.{2}gb:2 4g.{2}gb:1 
           "1g.{0}gb:2,2g.{1}gb:1,3g.{2}gb:1")
 
 
-def _layouts(text: str) -> list[dict[str, int]]:
-    return [{size: int(count) for size, count in (item.split(":") for item in layout.split(","))}
-            for layout in text.split()]
-
-
 PARTED = {
-    "A100-40GB": [*_layouts(_SEVEN.format(5, 10, 20, 40)), {"1g.10gb": 4}],
-    "A100-80GB": _layouts(_SEVEN.format(10, 20, 40, 80)),
-    "A30-24GB": _layouts("1g.6gb:4 1g.6gb+me:1 2g.12gb:2 2g.12gb+me:1 4g.24gb:1 "
+    "A100-40GB": [*layouts(_SEVEN.format(5, 10, 20, 40)), {"1g.10gb": 4}],
+    "A100-80GB": layouts(_SEVEN.format(10, 20, 40, 80)),
+    "A30-24GB": layouts("1g.6gb:4 1g.6gb+me:1 2g.12gb:2 2g.12gb+me:1 4g.24gb:1 "
                          "1g.6gb:2,2g.12gb:1"),
-    "H100-80GB": _layouts(_SEVEN.format(10, 20, 40, 80)),
-    "H100-94GB": _layouts(_SEVEN.format(12, 24, 47, 94)),
-    "GH200-96GB": _layouts(_SEVEN.format(12, 24, 48, 96)),
-    "GH200-144GB": _layouts(_SEVEN.format(18, 36, 72, 144)),
-    "H200-141GB": _layouts(_SEVEN.format(18, 35, 71, 141)),
-    "B200": _layouts(_SEVEN.format(23, 45, 90, 180)),
-    "GB200": _layouts(_SEVEN.format(23, 47, 93, 186)),
-    "B300": _layouts(_SEVEN.format(34, 67, 135, 269)),
-    "GB300": _layouts(_SEVEN.format(35, 70, 139, 278)),
-    "RTX-PRO-6000": _layouts("1g.24gb:4 1g.24gb+gfx:4 1g.24gb+me.all:1 1g.24gb-me:4 2g.48gb:2 "
+    "H100-80GB": layouts(_SEVEN.format(10, 20, 40, 80)),
+    "H100-94GB": layouts(_SEVEN.format(12, 24, 47, 94)),
+    "GH200-96GB": layouts(_SEVEN.format(12, 24, 48, 96)),
+    "GH200-144GB": layouts(_SEVEN.format(18, 36, 72, 144)),
+    "H200-141GB": layouts(_SEVEN.format(18, 35, 71, 141)),
+    "B200": layouts(_SEVEN.format(23, 45, 90, 180)),
+    "GB200": layouts(_SEVEN.format(23, 47, 93, 186)),
+    "B300": layouts(_SEVEN.format(34, 67, 135, 269)),
+    "GB300": layouts(_SEVEN.format(35, 70, 139, 278)),
+    "RTX-PRO-6000": layouts("1g.24gb:4 1g.24gb+gfx:4 1g.24gb+me.all:1 1g.24gb-me:4 2g.48gb:2 "
                              "2g.48gb+gfx:2 2g.48gb+me.all:1 2g.48gb-me:2 4g.96gb:1 "
                              "4g.96gb+gfx:1 1g.24gb:2,2g.48gb:1"),
 }
-
-# GKE: GoogleCloudPlatform/container-engine-accelerators partition_gpu/partition_gpu.go
-# @ 992db812, `partitionSizeMaxCount` by the model its comments name: what one GPU holds.
-_GKE_SEVEN = "1g.{0}gb:7 1g.{1}gb:4 2g.{1}gb:3 3g.{2}gb:2 4g.{2}gb:1 7g.{3}gb:1"
-GKE = {
-    "A100-40GB": _layouts("1g.5gb:7 2g.10gb:3 3g.20gb:2 4g.20gb:1 7g.40gb:1"),
-    "A100-80GB": _layouts("1g.10gb:7 2g.20gb:3 3g.40gb:2 4g.40gb:1 7g.80gb:1"),
-    "H100-80GB": _layouts(_GKE_SEVEN.format(10, 20, 40, 80)),
-    "H200-141GB": _layouts(_GKE_SEVEN.format(18, 35, 71, 141)),
-    "B200": _layouts(_GKE_SEVEN.format(23, 45, 90, 180)),
-    "GB200": _layouts(_GKE_SEVEN.format(23, 47, 93, 186)),
-    "RTX-PRO-6000": _layouts("1g.24gb:4 1g.24gb+me:1 1g.24gb+gfx:4 1g.24gb+me.all:1 "
-                             "1g.24gb-me:4 2g.48gb:2 2g.48gb+gfx:2 2g.48gb+me.all:1 "
-                             "2g.48gb-me:2 4g.96gb:1 4g.96gb+gfx:1"),
-}
-
 
 def _by_name(name: str) -> MigModel:
     return next(model for _, _, model in MODELS if model.name == name)
