@@ -1,28 +1,13 @@
-"""MIG profiles per GPU model as data: what sizes a GPU offers, their NVML ids and placements.
+"""MIG profiles per GPU model: what sizes a GPU offers, their NVML ids and placements.
 
-The partition stage validates a wanted layout against this table before touching a GPU, and
-places each instance where NVML will accept it (`MigModel.pack`), so a layout that fits on
-paper also fits on the GPU.
+The partition stage validates a wanted layout against these models before touching a GPU,
+and places each instance where NVML will accept it (`MigModel.pack`), so a layout that fits
+on paper also fits on the GPU. The models are built from the data in
+`installer.compat.migdata`, which says per model where its sizes come from (mig-parted's
+config-default.yaml, GKE's partition list, NVIDIA's MIG User Guide for placements).
 
-Sources (re-check them when adding a model):
-- Profiles, their fractions, instance counts and placement diagrams: NVIDIA's MIG User Guide,
-  "Supported MIG Profiles" (https://docs.nvidia.com/datacenter/tesla/mig-user-guide/
-  supported-mig-profiles.html; A100 table and figure, with the note that A100-80GB names
-  scale by memory) and "Supported GPUs" (which products have MIG, 7 instances at most).
-- Profile names per product: NVIDIA/mig-parted's deployments/systemd/config-default.yaml
-  (`all-1g.*`, `all-balanced` and friends with their device filters: A100-40GB, A100/H100-80GB,
-  H100 NVL 94GB, H200 141GB, B200, GB200), which names the sizes each product offers.
-- Profile ids: NVML's nvml.h, `NVML_GPU_INSTANCE_PROFILE_*` (1_SLICE 0x0, 2_SLICE 0x1, 3_SLICE
-  0x2, 4_SLICE 0x3, 7_SLICE 0x4, 1_SLICE_REV1 0x7 (+me), 1_SLICE_REV2 0x9 (double memory)) and
-  `NVML_COMPUTE_INSTANCE_PROFILE_*` (1, 2, 3, 4, 7 slices: 0x0 to 0x4), as pynvml exports them.
-- Placements (8 memory slots, 7 compute slices): the guide's placement figure, as
-  `nvidia-smi mig -lgipp` prints it: 1g `{0..6}:1`, 1g+me `{0..6}:1`, 1g double memory
-  `{0,2,4,6}:2`, 2g `{0,2,4}:2`, 3g `{0,4}:4`, 4g `{0}:4`, 7g `{0}:8`; the same shapes on
-  Hopper and Blackwell (the guide's H100 section).
-- Mode change: on Ampere (A100) MIG mode stays pending until a GPU reset; from Hopper on the
-  mode takes effect without one (the guide's "Enable MIG Mode" section).
-- Not in mig-parted's list, so left out: GB200's `+me` size; GH200/H100-96GB and A30 (other
-  names and a 4-slice A30), RTX PRO Blackwell (4 slices, graphics profiles).
+Mode change: on Ampere (A100, A30) MIG mode stays pending until a GPU reset; from Hopper on
+the mode takes effect without one (the MIG User Guide's "Enable MIG Mode" section).
 """
 
 from __future__ import annotations
@@ -31,8 +16,11 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-SLOTS = 8  # memory slots a placement is counted in
-COMPUTE_SLICES = 7
+from installer.compat.migdata import ROWS, SHAPES, ModelRow
+
+# One compute instance over a whole GPU instance, by its compute slices:
+# NVML_COMPUTE_INSTANCE_PROFILE_1/2/3/4/7_SLICE (nvml.h).
+_CI_PROFILE = {1: 0x0, 2: 0x1, 3: 0x2, 4: 0x3, 7: 0x4}
 
 
 @dataclass(frozen=True)
@@ -42,34 +30,11 @@ class MigProfile:
     name: str  # "1g.10gb"
     gi_profile: int  # NVML_GPU_INSTANCE_PROFILE_* id
     ci_profile: int  # NVML_COMPUTE_INSTANCE_PROFILE_* id (the full-GI compute instance)
-    slices: int  # compute slices it takes of 7
+    slices: int  # compute slices it takes (of 7, or 4 on a 4-slice part)
     memory_gib: float  # as its name says (NVIDIA rounds it)
     max_count: int  # how many fit on one GPU
-    placements: tuple[int, ...] = ()  # memory-slot starts NVML accepts (of 8 slots)
+    placements: tuple[int, ...] = ()  # memory-slot starts NVML accepts
     size: int = 1  # memory slots one instance occupies
-
-
-@dataclass(frozen=True)
-class _Shape:
-    """A profile's shape, the same on every 7-slice model here; only the memory differs."""
-
-    suffix: str  # appended to the size's name ("+me")
-    gi_profile: int
-    ci_profile: int
-    slices: int
-    size: int
-    placements: tuple[int, ...]
-    max_count: int
-
-
-# The 1g, 1g+me, 1g double-memory, 2g, 3g, 4g and 7g shapes (sources: the module docstring).
-_ONE = _Shape("", 0x0, 0x0, 1, 1, tuple(range(7)), 7)
-_ONE_ME = _Shape("+me", 0x7, 0x0, 1, 1, tuple(range(7)), 1)
-_ONE_DOUBLE = _Shape("", 0x9, 0x0, 1, 2, (0, 2, 4, 6), 4)
-_TWO = _Shape("", 0x1, 0x1, 2, 2, (0, 2, 4), 3)
-_THREE = _Shape("", 0x2, 0x2, 3, 4, (0, 4), 2)
-_FOUR = _Shape("", 0x3, 0x3, 4, 4, (0,), 1)
-_SEVEN = _Shape("", 0x4, 0x4, 7, 8, (0,), 1)
 
 
 @dataclass(frozen=True)
@@ -78,8 +43,15 @@ class MigModel:
 
     name: str
     profiles: dict[str, MigProfile] = field(hash=False)
-    needs_reset: bool  # A100: a mode change stays pending until a GPU reset
+    needs_reset: bool  # Ampere: a mode change stays pending until a GPU reset
     sources: tuple[str, ...] = ()
+    slots: int = 8  # memory slots placements count in
+    pci_ids: tuple[str, ...] = ()  # 0xDDDDVVVV, as mig-parted's device filters name them
+
+    @property
+    def compute_slices(self) -> int:
+        """Compute slices of the whole GPU: 7 on the 8-slot parts, 4 on the 4-slot ones."""
+        return 7 if self.slots == 8 else self.slots
 
     def fill(self, profile: str) -> int:
         """How many instances of `profile` fit one GPU (0: the model has no such size)."""
@@ -98,7 +70,7 @@ class MigModel:
              ) -> list[tuple[str, int]] | None:
         """A start slot for every wanted instance, as (profile, start) pairs, keeping the
         `fixed` ones where they are; None when the layout does not fit this GPU (an unknown
-        size, too many of one, more than 7 compute slices, or no placements that fit)."""
+        size, too many of one, more compute slices than the GPU has, or no placements)."""
         fixed = list(fixed)
         wanted = dict(devices)
         for name, _start in fixed:
@@ -108,7 +80,7 @@ class MigModel:
         totals = dict(devices)
         if any(count > self.profiles[name].max_count for name, count in totals.items()):
             return None
-        if sum(self.profiles[n].slices * c for n, c in totals.items()) > COMPUTE_SLICES:
+        if sum(self.profiles[n].slices * c for n, c in totals.items()) > self.compute_slices:
             return None
         used = 0
         for name, start in fixed:
@@ -142,44 +114,24 @@ def _place(todo: list[MigProfile], used: int, floor: int) -> list[tuple[str, int
     return None
 
 
-def _model(name: str, sizes: tuple[int, int, int, int, int, int], *, me: bool,
-           needs_reset: bool, sources: tuple[str, ...]) -> MigModel:
-    """A model from its sizes' memory (1g, 1g double, 2g, 3g, 4g, 7g, in GB as named)."""
-    one, one_double, two, three, four, seven = sizes
-    rows = [("1g", one, _ONE)] + ([("1g", one, _ONE_ME)] if me else []) + [
-        ("1g", one_double, _ONE_DOUBLE), ("2g", two, _TWO), ("3g", three, _THREE),
-        ("4g", four, _FOUR), ("7g", seven, _SEVEN)]
+def _model(row: ModelRow) -> MigModel:
+    """A model from its data row, each size's shape from the placement table."""
     profiles = {}
-    for compute, memory, shape in rows:
-        label = f"{compute}.{memory}gb{shape.suffix}"
-        profiles[label] = MigProfile(label, shape.gi_profile, shape.ci_profile, shape.slices,
-                                     float(memory), shape.max_count, shape.placements,
-                                     shape.size)
-    return MigModel(name, profiles, needs_reset, sources)
+    for name, constant, count in row.profiles:
+        slices, size, starts = SHAPES[(row.slots, constant)]
+        memory = float(name.split(".")[1].split("gb")[0])
+        profiles[name] = MigProfile(name, constant, _CI_PROFILE[slices], slices, memory,
+                                    count, starts, size)
+    return MigModel(row.name, profiles, row.needs_reset, row.sources, row.slots, row.pci_ids)
 
 
-_GUIDE = "NVIDIA MIG User Guide, Supported MIG Profiles"
-_PARTED = "NVIDIA/mig-parted deployments/systemd/config-default.yaml"
-
-# (family pattern on the NVML name, nominal total memory in MiB, model name, the memory of its
-# 1g, 1g double, 2g, 3g, 4g and 7g sizes in GB as named, whether it has a 1g+me size)
-_ROWS: tuple[tuple[str, int, str, tuple[int, int, int, int, int, int], bool], ...] = (
-    (r"\bA100\b", 40 * 1024, "A100-40GB", (5, 10, 10, 20, 20, 40), True),
-    (r"\bA100\b", 80 * 1024, "A100-80GB", (10, 20, 20, 40, 40, 80), True),
-    (r"\bH100\b", 80 * 1024, "H100-80GB", (10, 20, 20, 40, 40, 80), True),
-    (r"\bH100\b", 94 * 1024, "H100-94GB", (12, 24, 24, 47, 47, 94), True),
-    (r"\bH200\b", 141 * 1024, "H200-141GB", (18, 35, 35, 71, 71, 141), True),
-    (r"\bB200\b", 180 * 1024, "B200", (23, 45, 45, 90, 90, 180), True),
-    (r"\bGB200\b", 186 * 1024, "GB200", (24, 47, 47, 95, 95, 189), False),
-)
-
-# Only Ampere keeps a mode change pending until a reset.
+# (family pattern on the NVML name, nominal memory in MiB, model): a model may answer to
+# several names (an H20 and a GH200 96GB have the same sizes).
 MODELS: tuple[tuple[str, int, MigModel], ...] = tuple(
-    (pattern, mib, _model(name, sizes, me=me, needs_reset=name.startswith("A100"),
-                          sources=(_GUIDE, _PARTED)))
-    for pattern, mib, name, sizes, me in _ROWS)
+    (pattern, row.memory_mib, model)
+    for row, model in ((row, _model(row)) for row in ROWS) for pattern in row.families)
 
-PROFILE_NAME = re.compile(r"^[1-7]g\.[0-9]+gb(\+me)?$")
+PROFILE_NAME = re.compile(r"^[1-7]g\.[0-9]+gb(\+me|\+me\.all|-me|\+gfx)?$")
 
 
 def mig_model(gpu_name: str, memory_mib: int) -> MigModel | None:
@@ -195,4 +147,13 @@ def mig_model(gpu_name: str, memory_mib: int) -> MigModel | None:
 
 def known_profile(name: str) -> bool:
     """Is this a size some model in the table offers (else: a typo, or not NVIDIA's name)?"""
-    return any(name in model.profiles for _, _, model in MODELS)
+    return bool(offered_by(name))
+
+
+def offered_by(name: str) -> list[str]:
+    """The models that offer size `name`, in the table's order (empty: none does)."""
+    found: list[str] = []
+    for _, _, model in MODELS:
+        if name in model.profiles and model.name not in found:
+            found.append(model.name)
+    return found

@@ -189,7 +189,7 @@ def test_a_later_entry_naming_a_lacking_gpu_stops_the_earlier_ones(node: Arena) 
 # ----------------------------------------------------------------------- profiles
 
 PROFILES = {
-    "a size no GPU has": '"1g.6gb"',
+    "a size no GPU has": '"1g.7gb"',
     "a slice count above 7": '"9g.40gb"',
     "not a profile's shape": '"big"',
     "a number": "7",
@@ -208,35 +208,43 @@ def test_an_unknown_profile_lists_this_gpus_sizes(node: Arena, case: str) -> Non
 def test_an_unknown_mig_profile_setting_lists_them_too(node: Arena) -> None:
     """MIG_PROFILE (one size for every GPU), as GKE's gpu-partition-size would say it."""
     before = node.snapshot()
-    done = _run(node, "partition", *node.args("--mig-profile", "1g.6gb", "--dry-run"))
-    assert_refused(done, 2, "GPU 0 (NVIDIA A100-SXM4-40GB): '1g.6gb' is not a MIG profile",
+    done = _run(node, "partition", *node.args("--mig-profile", "1g.7gb", "--dry-run"))
+    assert_refused(done, 2, "GPU 0 (NVIDIA A100-SXM4-40GB): '1g.7gb' is not a MIG profile",
                    f"this GPU's profiles are {A100_SIZES}")
     assert_untouched(before, node.snapshot(), WITHDRAWN)
 
 
-def test_an_unknown_gke_partition_size_lists_them_too(node: Arena) -> None:
-    """GKE's /etc/nvidia/gpu_config.json on the node (a node pool's gpu-partition-size)."""
+def test_another_models_gke_partition_size_names_those_models(node: Arena) -> None:
+    """GKE's /etc/nvidia/gpu_config.json on the node (a node pool's gpu-partition-size):
+    2g.12gb is an A30's size, not an A100-40GB's."""
     gke = node.root / "etc/nvidia/gpu_config.json"
     gke.parent.mkdir(parents=True, exist_ok=True)
     gke.write_text(json.dumps({"GPUPartitionSize": "2g.12gb"}))
     before = node.snapshot()
     done = _run(node, "partition", *node.args("--dry-run"))
-    assert_refused(done, 2, "GPU 0 (NVIDIA A100-SXM4-40GB): '2g.12gb' is not a MIG profile",
-                   f"this GPU's profiles are {A100_SIZES}")
+    assert_refused(done, 2, "GPU 0 (NVIDIA A100-SXM4-40GB): 2g.12gb is a MIG size of "
+                   "A30-24GB, not of this GPU (A100-40GB)", f"whose profiles are {A100_SIZES}")
     assert_untouched(before, node.snapshot(), WITHDRAWN)
 
 
-def test_a_size_of_another_model_is_exit_14_with_the_sizes(node: Arena) -> None:
-    """3g.40gb is NVIDIA's (an A100-80GB's), not an A100-40GB's: the layout cannot fit
-    this GPU (14), and the line lists the sizes it offers."""
-    config = _config('    - devices: all\n      mig-enabled: true\n'
-                     '      mig-devices: {"3g.40gb": 2}\n')
-    before = node.snapshot()
-    done = _partition(node, config, "case")
-    assert_refused(done, 14, "GPU 0 (NVIDIA A100-SXM4-40GB, 40960 MiB) has no MIG size "
-                   "3g.40gb; it offers 1g.5gb (x7), 1g.5gb+me (x1), 1g.10gb (x4), 2g.10gb (x3), "
-                   "3g.20gb (x2), 4g.20gb (x1), 7g.40gb (x1)")
-    assert_untouched(before, node.snapshot(), WITHDRAWN)
+OTHER_MODELS = {
+    "3g.40gb": "A100-80GB, H100-80GB",
+    "1g.23gb": "B200, GB200",
+    "1g.24gb": "H100-94GB, GH200-96GB, RTX-PRO-6000",
+    "4g.96gb+gfx": "RTX-PRO-6000",
+    "7g.186gb": "GB200",
+}
+
+
+@pytest.mark.parametrize("size", OTHER_MODELS)
+def test_a_size_of_other_models_is_exit_2_naming_them(node: Arena, size: str) -> None:
+    """A real NVIDIA size this GPU lacks: exit 2 (as mig-parted refuses it), the line names
+    the models that offer it and this GPU's own sizes, before any GPU is touched."""
+    _refused(node, _config('    - devices: all\n      mig-enabled: true\n'
+                           f'      mig-devices: {{"{size}": 1}}\n'),
+             f"GPU 0 (NVIDIA A100-SXM4-40GB): {size} is a MIG size of {OTHER_MODELS[size]}, "
+             f"not of this GPU (A100-40GB), whose profiles are {A100_SIZES}",
+             "fix: use one of this GPU's (e.g. 1g.5gb), or a device-filter")
 
 
 # ------------------------------------------------------------------ device-filter
@@ -265,7 +273,7 @@ def test_the_refusals_never_reached_nvml_writes(node: Arena) -> None:
     """The stand-in's MIG state stays empty across every kind of refusal in one node."""
     for config in (_config("    - devices: [9]\n      mig-enabled: false\n"),
                    _config('    - devices: all\n      mig-enabled: true\n'
-                           '      mig-devices: {"1g.6gb": 7}\n')):
+                           '      mig-devices: {"1g.7gb": 7}\n')):
         assert _partition(node, config, "case").code == 2
     assert not any((node.base / "mig").glob("gpu*"))
 
@@ -296,3 +304,103 @@ def test_a_refused_value_is_quoted_by_a_bounded_prefix(node: Arena, case: str) -
     assert_refused(done, 2, "error(config): [partition] ", cause)
     assert max(len(line) for line in done.lines) < 500, "a refusal quoted a whole value"
     assert_untouched(before, node.snapshot(), WITHDRAWN)
+
+
+# ------------------------------------------------------------- mig-parted's rules
+# NVIDIA/mig-parted @ bd7160f4: api/spec/v1/spec.go (a MIG entry needs mig-devices, only
+# `version` and `mig-configs` at the top), pkg/types/mig_config.go (not every count 0),
+# cmd/nvidia-mig-parted/apply/config.go (`devices: all` skips a GPU without MIG) and
+# pkg/types/device.go (device filters with a subsystem id, since its 3882a4d6).
+
+RULES = {
+    "mig-enabled true, no mig-devices": (
+        "    - devices: all\n      mig-enabled: true\n",
+        "mig-configs.case[0] has mig-enabled true but no mig-devices",
+        'fix: add mig-devices (e.g. "1g.10gb": 7), or mig-devices: {}'),
+    "mig-devices null": (
+        "    - devices: all\n      mig-enabled: true\n      mig-devices: null\n",
+        "mig-configs.case[0] has mig-enabled true but no mig-devices", "fix: add mig-devices"),
+    "every count 0": (
+        '    - devices: all\n      mig-enabled: true\n'
+        '      mig-devices: {"1g.5gb": 0, "2g.10gb": 0}\n',
+        "mig-configs.case[0].mig-devices gives every profile a count of 0",
+        "fix: give at least one profile a count of 1 or more"),
+}
+
+
+@pytest.mark.parametrize("case", RULES)
+def test_what_mig_parted_refuses_is_refused(node: Arena, case: str) -> None:
+    entry, said, fix = RULES[case]
+    _refused(node, _config(entry), said, fix)
+
+
+def test_an_unknown_top_level_key_is_refused(node: Arena) -> None:
+    config = ("version: v1\nmig-config:\n  typo: []\nmig-configs:\n  case:\n"
+              "    - devices: all\n      mig-enabled: false\n")
+    _refused(node, config, "mig.yaml has unknown top-level field 'mig-config'",
+             "fix: use only version and mig-configs")
+
+
+def test_mig_on_with_no_instances_is_mig_parteds_all_enabled(node: Arena) -> None:
+    """`mig-devices: {}` (config-default.yaml's `all-enabled`) is not a missing field."""
+    done = _partition(node, _config("    - devices: all\n      mig-enabled: true\n"
+                                    "      mig-devices: {}\n"), "case", "--dry-run")
+    assert_ok(done)
+    assert json.loads(done.stdout)["changed"] == list(range(GPUS))
+
+
+def _without_mig(node: Arena, index: int) -> None:
+    """GPU `index` of the arena's node becomes a T4 (no MIG) for NVML."""
+    names = [A100[0]] * GPUS
+    memory = [str(A100[1])] * GPUS
+    names[index], memory[index] = "Tesla T4", "15360"
+    node.env.update(FAKE_NVML_NAMES=",".join(names), FAKE_NVML_MEMORY_MIB=",".join(memory))
+
+
+def test_devices_all_passes_over_a_gpu_without_mig_and_says_so(node: Arena) -> None:
+    _without_mig(node, 7)
+    before = node.snapshot()
+    done = _partition(node, _config('    - devices: all\n      mig-enabled: true\n'
+                                    '      mig-devices: {"1g.5gb": 7}\n'), "case", "--dry-run")
+    assert_ok(done)
+    assert json.loads(done.stdout)["changed"] == list(range(7))
+    said = [line for line in done.stderr.splitlines() if "GPU skipped" in line]
+    assert len(said) == 1 and '"gpu": 7' in said[0] and "Tesla T4" in said[0], done.stderr
+    assert_untouched(before, node.snapshot(), WITHDRAWN)
+
+
+def test_naming_a_gpu_without_mig_by_index_is_still_refused(node: Arena) -> None:
+    _without_mig(node, 7)
+    before = node.snapshot()
+    done = _partition(node, _config('    - devices: [7]\n      mig-enabled: true\n'
+                                    '      mig-devices: {"1g.5gb": 7}\n'), "case", "--dry-run")
+    assert_refused(done, 14, "GPU 7 (Tesla T4, 15360 MiB) has no MIG; it cannot be partitioned")
+    assert_untouched(before, node.snapshot(), WITHDRAWN)
+
+
+SUBSYSTEM = {  # filter -> the GPUs it reaches (GPUs 0-3 are board 0x145F10DE, 4-7 0x147E10DE)
+    '"0x20B010DE:0x147E10DE"': [4, 5, 6, 7],
+    '"0x20b010de:0x145f10de"': [0, 1, 2, 3],
+    '"0x20B010DE"': list(range(8)),
+    '["0x20B010DE:0x000010DE", "0x20B210DE:0x147E10DE"]': [],
+}
+
+
+@pytest.mark.parametrize("value", SUBSYSTEM)
+def test_subsystem_id_device_filters(node: Arena, value: str) -> None:
+    """`0xDDDDVVVV:0xSSSSVVVV` matches the board too; a plain id any board of the GPU."""
+    for index, address in enumerate(_addresses()):
+        base = node.root / "sys/bus/pci/devices" / address
+        (base / "subsystem_device").write_text("0x147e\n" if index >= 4 else "0x145f\n")
+        (base / "subsystem_vendor").write_text("0x10de\n")
+    done = _partition(node, _config(f"    - devices: all\n      device-filter: {value}\n"
+                                    '      mig-enabled: true\n'
+                                    '      mig-devices: {"1g.5gb": 7}\n'), "case", "--dry-run")
+    assert_ok(done)
+    assert json.loads(done.stdout)["changed"] == SUBSYSTEM[value]
+
+
+def test_a_malformed_subsystem_id_is_refused(node: Arena) -> None:
+    _refused(node, _config('    - devices: all\n      device-filter: "0x20B010DE:0x147E"\n'
+                           "      mig-enabled: false\n"),
+             "device-filter holds '0x20B010DE:0x147E', not a PCI id", 'e.g. "0x20B010DE"')

@@ -31,6 +31,10 @@ H100_NVL = ("NVIDIA H100 NVL", 95830)
 H200 = ("NVIDIA H200", 143771)
 B200 = ("NVIDIA B200", 183359)
 GB200 = ("NVIDIA GB200", 189471)
+GH200_96 = ("NVIDIA GH200 480GB", 97871)
+GH200_144 = ("NVIDIA GH200 144G HBM3e", 146000)
+A30 = ("NVIDIA A30", 24169)
+RTX_PRO = ("NVIDIA RTX PRO 6000 Blackwell Server Edition", 97887)
 OFF = GpuLayout(False, ())
 
 RERUN = """
@@ -218,8 +222,14 @@ class TestPartition:
         (H100_NVL, {"1g.12gb": 2, "2g.24gb": 1, "3g.47gb": 1}),
         (H200, {"1g.18gb": 2, "2g.35gb": 1, "3g.71gb": 1}),
         (B200, {"1g.23gb": 2, "2g.45gb": 1, "3g.90gb": 1}),
-        (GB200, {"1g.24gb": 2, "2g.47gb": 1, "3g.95gb": 1}),
-    ], ids=["a100-80gb", "h100", "h100-nvl", "h200", "b200", "gb200"])
+        (GB200, {"1g.23gb": 2, "2g.47gb": 1, "3g.93gb": 1}),
+        (GH200_96, {"1g.12gb": 2, "2g.24gb": 1, "3g.48gb": 1}),
+        (GH200_144, {"1g.18gb": 2, "2g.36gb": 1, "3g.72gb": 1}),
+        (A30, {"1g.6gb": 2, "2g.12gb": 1}),
+        (RTX_PRO, {"1g.24gb": 2, "2g.48gb": 1}),
+        (RTX_PRO, {"1g.24gb+gfx": 2, "2g.48gb-me": 1}),
+    ], ids=["a100-80gb", "h100", "h100-nvl", "h200", "b200", "gb200", "gh200-96gb",
+            "gh200-144gb", "a30", "rtx-pro-6000", "rtx-pro-6000-gfx"])
     def test_mig_parteds_all_balanced_on_each_model(self, libs: Path, node: Node,
                                                     model: tuple[str, int],
                                                     balanced: dict[str, int]) -> None:

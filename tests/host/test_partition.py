@@ -167,7 +167,8 @@ class TestMigParted:
 
 class TestRefused:
     @pytest.mark.parametrize(("how", "code", "names"), [
-        ("gke-3g.40gb", 14, "3g.40gb"),  # A100-40GB offers no 3g.40gb
+        # A100-40GB offers no 3g.40gb: a size of other models, named (exit 2)
+        ("gke-3g.40gb", 2, "3g.40gb is a MIG size of A100-80GB, H100-80GB, not of this GPU"),
         ("gke-7g", 2, "GPUPartitionSize"),  # not a profile name
         ("too-many", 14, "GPU 0"),  # 8 compute slices of 7
         ("typo", 2, "mig-configs.typo[0] has unknown field 'mig-enable'"),
@@ -294,8 +295,8 @@ class TestChangedToBad:
         with serve(cluster) as url:
             done = node.run("install", "--node-name", "gpu-node-1", "--kube-api", url,
                             "--service-account-dir", str(account))
-        assert done.returncode == 14, done.stderr
-        assert "3g.40gb" in done.stderr.splitlines()[-1]
+        assert done.returncode == 2, done.stderr  # a size of other models, named
+        assert "3g.40gb is a MIG size of A100-80GB" in done.stderr.splitlines()[-1]
         assert node.states() == before
         assert node.ready() is None
         assert cluster.node()["metadata"]["labels"][P + "mig.config.state"] == "failed"

@@ -6,18 +6,13 @@
  * nvml_standin_mig.h.
  *
  * Which GPUs have MIG, and with which sizes, comes from each GPU's FAKE_NVML_NAME(S) and
- * FAKE_NVML_MEMORY_MIB (see nvml_standin.c): a name with A100 (under 60 GiB: the 40GB sizes
- * 1g.5gb..7g.40gb, else the 80GB ones), H100 (under 87 GiB: 1g.10gb..7g.80gb, else the NVL
- * 94GB ones), H200, B200 or GB200 (no +me size) has MIG; any other GPU answers
- * NVML_ERROR_NOT_SUPPORTED (3). Every model has the same seven shapes (profile constant ->
- * NVML profile id, as nvidia-smi prints it): 1g (0 -> 19, starts 0..6, size 1, 7 of them),
- * 1g+me (7 -> 20, starts 0..6, size 1, one), 1g with double memory (9 -> 15, starts 0,2,4,6,
- * size 2, 4), 2g (1 -> 14, starts 0,2,4, size 2, 3), 3g (2 -> 9, starts 0,4, size 4, 2),
- * 4g (3 -> 5, start 0, size 4, 1), 7g (4 -> 0, start 0, size 8, 1); instances take memory
- * slots [start, start+size) of 8 and at most 7 compute slices in all. A GPU instance's id is
- * its place in the slot tree: 0 for size 8, 1 + start/4, 3 + start/2, 7 + start. Compute
- * instance profiles 0..4 (1, 2, 3, 4, 7 slices; id = constant) fit in their GPU instance's
- * slices; ids are the lowest free of 0..7.
+ * FAKE_NVML_MEMORY_MIB (see nvml_standin.c) looked up in nvml_standin_mig_models.c (NVIDIA's
+ * published tables, transcribed there with their sources); any other GPU answers
+ * NVML_ERROR_NOT_SUPPORTED (3). Instances take memory slots [start, start+size) of the
+ * model's 8 (or 4) and at most 7 (or 4) compute slices in all. A GPU instance's id is its
+ * place in the slot tree: slots/size - 1 + start/size (on 8 slots: 0 for size 8, 1 + start/4,
+ * 3 + start/2, 7 + start). Compute instance profiles 0..4 (1, 2, 3, 4, 7 slices; id =
+ * constant) fit in their GPU instance's slices; ids are the lowest free of 0..7.
  *
  * Environment (read on every call, like nvml_standin.c's):
  *   FAKE_NVML_MIG_DIR   directory holding the MIG state, one file per GPU ("gpu<i>": a line
@@ -48,6 +43,7 @@
  * instance answers NVML_ERROR_INSUFFICIENT_RESOURCES (23); a placement the profile does not
  * offer, NVML_ERROR_INVALID_ARGUMENT (2).
  */
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -63,23 +59,19 @@ gi_t gi_handles[64][GIS];
 
 /* ---- models and shapes ---- */
 
-static const shape_t SHAPES[] = {
-    {0, 19, 1, 1, 7, 0, 0x7f}, {7, 20, 1, 1, 1, 0, 0x7f}, {9, 15, 1, 2, 4, 1, 0x55},
-    {1, 14, 2, 2, 3, 2, 0x15}, {2, 9, 3, 4, 2, 3, 0x11}, {3, 5, 4, 4, 1, 4, 0x01},
-    {4, 0, 7, 8, 1, 5, 0x01},
-};
-#define NSHAPES (int)(sizeof SHAPES / sizeof SHAPES[0])
-
-static const model_t MODELS[] = {
-    {"A100", 61440, {5, 10, 10, 20, 20, 40}, 1, 1}, {"A100", 1 << 30, {10, 20, 20, 40, 40, 80}, 1, 1},
-    {"H100", 89088, {10, 20, 20, 40, 40, 80}, 1, 0}, {"H100", 1 << 30, {12, 24, 24, 47, 47, 94}, 1, 0},
-    {"H200", 1 << 30, {18, 35, 35, 71, 71, 141}, 1, 0}, {"GB200", 1 << 30, {24, 47, 47, 95, 95, 189}, 0, 0},
-    {"B200", 1 << 30, {23, 45, 45, 90, 90, 180}, 1, 0},
-};
-
 nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length);
 typedef struct { unsigned long long total, free, used; } memory_t;
 nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, memory_t *memory);
+
+/* Is `word` in `name` as a word of its own (GH200 is not an H200, H200 not an H20)? */
+static int has_word(const char *name, const char *word) {
+    size_t n = strlen(word);
+    for (const char *hit = strstr(name, word); hit; hit = strstr(hit + 1, word)) {
+        int before = hit > name && isalnum((unsigned char)hit[-1]);
+        if (!before && !isalnum((unsigned char)hit[n])) return 1;
+    }
+    return 0;
+}
 
 SHARED const model_t *model_of(nvmlDevice_t device) {
     char name[96] = "";
@@ -87,26 +79,26 @@ SHARED const model_t *model_of(nvmlDevice_t device) {
     nvmlDeviceGetName(device, name, sizeof name);
     nvmlDeviceGetMemoryInfo(device, &memory);
     long mib = (long)(memory.total >> 20);
-    for (size_t i = 0; i < sizeof MODELS / sizeof MODELS[0]; i++) {
-        const char *hit = strstr(name, MODELS[i].family);
-        if (!hit || (hit > name && hit[-1] == 'G') || mib >= MODELS[i].below_mib) continue;
-        return &MODELS[i];
-    }
+    for (const model_t *m = MIG_MODELS; m->family; m++)
+        if (has_word(name, m->family) && mib < m->below_mib) return m;
     return NULL;
 }
 
 SHARED const shape_t *shape_by(const model_t *model, int constant, int id) {
-    for (int i = 0; i < NSHAPES; i++) {
-        if (constant >= 0 && SHAPES[i].constant != constant) continue;
-        if (id >= 0 && SHAPES[i].id != id) continue;
-        if (SHAPES[i].constant == 7 && !model->me) return NULL;
-        return &SHAPES[i];
+    for (const shape_t *shape = model->shapes; shape->name; shape++) {
+        if (constant >= 0 && shape->constant != constant) continue;
+        if (id >= 0 && shape->id != id) continue;
+        return shape;
     }
     return NULL;
 }
 
-SHARED int gi_id_of(int start, int size) {
-    return size == 8 ? 0 : size == 4 ? 1 + start / 4 : size == 2 ? 3 + start / 2 : 7 + start;
+SHARED int gi_id_of(const model_t *m, int start, int size) {
+    return m->slots / size - 1 + start / size;
+}
+
+SHARED int memory_gb(const shape_t *shape) {
+    return atoi(strchr(shape->name, '.') + 1);
 }
 
 /* ---- files ---- */
@@ -287,11 +279,6 @@ SHARED nvmlReturn_t begin_shape(nvmlDevice_t device, unsigned int id, const mode
     if (r) return r;
     *shape = shape_by(*m, -1, (int)id);
     return *shape ? 0 : INVALID;
-}
-
-SHARED void profile_name(const model_t *m, const shape_t *shape, char *out, size_t size) {
-    snprintf(out, size, "%dg.%dgb%s", shape->slices, m->gb[shape->mem_index],
-             shape->constant == 7 ? "+me" : "");
 }
 
 nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *current,

@@ -27,12 +27,19 @@ typedef struct {
     int ci_used[GIS][CIS], ci_profile[GIS][CIS], ci_start[GIS][CIS];
 } state_t;
 
-typedef struct { int constant, id, slices, size, max, mem_index; unsigned int starts; } shape_t;
-typedef struct { const char *family; int below_mib; int gb[6]; int me; int reset; } model_t;
+/* One GPU-instance profile of a model, and a model (nvml_standin_mig_models.c). */
+typedef struct {
+    const char *name; int constant, id, slices, size, max; unsigned int starts;
+} shape_t;
+typedef struct {
+    const char *family; int below_mib; int slots; int reset; const shape_t *shapes;
+} model_t;
+SHARED extern const model_t MIG_MODELS[];
+#define COMPUTE_SLICES(m) ((m)->slots == 8 ? 7 : (m)->slots)
 
 SHARED const model_t *model_of(nvmlDevice_t device);
 SHARED const shape_t *shape_by(const model_t *model, int constant, int id);
-SHARED int gi_id_of(int start, int size);
+SHARED int gi_id_of(const model_t *m, int start, int size);
 SHARED int load(int g, state_t *s);
 SHARED void unlock(void);
 SHARED void save(int g, const state_t *s);
@@ -41,7 +48,7 @@ SHARED int busy(int g);
 SHARED nvmlReturn_t begin(nvmlDevice_t device, const model_t **model);
 SHARED nvmlReturn_t begin_shape(nvmlDevice_t device, unsigned int id, const model_t **m,
                                 const shape_t **shape);
-SHARED void profile_name(const model_t *m, const shape_t *shape, char *out, size_t size);
+SHARED int memory_gb(const shape_t *shape);
 SHARED nvmlReturn_t gi_of(gi_t *gi, state_t *s, const model_t **m, const shape_t **shape,
                           int lock);
 SHARED extern gi_t gi_handles[64][GIS];

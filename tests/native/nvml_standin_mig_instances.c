@@ -43,10 +43,8 @@ static nvmlReturn_t gi_profile(nvmlDevice_t device, unsigned int constant, gi_pr
     info->instanceCount = (unsigned int)shape->max;
     info->multiprocessorCount = 14u * (unsigned int)shape->slices;
     info->copyEngineCount = (unsigned int)shape->slices;
-    info->memorySizeMB = (unsigned long long)m->gb[shape->mem_index] * 1000ULL;
-    char label[32];
-    profile_name(m, shape, label, sizeof label);
-    if (name) snprintf(name, size, "MIG %s", label);
+    info->memorySizeMB = (unsigned long long)memory_gb(shape) * 1000ULL;
+    if (name) snprintf(name, size, "MIG %s", shape->name);
     return 0;
 }
 
@@ -81,8 +79,8 @@ static unsigned int used_slots(const state_t *s, const model_t *m, int *slices) 
     return mask;
 }
 
-static int add_gi(state_t *s, const shape_t *shape, int start) {
-    int gid = gi_id_of(start, shape->size);
+static int add_gi(state_t *s, const model_t *m, const shape_t *shape, int start) {
+    int gid = gi_id_of(m, start, shape->size);
     s->gi_used[gid] = 1; s->gi_profile[gid] = shape->constant; s->gi_start[gid] = start;
     return gid;
 }
@@ -92,8 +90,8 @@ static int free_start(const state_t *s, const model_t *m, const shape_t *shape, 
     int slices, count = 0;
     unsigned int mask = used_slots(s, m, &slices);
     for (int i = 0; i < GIS; i++) count += s->gi_used[i] && s->gi_profile[i] == shape->constant;
-    if (count >= shape->max || slices + shape->slices > 7) return -1;
-    for (int start = 0; start < 8; start++) {
+    if (count >= shape->max || slices + shape->slices > COMPUTE_SLICES(m)) return -1;
+    for (int start = 0; start < m->slots; start++) {
         if (want >= 0 && start != want) continue;
         unsigned int need = ((1u << shape->size) - 1) << start;
         if ((shape->starts >> start & 1) && !(mask & need)) return start;
@@ -107,7 +105,7 @@ nvmlReturn_t nvmlDeviceGetGpuInstancePossiblePlacements_v2(nvmlDevice_t device,
     nvmlReturn_t r = begin_shape(device, id, &m, &shape);
     if (r) return r;
     unsigned int n = 0;
-    for (unsigned int start = 0; start < 8; start++) {
+    for (unsigned int start = 0; start < (unsigned int)m->slots; start++) {
         if (!(shape->starts >> start & 1)) continue;
         if (placements && n >= *count) return 7; /* INSUFFICIENT_SIZE */
         if (placements) placements[n] = (placement_t){start, (unsigned int)shape->size};
@@ -127,7 +125,7 @@ nvmlReturn_t nvmlDeviceGetGpuInstanceRemainingCapacity(nvmlDevice_t device, unsi
     if (!s.current) return NOT_SUPPORTED;
     *count = 0;
     for (int start; (start = free_start(&s, m, shape, -1)) >= 0; (*count)++) {
-        add_gi(&s, shape, start);
+        add_gi(&s, m, shape, start);
     }
     return 0;
 }
@@ -143,7 +141,7 @@ static nvmlReturn_t create_gi(nvmlDevice_t device, unsigned int id, int want, gi
     if (!s.current) r = NOT_SUPPORTED;
     else if (start < 0) r = NO_ROOM;
     else {
-        int gid = add_gi(&s, shape, start);
+        int gid = add_gi(&s, m, shape, start);
         save(g, &s);
         gi_handles[g][gid] = (gi_t){g, gid};
         *out = &gi_handles[g][gid];
@@ -161,7 +159,7 @@ nvmlReturn_t nvmlDeviceCreateGpuInstanceWithPlacement(nvmlDevice_t device, unsig
     const model_t *m; const shape_t *shape;
     nvmlReturn_t r = begin_shape(device, id, &m, &shape);
     if (r) return r;
-    if (placement->start >= 8 || !(shape->starts >> placement->start & 1)
+    if (placement->start >= (unsigned int)m->slots || !(shape->starts >> placement->start & 1)
         || placement->size != (unsigned int)shape->size) return INVALID;
     return create_gi(device, id, (int)placement->start, out);
 }
@@ -235,10 +233,9 @@ static nvmlReturn_t ci_profile(gi_t *gi, unsigned int constant, ci_profile_t *in
     info->sliceCount = (unsigned int)slices;
     info->instanceCount = (unsigned int)(shape->slices / slices);
     info->multiprocessorCount = 14u * (unsigned int)slices;
-    char label[32];
-    profile_name(m, shape, label, sizeof label);
-    if (name && slices == shape->slices) snprintf(name, size, "MIG %s", label);
-    else if (name) snprintf(name, size, "MIG %dc.%s", slices, label);
+    (void)m;
+    if (name && slices == shape->slices) snprintf(name, size, "MIG %s", shape->name);
+    else if (name) snprintf(name, size, "MIG %dc.%s", slices, shape->name);
     return 0;
 }
 

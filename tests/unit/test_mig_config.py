@@ -132,6 +132,48 @@ class TestMigParted:
         want = source.layouts([_gpu(0), _gpu(1, "Tesla T4", 15360)], config.pci_ids(ctx))
         assert list(want) == [0]
 
+    @pytest.mark.parametrize(("subsystem", "filters", "taken"), [
+        ("147e10de", '"0x20B210DE:0x147E10DE"', True),  # the board's own subsystem
+        ("147e10de", '"0x20B210DE"', True),  # a plain id matches every board of the GPU
+        ("1463_10de", '"0x20B210DE:0x147E10DE"', False),  # a sibling board
+        (None, '"0x20B210DE:0x147E10DE"', False),  # no subsystem known: no match
+        ("147e10de", '["0x233010DE", "0x20b210de:0x147e10de"]', True),
+    ])
+    def test_subsystem_device_filters(self, tmp_path: Path, subsystem: str | None,
+                                      filters: str, taken: bool) -> None:
+        """mig-parted's `0xDDDDVVVV:0xSSSSVVVV` (pkg/types/device.go `Matches` @ bd7160f4):
+        with a subsystem all four parts must match, without one the device and vendor."""
+        root = _root(tmp_path)
+        _pci(root, 0, "20b2")
+        if subsystem:
+            base = root / "sys/bus/pci/devices/0000:0a:00.0"
+            device, vendor = subsystem.replace("_", "")[:4], subsystem.replace("_", "")[4:]
+            (base / "subsystem_device").write_text(f"0x{device}\n")
+            (base / "subsystem_vendor").write_text(f"0x{vendor}\n")
+        text = ("version: v1\nmig-configs:\n  one:\n    - device-filter: " + filters +
+                '\n      devices: all\n      mig-enabled: true\n'
+                '      mig-devices: {"1g.10gb": 7}\n')
+        ctx = make_ctx(root, mig_config_file=str(self._file(tmp_path, text)), mig_config="one")
+        source = config.find(ctx)
+        assert source is not None
+        want = source.layouts([_gpu(0, "NVIDIA A100-SXM4-80GB", 81920)], config.pci_ids(ctx))
+        assert (0 in want) == taken
+
+    def test_devices_all_passes_over_a_gpu_without_mig_and_says_so(self,
+                                                                    tmp_path: Path) -> None:
+        """mig-parted's apply skips a non-MIG-capable GPU under `devices: all`
+        (cmd/nvidia-mig-parted/apply/config.go @ bd7160f4)."""
+        text = ('version: v1\nmig-configs:\n  all-1g.10gb:\n    - devices: all\n'
+                '      mig-enabled: true\n      mig-devices: {"1g.10gb": 7}\n')
+        ctx = make_ctx(_root(tmp_path), mig_config_file=str(self._file(tmp_path, text)),
+                       mig_config="all-1g.10gb")
+        source = config.find(ctx)
+        assert source is not None
+        told: list[int] = []
+        gpus = [_gpu(0), _gpu(1, "Tesla T4", 15360), _gpu(2)]
+        want = source.layouts(gpus, lambda gpu: None, lambda gpu: told.append(gpu.index))
+        assert sorted(want) == [0, 2] and told == [1]
+
     def test_custom_per_device(self, tmp_path: Path) -> None:
         root = _root(tmp_path)
         ctx = make_ctx(root, mig_config_file=str(self._file(tmp_path)), mig_config="custom")
@@ -175,6 +217,16 @@ class TestMigParted:
         ("version: v1\nmig-configs: {a: [{devices: all, mig-enabled: true}]}\n", "b",
          "no config 'b'"),
         ("version: v1\nmig-configs: [\n", "a", "is not YAML"),
+        # mig-parted's api/spec/v1/spec.go and pkg/types/mig_config.go @ bd7160f4
+        ("version: v1\nmig-configs: {a: [{devices: all, mig-enabled: true}]}\n", "a",
+         "mig-configs.a[0] has mig-enabled true but no mig-devices"),
+        ("version: v1\nmig-configs: {a: [{devices: all, mig-enabled: true, "
+         "mig-devices: null}]}\n", "a", "has mig-enabled true but no mig-devices"),
+        ("version: v1\nmig-configs: {a: [{devices: all, mig-enabled: true, "
+         "mig-devices: {1g.10gb: 0, 2g.20gb: 0}}]}\n", "a",
+         "mig-configs.a[0].mig-devices gives every profile a count of 0"),
+        ("version: v1\nflavour: mild\nmig-configs: {a: [{devices: all, mig-enabled: false}]}\n",
+         "a", "has unknown top-level field 'flavour'"),
     ])
     def test_malformed(self, tmp_path: Path, text: str, name: str, names: str) -> None:
         path = self._file(tmp_path, text)

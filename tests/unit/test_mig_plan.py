@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from installer.errors import ConfigError, IncompatibleError, MigConfigError, MigLayoutError
+from installer.errors import ConfigError, MigConfigError, MigLayoutError
 from installer.stages.partition.plan import (
     GpuLayout,
     GpuNow,
@@ -51,18 +51,24 @@ class TestValidate:
     def test_mig_off_is_fine_on_any_gpu(self) -> None:
         validate({0: OFF, 1: OFF}, [gpu(0, T4), gpu(1)])
 
-    def test_a_size_this_gpu_lacks_is_exit_14_naming_the_gpu_and_its_sizes(self) -> None:
+    def test_a_size_of_other_models_is_exit_2_naming_them_and_this_gpus_sizes(self) -> None:
         error = refusal({0: on(**{"1g_5gb": 7})}, [gpu(0, H100)])
-        assert isinstance(error, MigLayoutError) and isinstance(error, IncompatibleError)
-        assert error.code == 14
+        assert isinstance(error, MigConfigError) and isinstance(error, ConfigError)
+        assert error.code == 2
         line = error.one_line()
-        assert "GPU 0 (NVIDIA H100 80GB HBM3" in line and "1g.5gb" in line
-        assert "1g.10gb (x7)" in line and "7g.80gb (x1)" in line
+        assert "GPU 0 (NVIDIA H100 80GB HBM3): 1g.5gb is a MIG size of A100-40GB, not of " \
+               "this GPU (H100-80GB)" in line
+        assert "1g.10gb, 1g.10gb+me, 1g.20gb" in line and "7g.80gb" in line
+
+    def test_a_size_two_models_share_names_both(self) -> None:
+        line = refusal({0: on(**{"1g_23gb": 1})}, [gpu(0, H100)]).one_line()
+        assert "1g.23gb is a MIG size of B200, GB200, not of this GPU" in line
 
     def test_a_name_no_gpu_has_is_exit_2(self) -> None:
-        error = refusal({0: on(**{"1g_6gb": 1})}, [gpu(0)])
+        error = refusal({0: on(**{"1g_7gb": 1})}, [gpu(0)])
         assert isinstance(error, MigConfigError) and isinstance(error, ConfigError)
-        assert error.code == 2 and "'1g.6gb'" in error.one_line()
+        assert error.code == 2 and "'1g.7gb' is not a MIG profile NVIDIA defines" \
+            in error.one_line()
 
     @pytest.mark.parametrize("name", ["", "1G.5GB", "1g.5gb ", "seven", "1g.5gb+gfx"])
     def test_malformed_names_are_exit_2(self, name: str) -> None:

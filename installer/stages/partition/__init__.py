@@ -149,7 +149,11 @@ def _read_plan(ctx: Context, source: config.Source) -> tuple[list[GpuNow], list[
     from installer.stages.partition import nvml
 
     gpus = nvml.read_gpus()
-    want = source.layouts(gpus, config.pci_ids(ctx))
+    def skip(gpu: GpuNow) -> None:
+        ctx.log.warning("GPU skipped: it has no MIG (devices: all passes over it, as "
+                        "mig-parted does)", gpu=gpu.index, name=gpu.name)
+
+    want = source.layouts(gpus, config.pci_ids(ctx), skip)
     plan.validate(want, gpus)
     return gpus, plan.changes(want, gpus)
 

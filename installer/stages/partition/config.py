@@ -50,21 +50,37 @@ class Source:
     fill: str | None = None
     entries: tuple[Entry, ...] = ()
 
-    def layouts(self, gpus: list[GpuNow], pci_id: Callable[[GpuNow], str | None]
-                ) -> dict[int, GpuLayout]:
-        """The layout per GPU index; a GPU no entry names is left out (and left alone)."""
+    def layouts(self, gpus: list[GpuNow], pci_id: Callable[[GpuNow], str | None],
+                skip: Callable[[GpuNow], None] | None = None) -> dict[int, GpuLayout]:
+        """The layout per GPU index; a GPU no entry names is left out (and left alone).
+
+        As mig-parted does, `devices: all` passes over a GPU without MIG (`skip` is told
+        of it) rather than refusing the node; naming that GPU by index still refuses."""
         if self.fill is not None:
             return {gpu.index: _filled(gpu, self.fill) for gpu in gpus}
         wanted: dict[int, GpuLayout] = {}
+        skipped: set[int] = set()
         for entry in self.entries:
             _on_this_node(entry, gpus)
             for gpu in gpus:
                 if entry.devices is not None and gpu.index not in entry.devices:
                     continue
-                if entry.device_filter and (pci_id(gpu) or "") not in entry.device_filter:
+                if entry.device_filter and not any(
+                        _matches(f, pci_id(gpu) or "") for f in entry.device_filter):
+                    continue
+                if entry.devices is None and mig_model(gpu.name, gpu.memory_mib) is None:
+                    if entry.layout.mig_enabled and skip and gpu.index not in skipped:
+                        skip(gpu)
+                    skipped.add(gpu.index)
                     continue
                 wanted[gpu.index] = entry.layout  # a later entry wins, as in mig-parted
         return wanted
+
+
+def _matches(wanted: str, hardware: str) -> bool:
+    """mig-parted's device-filter match: `0xDDDDVVVV` matches the device and vendor;
+    `0xDDDDVVVV:0xSSSSVVVV` also needs the subsystem device and vendor to match."""
+    return wanted == hardware if ":" in wanted else wanted == hardware.split(":")[0]
 
 
 def _on_this_node(entry: Entry, gpus: list[GpuNow]) -> None:
@@ -157,6 +173,10 @@ def mig_parted_source(text: str, path: str, name: str | None) -> Source:
     if not isinstance(document, dict) or document.get("version") != "v1":
         raise MigConfigError(f"{path}: version is not v1",
                              remedy="start the file with `version: v1` (mig-parted's format)")
+    unknown = sorted(str(key) for key in document if key not in ("version", "mig-configs"))
+    if unknown:
+        raise MigConfigError(f"{path} has unknown top-level field {quote(unknown[0])}",
+                             remedy="use only version and mig-configs, as mig-parted does")
     configs = document.get("mig-configs")
     if not isinstance(configs, dict) or not configs:
         raise MigConfigError(f"{path}: mig-configs is missing or not a mapping",
@@ -197,8 +217,13 @@ def _entry(raw: Any, where: str) -> Entry:
         raise MigConfigError(f"{where}.mig-enabled is {quote(enabled)}",
                              remedy="set mig-enabled: true or false")
     devices = _devices(raw.get("devices"), where)
+    device_filter = _filter(raw.get("device-filter"), where)
+    if enabled and raw.get("mig-devices") is None:
+        raise MigConfigError(f"{where} has mig-enabled true but no mig-devices",
+                             remedy='add mig-devices (e.g. "1g.10gb": 7), or mig-devices: {} '
+                                    "for MIG on with no instances")
     counts = _mig_devices(raw.get("mig-devices"), f"{where}.mig-devices", enabled=enabled)
-    return Entry(devices, _filter(raw.get("device-filter"), where),
+    return Entry(devices, device_filter,
                  GpuLayout(enabled, tuple(sorted(counts.items()))), where)
 
 
@@ -233,7 +258,9 @@ def _shown(value: Any) -> str:
 
 
 def _filter(raw: Any, where: str) -> tuple[str, ...]:
-    """`device-filter`: one PCI id or a list of them, as `0x20B010DE` (device, vendor)."""
+    """`device-filter`: one PCI id or a list of them, as `0x20B010DE` (device, vendor), or
+    `0x20B210DE:0x147E10DE` (and the subsystem device and vendor, as mig-parted reads them
+    since its commit 3882a4d6)."""
     if raw is None:
         return ()
     items = [raw] if isinstance(raw, str | int) and not isinstance(raw, bool) else raw
@@ -254,6 +281,12 @@ def _filter(raw: Any, where: str) -> tuple[str, ...]:
 
 
 def _pci_id(text: str) -> str | None:
+    """`0xDDDDVVVV` or `0xDDDDVVVV:0xSSSSVVVV` in one spelling (upper case), else None."""
+    parts = [_one_id(part) for part in text.split(":")]
+    return None if len(parts) > 2 or None in parts else ":".join(map(str, parts))
+
+
+def _one_id(text: str) -> str | None:
     body = text.strip().lower().removeprefix("0x")
     if len(body) != 8 or any(c not in "0123456789abcdef" for c in body):
         return None
@@ -276,11 +309,16 @@ def _mig_devices(raw: Any, where: str, *, enabled: bool) -> dict[str, int]:
                                  remedy="give a whole count from 0 to 7")
         if count:
             counts[str(profile)] = count
+    if not counts:
+        raise MigConfigError(f"{where} gives every profile a count of 0",
+                             remedy="give at least one profile a count of 1 or more, or "
+                                    "write mig-devices: {} for MIG on with no instances")
     return counts
 
 
 def pci_ids(ctx: Context) -> Callable[[GpuNow], str | None]:
-    """`0xDDDDVVVV` of a GPU from sysfs (what mig-parted's device-filter names)."""
+    """`0xDDDDVVVV:0xSSSSVVVV` of a GPU from sysfs (device, vendor, subsystem device and
+    vendor: what mig-parted's device-filter matches); `0xDDDDVVVV` without a subsystem."""
     def read(gpu: GpuNow) -> str | None:
         domain, _, rest = gpu.pci_bus_id.strip().lower().partition(":")
         try:
@@ -288,9 +326,13 @@ def pci_ids(ctx: Context) -> Callable[[GpuNow], str | None]:
         except ValueError:
             return None
         base = ctx.host.roots.sys / "bus" / "pci" / "devices" / address
-        device = (ctx.host.read_text(base / "device") or "").strip()
-        vendor = (ctx.host.read_text(base / "vendor") or "").strip()
-        return _pci_id(device.removeprefix("0x") + vendor.removeprefix("0x"))
+        def pair(first: str, second: str) -> str | None:
+            one = (ctx.host.read_text(base / first) or "").strip().removeprefix("0x")
+            two = (ctx.host.read_text(base / second) or "").strip().removeprefix("0x")
+            return _one_id(one + two)
+        primary = pair("device", "vendor")
+        subsystem = pair("subsystem_device", "subsystem_vendor")
+        return primary and (f"{primary}:{subsystem}" if subsystem else primary)
     return read
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from installer.compat.mig import PROFILE_NAME, MigModel, known_profile, mig_model
+from installer.compat.mig import PROFILE_NAME, MigModel, known_profile, mig_model, offered_by
 from installer.errors import MigConfigError, MigLayoutError
 from installer.node.documents import quote
 
@@ -108,12 +108,25 @@ def _well_formed(index: int, wanted: GpuLayout, gpus: dict[int, GpuNow]) -> None
             raise MigConfigError(f"{where}: {quote(name)} is not a MIG profile NVIDIA defines; "
                                  f"this GPU's profiles are {', '.join(model.profiles)}",
                                  remedy=f"use one of them (e.g. {next(iter(model.profiles))})")
+        _this_models(index, gpus[index], name)
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise MigConfigError(f"GPU {index}: the count of {name} must be a whole number "
                                  f"of 1 or more, not {quote(count)}")
     if wanted.devices and not wanted.mig_enabled:
         raise MigConfigError(f"GPU {index}: MIG instances asked for with mig-enabled false",
                              remedy="set mig-enabled true, or drop the instances")
+
+
+def _this_models(index: int, gpu: GpuNow, name: str) -> None:
+    """Exit 2 for a size NVIDIA defines for other models only, naming those models."""
+    model = mig_model(gpu.name, gpu.memory_mib)
+    if model is None or name in model.profiles:
+        return
+    raise MigConfigError(f"GPU {index} ({gpu.name}): {name} is a MIG size of "
+                         f"{', '.join(offered_by(name))}, not of this GPU ({model.name}), "
+                         f"whose profiles are {', '.join(model.profiles)}",
+                         remedy=f"use one of this GPU's (e.g. {next(iter(model.profiles))}), "
+                                "or a device-filter so the entry reaches only those models")
 
 
 def _fits(gpu: GpuNow, wanted: GpuLayout) -> None:
@@ -125,16 +138,13 @@ def _fits(gpu: GpuNow, wanted: GpuLayout) -> None:
     if model is None:
         raise MigLayoutError(f"{where} has no MIG; it cannot be partitioned",
                              remedy="leave MIG off for this GPU (mig-enabled false), or "
-                                    "select only MIG nodes (A100, H100, H200, B200, GB200)")
+                                    "select only MIG nodes (A100, A30, H100, H200, GH200, "
+                                    "B200, GB200, B300, GB300, RTX PRO 6000)")
     counts = dict(normal(wanted).devices)
-    missing = [name for name in counts if name not in model.profiles]
-    if missing:
-        raise MigLayoutError(f"{where} has no MIG size {', '.join(missing)}; "
-                             f"it offers {model.offers()}")
     if model.pack(counts) is None:
         raise MigLayoutError(f"{where} cannot hold {describe(normal(wanted))}: "
                              f"{_why(model, counts)}; it offers {model.offers()} "
-                             f"within 7 compute slices")
+                             f"within {model.compute_slices} compute slices")
 
 
 def _why(model: MigModel, counts: dict[str, int]) -> str:
@@ -143,8 +153,8 @@ def _why(model: MigModel, counts: dict[str, int]) -> str:
         if count > model.profiles[name].max_count:
             return f"at most {model.profiles[name].max_count} of {name} fit"
     slices = sum(model.profiles[name].slices * count for name, count in counts.items())
-    if slices > 7:
-        return f"it takes {slices} compute slices of 7"
+    if slices > model.compute_slices:
+        return f"it takes {slices} compute slices of {model.compute_slices}"
     return "no placement of those instances fits the GPU's memory slots"
 
 
