@@ -10,9 +10,10 @@ they would take about 20 and 2.5 MB of it. The call is one unary gRPC call over 
 off never loads it); its answer is decoded here from the protobuf wire format: five string
 fields of four messages (`POD_RESOURCES`...: the API's numbers), unknown fields (topology,
 CPUs, memory, dynamic resources, whatever the kubelet adds) skipped by wire type as protobuf
-parsers do. No generated code, so nothing to regenerate or exempt from the linters. The test
-kubelet (tests/podresources.py) is a real grpcio server encoding with the protobuf library,
-so each side checks the other.
+parsers do. The kubelet lists each device in an entry of its own and every container; the
+rows returned are one per (namespace, pod, container, resource). No generated code, so
+nothing to regenerate or exempt from the linters. The test kubelet (tests/podresources.py)
+is a real grpcio server encoding with the protobuf library, so each side checks the other.
 """
 
 from __future__ import annotations
@@ -90,19 +91,23 @@ def _call(socket: Path, timeout_s: float) -> bytes:
 
 def parse_response(data: bytes) -> list[ContainerDevices]:
     """Every (container, resource) holding at least one device, in the kubelet's order;
-    ValueError when the bytes are not such a message."""
-    found = []
+    ValueError when the bytes are not such a message.
+
+    The kubelet lists each device in an entry of its own, once per NUMA node of the device
+    (`containerDevicesFromResourceDeviceInstances`), and every container, holding devices or
+    not. Entries of one (namespace, pod, container, resource) are merged here, each device
+    once, so that a container holding two GPUs is one row of two."""
+    held: dict[tuple[str, str, str, str], dict[str, None]] = {}
     for pod in _messages(data, POD_RESOURCES):
         name, namespace = _string(pod, NAME), _string(pod, NAMESPACE)
         for container in _messages(pod, CONTAINERS):
             container_name = _string(container, NAME)
             for devices in _messages(container, DEVICES):
-                ids = tuple(_text(_bytes(w, v)) for n, w, v in _fields(devices)
-                            if n == DEVICE_IDS)
+                ids = [_text(_bytes(w, v)) for n, w, v in _fields(devices) if n == DEVICE_IDS]
                 if ids:
-                    found.append(ContainerDevices(namespace, name, container_name,
-                                                  _string(devices, RESOURCE_NAME), ids))
-    return found
+                    key = (namespace, name, container_name, _string(devices, RESOURCE_NAME))
+                    held.setdefault(key, {}).update(dict.fromkeys(ids))
+    return [ContainerDevices(*key, tuple(ids)) for key, ids in held.items()]
 
 
 def _messages(data: bytes, number: int) -> list[bytes]:

@@ -12,6 +12,7 @@ from helpers import http_get
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from installer.agent.metrics import gke
 from installer.agent.metrics.families import assignments
 from installer.agent.metrics.server import SnapshotCollector
 from installer.agent.metrics.snapshot import GpuReading, InstallFacts, Snapshot
@@ -86,6 +87,33 @@ class TestContainers:
         assert samples[("request", frozenset(request.items()))] == 2
         assert not [k for k in samples if dict(k[1]).get("pod") == "other"]  # not a GPU
         assert samples[("gpu_node_installer_pod_resources_available", frozenset())] == 1
+
+    def test_one_row_per_device_sums_to_one_request_series(self) -> None:
+        """The kubelet's shape: one entry per device (twice for a device on two NUMA
+        nodes), each container listed even holding nothing."""
+        gpus = (gpu(0, duty=25.0), gpu(1, duty=75.0), gpu(2))
+        snap = Snapshot(taken_at=0, gpus=gpus, containers=(
+            holder("train-0", "nvidia0"), holder("train-0", "nvidia1"),
+            holder("train-0", "nvidia1"), holder("train-0", resource="example.com/nic"),
+            holder("infer-0", gpus[2].uuid), holder("infer-0", "nvidia2")))
+        samples = render(snap)
+        request = {(dict(k[1])["pod"]): v for k, v in samples.items() if k[0] == "request"}
+        assert request == {"train-0": 2, "infer-0": 2}  # two ids, whatever they name
+        duty = sorted((dict(k[1])["pod"], dict(k[1])["accelerator_id"])
+                      for k in samples if k[0] == "duty_cycle")
+        assert duty == [("infer-0", gpus[2].uuid), ("train-0", gpus[0].uuid),
+                        ("train-0", gpus[1].uuid)]  # one series per GPU and container
+
+    def test_node_series_carry_gkes_labels(self) -> None:
+        gpus = (gpu(0, duty=25.0), gpu(1, duty=75.0))
+        samples = render(Snapshot(taken_at=0, node_name="gpu-node-1", gpus=gpus))
+        node = {k[0]: dict(k[1]) for k in samples if k[0].endswith("_gpu_node")
+                and dict(k[1])["accelerator_id"] == gpus[1].uuid}
+        expected = {"make": "nvidia", "accelerator_id": gpus[1].uuid,
+                    "model": "NVIDIA H100 80GB HBM3"}
+        assert node == {name: expected for name in ("duty_cycle_gpu_node",
+                                                    "memory_used_gpu_node",
+                                                    "memory_total_gpu_node")}
 
     def test_no_view_renders_the_node_only(self) -> None:
         samples = render(Snapshot(taken_at=0, gpus=(gpu(0),), containers=None,
@@ -232,3 +260,44 @@ class TestServer:
             httpd.shutdown()
             httpd.server_close()
             thread.join(10)
+
+
+# GKE's families transcribed here by hand, independently of installer/agent/metrics/gke.py,
+# from GoogleCloudPlatform/container-engine-accelerators pkg/gpu/nvidia/metrics/metrics.go
+# at 992db81257553607f1477945f1b3219632991829: name -> (Help, label names), all GaugeVecs.
+GKE_METRICS_GO = {
+    "duty_cycle_gpu_node": ("Percent of time when the GPU was actively processing",
+                            ("make", "accelerator_id", "model")),
+    "memory_total_gpu_node": ("Total memory available on the GPU in bytes",
+                              ("make", "accelerator_id", "model")),
+    "memory_used_gpu_node": ("Allocated GPU memory in bytes", ("make", "accelerator_id", "model")),
+    "duty_cycle": ("Percent of time when the GPU was actively processing",
+                   ("namespace", "pod", "container", "make", "accelerator_id", "model")),
+    "memory_total": ("Total memory available on the GPU in bytes",
+                     ("namespace", "pod", "container", "make", "accelerator_id", "model")),
+    "memory_used": ("Allocated GPU memory in bytes",
+                    ("namespace", "pod", "container", "make", "accelerator_id", "model")),
+    "request": ("Number of accelerator devices requested by the container",
+                ("namespace", "pod", "container", "resource_name")),
+}
+
+
+class TestGkeNames:
+    """The product's GKE table against a transcription of metrics.go, and the exposition
+    against both."""
+
+    def test_the_table_matches_metrics_go(self) -> None:
+        assert gke.FAMILIES == GKE_METRICS_GO
+
+    def test_the_exposition_serves_the_table(self) -> None:
+        gpus = (gpu(0), gpu(1))
+        snap = Snapshot(taken_at=0, gpus=gpus, containers=(holder("p", "nvidia0"),))
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(SnapshotCollector(lambda: snap, Log()))
+        families = {f.name: f for f in text_string_to_metric_families(
+            generate_latest(registry).decode())}
+        for name, (doc, labels) in GKE_METRICS_GO.items():
+            family = families[name]
+            assert (family.type, family.documentation) == ("gauge", doc)
+            assert family.samples and {tuple(sorted(s.labels)) for s in family.samples} == {
+                tuple(sorted(labels))}

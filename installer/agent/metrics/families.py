@@ -3,7 +3,8 @@
 Pure: the same snapshot renders the same families, at any time, on any thread. GKE's
 device plugin (`--enable-container-gpu-metrics`) names the per-container series
 `duty_cycle`, `memory_used`, `memory_total`, `request` and the per-node ones
-`*_gpu_node`; their labels are kept exactly, so dashboards and HPAs built on them work.
+`*_gpu_node`; their names, labels and help texts come from `gke.FAMILIES` (with its
+provenance), so dashboards and HPAs built on them work.
 """
 
 from __future__ import annotations
@@ -12,15 +13,13 @@ from collections.abc import Callable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from installer.agent.metrics import gke
 from installer.agent.metrics.snapshot import GpuReading, Snapshot
 from installer.node.podresources import ContainerDevices
 
 PREFIX = "gpu_node_installer_"
 GPU_LABELS = ["gpu", "uuid", "model", "pci_bus_id"]
-CONTAINER_LABELS = ["namespace", "pod", "container", "make", "accelerator_id", "model"]
-NODE_LABELS = ["node_name", "make", "accelerator_index", "model"]
-MAKE = "nvidia"
-GPU_RESOURCES = ("nvidia.com/gpu",)
+GPU_RESOURCES = (gke.GPU_RESOURCE,)
 
 
 def families(snap: Snapshot, now: float) -> Iterator[Metric]:
@@ -124,12 +123,16 @@ def _gpus(snap: Snapshot) -> Iterator[Metric]:
     yield from (duty, used, total, temp, power, ecc, rows, unreadable)
 
 
-def _gke_triple(suffix: str, labels: list[str]) -> tuple[GaugeMetricFamily, ...]:
-    """GKE's duty cycle, memory used and memory total, with its help texts."""
-    return (_gauge(f"duty_cycle{suffix}", "Percent of time when the GPU was actively "
-                   "processing", labels),
-            _gauge(f"memory_used{suffix}", "Allocated GPU memory in bytes", labels),
-            _gauge(f"memory_total{suffix}", "Total memory available on the GPU in bytes", labels))
+def _gke(name: str) -> GaugeMetricFamily:
+    """A GKE family as its table gives it (all GKE's families are gauges)."""
+    doc, labels = gke.FAMILIES[name]
+    return _gauge(name, doc, list(labels))
+
+
+def _gke_triple(suffix: str) -> tuple[GaugeMetricFamily, ...]:
+    """GKE's duty cycle, memory used and memory total."""
+    return tuple(_gke(f"{name}{suffix}") for name in ("duty_cycle", "memory_used",
+                                                      "memory_total"))
 
 
 def _add_triple(triple: tuple[GaugeMetricFamily, ...], labels: list[str],
@@ -140,35 +143,37 @@ def _add_triple(triple: tuple[GaugeMetricFamily, ...], labels: list[str],
 
 
 def _gke_node(snap: Snapshot) -> Iterator[Metric]:
-    triple = _gke_triple("_gpu_node", NODE_LABELS)
+    triple = _gke_triple("_gpu_node")
     for gpu in snap.gpus:
-        _add_triple(triple, [snap.node_name, MAKE, str(gpu.index), gpu.model], gpu)
+        _add_triple(triple, [gke.MAKE, gpu.uuid, gpu.model], gpu)
     yield from triple
 
 
 def _gke_containers(snap: Snapshot) -> Iterator[Metric]:
-    triple = _gke_triple("", CONTAINER_LABELS)
-    request = _gauge("request", "Number of accelerator devices requested by the container",
-                     ["namespace", "pod", "container", "resource_name"])
+    triple, request = _gke_triple(""), _gke("request")
     for holder, gpus in assignments(snap):
         request.add_metric([holder.namespace, holder.pod, holder.container, holder.resource],
                            len(holder.device_ids))
         for gpu in gpus:
-            _add_triple(triple, [holder.namespace, holder.pod, holder.container, MAKE,
+            _add_triple(triple, [holder.namespace, holder.pod, holder.container, gke.MAKE,
                                  gpu.uuid, gpu.model], gpu)
     yield from (*triple, request)
 
 
 def assignments(snap: Snapshot) -> list[tuple[ContainerDevices, list[GpuReading]]]:
-    """Each container holding GPUs, with the GPUs its device ids name (UUID, nvidia<minor>
-    or index); an id matching no GPU read this pass is left out of the per-GPU series."""
+    """Each container holding GPUs, its device ids summed per (namespace, pod, container,
+    resource) (each id once), with the GPUs they name (UUID, nvidia<minor> or index; each
+    GPU once); an id matching no GPU read this pass counts in `request` only."""
     names = {name: gpu for gpu in snap.gpus for name in gpu.device_ids()}
+    held: dict[tuple[str, str, str, str], dict[str, None]] = {}
+    for row in snap.containers or ():
+        if row.resource in GPU_RESOURCES and row.device_ids:
+            key = (row.namespace, row.pod, row.container, row.resource)
+            held.setdefault(key, {}).update(dict.fromkeys(row.device_ids))
     found = []
-    for holder in snap.containers or ():
-        if holder.resource not in GPU_RESOURCES or not holder.device_ids:
-            continue
-        gpus = [names[d] for d in holder.device_ids if d in names]
-        found.append((holder, gpus))
+    for key, ids in held.items():
+        gpus = {names[d].uuid: names[d] for d in ids if d in names}
+        found.append((ContainerDevices(*key, tuple(ids)), list(gpus.values())))
     return found
 
 
