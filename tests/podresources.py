@@ -101,7 +101,7 @@ class Memory:
 
 
 @dataclass(frozen=True)
-class ClaimDevice:
+class DraDevice:
     """One device a DRA driver prepared for a claim."""
 
     driver: str
@@ -117,7 +117,7 @@ class Claim:
 
     name: str
     namespace: str
-    devices: tuple[ClaimDevice, ...] = ()
+    devices: tuple[DraDevice, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -216,7 +216,7 @@ def _container(message: Any, container: Container, rng: random.Random | None) ->
     for claim in container.claims:
         dynamic = message.dynamic_resources.add(claim_name=claim.name,
                                                 claim_namespace=claim.namespace)
-        drivers: dict[str, list[ClaimDevice]] = {}
+        drivers: dict[str, list[DraDevice]] = {}
         for device in claim.devices:
             drivers.setdefault(device.driver, []).append(device)
         for driver in _shuffled(list(drivers), rng):

@@ -23,9 +23,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from podresources import (
     Claim,
-    ClaimDevice,
     Container,
     Device,
+    DraDevice,
     Memory,
     Pod,
     answer,
@@ -36,6 +36,8 @@ from podresources import (
 )
 
 from installer.node.podresources import (
+    Assignment,
+    ClaimDevice,
     ContainerDevices,
     PodResourcesUnavailable,
     list_assignments,
@@ -56,12 +58,15 @@ def socket_dir() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def rows(found: list[ContainerDevices]) -> set[tuple[str, str, str, str, frozenset[str]]]:
-    """Rows without order: the kubelet's resources and devices come in Go's map order."""
+def rows(found: list[Assignment] | list[ContainerDevices]
+         ) -> set[tuple[str, str, str, str, frozenset[str]]]:
+    """Device plugin rows without order: the kubelet's resources and devices come in Go's
+    map order."""
     listed = [(r.namespace, r.pod, r.container, r.resource, frozenset(r.device_ids))
-              for r in found]
+              for r in found if isinstance(r, ContainerDevices)]
     assert len(set(listed)) == len(listed)  # one row per (namespace, pod, container, resource)
-    assert all(len(set(r.device_ids)) == len(r.device_ids) for r in found)  # each id once
+    assert all(len(set(r.device_ids)) == len(r.device_ids)  # each id once
+               for r in found if isinstance(r, ContainerDevices))
     return set(listed)
 
 
@@ -117,7 +122,9 @@ def test_two_gpus_are_one_row_of_two(socket_dir: Path) -> None:
         Container("setup", {GPU: (Device("GPU-z"),)}, init="init"), trainer,
         Container("logger"), Container("proxy", {GPU: (Device("GPU-c"),)}, init="sidecar"),
         Container("dra", claims=(Claim("gpu-claim", "ml", (
-            ClaimDevice("gpu.nvidia.com", "node-1", "gpu-3", ("nvidia.com/gpu=gpu-3",)),)),))),
+            DraDevice("gpu.nvidia.com", "node-1", "gpu-3", ("k8s.gpu.nvidia.com/claim=a",)),
+            DraDevice("gpu.nvidia.com", "node-1", "gpu-4", ("k8s.gpu.nvidia.com/claim=b",),
+                      share_id="7c1d"))),))),
         cpu_ids=(4, 5, 6))
     message = answer([pod])
     [listed] = message.pod_resources
@@ -132,14 +139,25 @@ def test_two_gpus_are_one_row_of_two(socket_dir: Path) -> None:
     assert listed.containers[1].memory[0].size == 2**30
     assert not listed.containers[2].devices  # logger: listed, holding nothing
     [claim] = listed.containers[3].dynamic_resources
-    assert (claim.claim_name, claim.claim_resources[0].device_name) == ("gpu-claim", "gpu-3")
-    assert not claim.claim_resources[0].HasField("share_id")
+    first, second = claim.claim_resources
+    assert (claim.claim_name, first.device_name, second.device_name) == (
+        "gpu-claim", "gpu-3", "gpu-4")
+    assert not first.HasField("share_id") and second.share_id == "7c1d"
+    # one CDI slice per driver in the kubelet's loop: the second device repeats the first's
+    assert [c.name for c in second.cdi_devices] == ["k8s.gpu.nvidia.com/claim=a",
+                                                     "k8s.gpu.nvidia.com/claim=b"]
     with serve(socket_dir, [pod]) as kubelet:
         for _ in range(5):  # Go's map order changes between answers; the rows do not
-            assert rows(list_assignments(socket_dir)) == {
+            found = list_assignments(socket_dir)
+            assert rows(found) == {
                 ("ml", "train-0", "proxy", GPU, frozenset({"GPU-c"})),
                 ("ml", "train-0", "trainer", GPU, frozenset({"GPU-a", "GPU-b"})),
                 ("ml", "train-0", "trainer", "example.com/nic", frozenset({"nic1"}))}
+            assert [r for r in found if isinstance(r, ClaimDevice)] == [
+                ClaimDevice("ml", "train-0", "dra", "ml/gpu-claim", "gpu.nvidia.com", "node-1",
+                            "gpu-3"),
+                ClaimDevice("ml", "train-0", "dra", "ml/gpu-claim", "gpu.nvidia.com", "node-1",
+                            "gpu-4", share_id="7c1d")]
         assert kubelet.calls == 5
 
 
@@ -194,7 +212,7 @@ def test_any_bytes_decode_or_raise_value_error(data: bytes) -> None:
     except ValueError as exc:
         assert str(exc) and "\n" not in str(exc)
         return
-    assert all(isinstance(entry, ContainerDevices) and entry.device_ids for entry in found)
+    assert all(isinstance(entry, ClaimDevice) or entry.device_ids for entry in found)
 
 
 @pytest.mark.parametrize(("answer", "why"), [
