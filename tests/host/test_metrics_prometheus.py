@@ -24,7 +24,7 @@ from agentnode import A100_BUSES, AgentNode, make_node, wait_for
 from healthkit import record
 from host.test_agent_metrics import MIB, free_port, gpu_line, readings, record_install
 from metricexamples import adapter_query, adapter_rules, dashboard_queries, variable_metrics
-from podresources import Container, Device, Kubelet, Pod, serve, short_dir
+from podresources import Claim, Container, Device, DraDevice, Kubelet, Pod, serve, short_dir
 from prometheus import Prometheus, check_metrics, running
 
 from installer.packages.manifest import Package
@@ -48,6 +48,14 @@ INFER = Pod("serve", "infer-7f9c", (Container("server", {
     GPU: (Device("GPU-aaaaaaaa-0000-4000-8000-000000000003", None),),
     "example.com/nic": (Device("nic0"),)}),))
 ASSIGNED = 5
+# GPU 6 time-sliced by NVIDIA's plugin (renameByDefault: `nvidia.com/gpu.shared`, replica ids
+# `GPU-<uuid>::<n>`) to two pods; GPU 7 allocated through a DRA claim of NVIDIA's driver.
+SHARED = "nvidia.com/gpu.shared"
+SLICES = [Pod("ml", f"slice-{n}", (Container("main", {SHARED: (
+    Device(f"GPU-aaaaaaaa-0000-4000-8000-000000000006::{n}"),)}),)) for n in (0, 1)]
+DRA = Pod("ml", "dra-0", (Container("worker", claims=(Claim("gpu-claim", "ml", (
+    DraDevice("gpu.nvidia.com", "gpu-node-1", "gpu-7", ("k8s.gpu.nvidia.com/claim=c1",)),)),)),))
+EXACT = '{attribution="exact", pod!="dra-0"}'  # the device plugins' whole GPUs
 GKE_MEMORY_TOTAL = 'memory_total non-counter metrics should not have "_total" suffix'
 XID13 = "NVRM: Xid (PCI:0000:{bus}:00): 13, pid=4242, name=python3, Graphics Exception"
 
@@ -65,7 +73,7 @@ def duty(i: int) -> float:
 def kubelet() -> Iterator[Kubelet]:
     directory = short_dir()
     try:
-        with serve(directory, [TRAIN, INFER]) as stand_in:
+        with serve(directory, [TRAIN, INFER, *SLICES, DRA]) as stand_in:
             yield stand_in
     finally:
         shutil.rmtree(directory, ignore_errors=True)
@@ -88,7 +96,7 @@ def scraped(tmp_path: Path, package: Package, kubelet: Kubelet
                                target_labels=AGENT_POD) as prom:
         wait_for(node.ready, timeout=60)
         # the first collections may predate the fabric or the kubelet's first answer
-        wait_for(lambda: len(prom.query("duty_cycle")) == ASSIGNED
+        wait_for(lambda: len(prom.query("duty_cycle")) == ASSIGNED + 3
                  and prom.query('gpu_node_installer_daemon_up{daemon="nv-fabricmanager"} == 1')
                  and prom.query("gpu_node_installer_ready == 1"), timeout=90, step=0.5)
         yield node, prom, f"http://{target}"
@@ -103,7 +111,7 @@ def by(prom: Prometheus, promql: str, *labels: str) -> dict[tuple[str, ...], flo
 def test_per_container_gpu_metrics_through_prometheus(
         scraped: tuple[AgentNode, Prometheus, str]) -> None:
     _, prom, _ = scraped
-    series = by(prom, "duty_cycle", "namespace", "pod", "container", "accelerator_id",
+    series = by(prom, "duty_cycle" + EXACT, "namespace", "pod", "container", "accelerator_id",
                 "make", "model")
     model = "NVIDIA A100-SXM4-40GB"
     assert series == {
@@ -112,17 +120,16 @@ def test_per_container_gpu_metrics_through_prometheus(
         ("ml", "train-0", "evaluator", uuid(4), "nvidia", model): duty(4),
         ("ml", "train-0", "evaluator", uuid(5), "nvidia", model): duty(5),
         ("serve", "infer-7f9c", "server", uuid(3), "nvidia", model): duty(3)}
-    assert by(prom, "memory_used", "pod", "accelerator_id") == {
+    assert by(prom, "memory_used" + EXACT, "pod", "accelerator_id") == {
         ("train-0", uuid(0)): 1000 * MIB, ("train-0", uuid(1)): 1001 * MIB,
         ("train-0", uuid(4)): 1004 * MIB, ("train-0", uuid(5)): 1005 * MIB,
         ("infer-7f9c", uuid(3)): 1003 * MIB}
     assert set(by(prom, "memory_total", "accelerator_id").values()) == {40960 * MIB}
     # GPUs requested: one series per container and resource, each GPU counted once (the
     # kubelet lists each device in an entry of its own); the NIC is not a GPU
-    assert by(prom, "request", "pod", "container", "resource_name") == {
-        ("train-0", "trainer", GPU): 2, ("train-0", "evaluator", GPU): 2,
-        ("infer-7f9c", "server", GPU): 1}
-    assert by(prom, "sum(request)") == {(): ASSIGNED}
+    assert by(prom, f'request{{resource_name="{GPU}"}}', "pod", "container") == {
+        ("train-0", "trainer"): 2, ("train-0", "evaluator"): 2, ("infer-7f9c", "server"): 1}
+    assert by(prom, f'sum(request{{resource_name="{GPU}"}})') == {(): ASSIGNED}
     assert by(prom, 'count(request{pod="train-0", container="trainer"})') == {(): 1}
     # the per-container view agrees with the per-GPU one (same collection)
     ratio = by(prom, "gpu_node_installer_gpu_duty_cycle_ratio", "uuid")
@@ -135,6 +142,23 @@ def test_per_container_gpu_metrics_through_prometheus(
     # node-level series keep the agent pod's labels, as the PodMonitor's scrape gives them
     ((labels, ready),) = prom.values("gpu_node_installer_ready").items()
     assert ready == 1 and set(AGENT_POD.items()) <= labels
+
+
+def test_shared_and_dra_gpus_through_prometheus(
+        scraped: tuple[AgentNode, Prometheus, str]) -> None:
+    """A time-sliced GPU gives each pod holding a replica its series, marked shared; a GPU
+    allocated through DRA gives its container series, and the claim and device by name."""
+    _, prom, _ = scraped
+    assert by(prom, 'duty_cycle{pod=~"slice-.*"}', "pod", "accelerator_id", "attribution") == {
+        ("slice-0", uuid(6), "shared"): duty(6), ("slice-1", uuid(6), "shared"): duty(6)}
+    assert by(prom, f'request{{resource_name="{SHARED}"}}', "pod") == {
+        ("slice-0",): 1, ("slice-1",): 1}
+    assert by(prom, 'duty_cycle{pod="dra-0"}', "container", "accelerator_id",
+              "attribution") == {("worker", uuid(7), "exact"): duty(7)}
+    assert by(prom, "gpu_node_installer_container_gpu_claim", "pod", "container", "claim",
+              "pool", "device", "accelerator_id") == {
+        ("dra-0", "worker", "ml/gpu-claim", "gpu-node-1", "gpu-7", uuid(7)): 1}
+    assert prom.query('request{pod="dra-0"}') == []  # a claim is not a device plugin request
 
 
 def test_node_gpu_and_install_metrics_through_prometheus(

@@ -12,6 +12,8 @@ every family is a gauge; `make` is "nvidia"; `accelerator_id` is the GPU's UUID 
 `GetUUID`), `model` its NVML name; `duty_cycle*` is the percentage (0-100) of NVML's
 utilisation samples, `memory_*` NVML's memory info in bytes; `request` is the number of
 `nvidia.com/gpu` devices the kubelet assigned to the container (`resource_name` that name).
+The agent adds one label of its own, `attribution`, to the per-container GPU series, and
+serves `request` for the other GPU resources too (`attribution.is_gpu_resource`).
 """
 
 from __future__ import annotations
