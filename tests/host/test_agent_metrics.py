@@ -13,6 +13,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import podresources
 import pytest
@@ -23,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from installer.installdir.lastrun import LastInstall, write_last_install
 from installer.installdir.state import InstallState, write_state
+from installer.node.podresources import ContainerDevices
 from installer.packages.manifest import Package
 
 GPUS = 8
@@ -219,6 +221,52 @@ class TestContainers:
         assert len(per_gpu) == 3, per_gpu  # nvidia5's two NUMA entries are one GPU
         assert value(samples, "gpu_node_installer_pod_resources_available") == 1
         assert value(gone, "gpu_node_installer_pod_resources_available") == 1
+
+
+class TestMigDevices:
+    """MIG device UUIDs, read through the real pynvml from the NVML stand-in's MIG devices
+    (tests/native/nvml_standin_mig_devices.c), name their GPU for a container holding one."""
+
+    def test_a_containers_mig_device_is_its_gpu_shared(self, libs: Path,
+                                                         fake_env: pytest.MonkeyPatch,
+                                                         tmp_path: Path) -> None:
+        from native.nvmlsession import nvml_session
+
+        from installer.agent.metrics.families import holdings
+        from installer.agent.metrics.nvml import NvmlReader
+        from installer.agent.metrics.snapshot import Snapshot
+        from installer.stages.partition import nvml as partition
+        from installer.stages.partition.plan import GpuLayout, changes, layout
+
+        for name, setting in {"FAKE_NVML_MIG_DIR": tmp_path / "mig", "FAKE_NVML_GPUS": "2",
+                              "FAKE_NVML_PROC_DIR": tmp_path / "proc",
+                              "FAKE_NVML_NAME": "NVIDIA H100 80GB HBM3",
+                              "FAKE_NVML_MEMORY_MIB": "81559"}.items():
+            fake_env.setenv(name, str(setting))
+        with nvml_session(libs):
+            want = {0: GpuLayout(False, ()), 1: layout(True, {"1g.10gb": 2, "3g.40gb": 1})}
+            for change in changes(want, partition.read_gpus()):
+                partition.apply(change)
+            migs = [d.uuid for d in partition.read_gpus()[1].mig_devices]
+            result = NvmlReader(Log()).read()
+        assert len(migs) == 3 and all(m.startswith("MIG-") for m in migs)
+        gpus = {g.index: g for g in result.gpus}
+        assert gpus[0].mig_uuids == () and gpus[1].mig_uuids == tuple(migs)
+        snap = Snapshot(taken_at=0, gpus=tuple(result.gpus), containers=(
+            ContainerDevices("ml", "mig-0", "main", "nvidia.com/mig-1g.10gb", (migs[0],)),
+            ContainerDevices("ml", "mig-1", "main", "nvidia.com/gpu", (f"{migs[2]}::1",)),
+            ContainerDevices("ml", "whole", "main", "nvidia.com/gpu", (gpus[0].uuid,))))
+        found = {pod: [(g.index, a) for g, a in held.values()]
+                 for (_, pod, _), held in holdings(snap).items()}
+        assert found == {"mig-0": [(1, "shared")], "mig-1": [(1, "shared")],
+                         "whole": [(0, "exact")]}
+
+
+class Log:
+    """A structlog stand-in that keeps nothing."""
+
+    def __getattr__(self, level: str) -> Any:
+        return lambda *args, **fields: None
 
 
 class TestDegraded:
