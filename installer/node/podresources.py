@@ -7,12 +7,14 @@ use it to label per-container GPU series with `namespace`, `pod` and `container`
 Neither grpcio nor protobuf's runtime: the agent's budget with metrics on is 60 MB of RSS, and
 they would take about 20 and 2.5 MB of it. The call is one unary gRPC call over HTTP/2
 (`installer.node.grpcunix`, on `h2`, loaded on the first call only, so an agent with metrics
-off never loads it); its answer is decoded here from the protobuf wire format: five string
-fields of four messages (`POD_RESOURCES`...: the API's numbers), unknown fields (topology,
-CPUs, memory, dynamic resources, whatever the kubelet adds) skipped by wire type as protobuf
-parsers do. No generated code, so nothing to regenerate or exempt from the linters. The test
-kubelet (tests/podresources.py) is a real grpcio server encoding with the protobuf library,
-so each side checks the other.
+off never loads it); its answer is decoded here from the protobuf wire format: the string
+fields of six messages (`POD_RESOURCES`...: the API's numbers), unknown fields (topology,
+CPUs, memory, CDI devices, whatever the kubelet adds) skipped by wire type as protobuf
+parsers do. The kubelet lists each device in an entry of its own and every container; the
+rows returned are one per (namespace, pod, container, resource), and one per device a DRA
+driver allocated to a container (`dynamic_resources`). No generated code, so
+nothing to regenerate or exempt from the linters. The test kubelet (tests/podresources.py)
+is a real grpcio server encoding with the protobuf library, so each side checks the other.
 """
 
 from __future__ import annotations
@@ -31,6 +33,11 @@ MAX_MESSAGE = 16 * 1024 * 1024  # the kubelet's own server limit for this API
 # PodResources (name = 1, namespace = 2, containers = 3), ContainerResources (name = 1,
 # devices = 2), ContainerDevices (resource_name = 1, device_ids = 2).
 POD_RESOURCES, NAME, NAMESPACE, CONTAINERS, DEVICES, RESOURCE_NAME, DEVICE_IDS = 1, 1, 2, 3, 2, 1, 2
+# ContainerResources (dynamic_resources = 5), DynamicResource (claim_name = 2, claim_namespace
+# = 3, claim_resources = 4), ClaimResource (driver_name = 2, pool_name = 3, device_name = 4,
+# optional share_id = 5).
+DYNAMIC_RESOURCES, CLAIM_NAME, CLAIM_NAMESPACE, CLAIM_RESOURCES = 5, 2, 3, 4
+DRIVER_NAME, POOL_NAME, DEVICE_NAME, SHARE_ID = 2, 3, 4, 5
 _VARINT, _FIXED64, _LENGTH, _FIXED32 = 0, 1, 2, 5  # wire types (3, 4: groups, not in proto3)
 
 
@@ -45,11 +52,28 @@ class ContainerDevices:
     device_ids: tuple[str, ...]  # "nvidia0" (GKE's plugin) or "GPU-<uuid>" (NVIDIA's)
 
 
+@dataclass(frozen=True)
+class ClaimDevice:
+    """One device a DRA driver allocated to a container through a ResourceClaim."""
+
+    namespace: str
+    pod: str
+    container: str
+    claim: str  # "<claim namespace>/<claim name>"
+    driver: str  # e.g. "gpu.nvidia.com"
+    pool: str
+    device: str  # the driver's name for it, e.g. "gpu-0"
+    share_id: str | None = None  # set: the device is shared with other claims
+
+
+Assignment = ContainerDevices | ClaimDevice
+
+
 class PodResourcesUnavailable(Exception):
     """One line: why the per-container view is absent (no socket, permission, gRPC error)."""
 
 
-def list_assignments(socket_dir: Path, *, timeout_s: float = 2.0) -> list[ContainerDevices]:
+def list_assignments(socket_dir: Path, *, timeout_s: float = 2.0) -> list[Assignment]:
     """`List` on <socket_dir>/kubelet.sock (PodResources v1); raises PodResourcesUnavailable."""
     socket = socket_dir / SOCKET_NAME
     _check_socket(socket)
@@ -88,21 +112,36 @@ def _call(socket: Path, timeout_s: float) -> bytes:
                                       f"{text or 'no details'}") from None
 
 
-def parse_response(data: bytes) -> list[ContainerDevices]:
-    """Every (container, resource) holding at least one device, in the kubelet's order;
-    ValueError when the bytes are not such a message."""
-    found = []
+def parse_response(data: bytes) -> list[Assignment]:
+    """Every (container, resource) holding at least one device, in the kubelet's order, then
+    every device of a DRA claim per container; ValueError when the bytes are not such a
+    message.
+
+    The kubelet lists each device in an entry of its own, once per NUMA node of the device
+    (`containerDevicesFromResourceDeviceInstances`), and every container, holding devices or
+    not. Entries of one (namespace, pod, container, resource) are merged here, each device
+    once, so that a container holding two GPUs is one row of two."""
+    held: dict[tuple[str, str, str, str], dict[str, None]] = {}
+    claimed: dict[ClaimDevice, None] = {}
     for pod in _messages(data, POD_RESOURCES):
         name, namespace = _string(pod, NAME), _string(pod, NAMESPACE)
         for container in _messages(pod, CONTAINERS):
             container_name = _string(container, NAME)
             for devices in _messages(container, DEVICES):
-                ids = tuple(_text(_bytes(w, v)) for n, w, v in _fields(devices)
-                            if n == DEVICE_IDS)
+                ids = [_text(_bytes(w, v)) for n, w, v in _fields(devices) if n == DEVICE_IDS]
                 if ids:
-                    found.append(ContainerDevices(namespace, name, container_name,
-                                                  _string(devices, RESOURCE_NAME), ids))
-    return found
+                    key = (namespace, name, container_name, _string(devices, RESOURCE_NAME))
+                    held.setdefault(key, {}).update(dict.fromkeys(ids))
+            for claim in _messages(container, DYNAMIC_RESOURCES):
+                label = f"{_string(claim, CLAIM_NAMESPACE)}/{_string(claim, CLAIM_NAME)}"
+                for resource in _messages(claim, CLAIM_RESOURCES):
+                    shares = _messages(resource, SHARE_ID)
+                    claimed[ClaimDevice(
+                        namespace, name, container_name, label, _string(resource, DRIVER_NAME),
+                        _string(resource, POOL_NAME), _string(resource, DEVICE_NAME),
+                        _text(shares[-1]) if shares else None)] = None
+    rows: list[Assignment] = [ContainerDevices(*key, tuple(ids)) for key, ids in held.items()]
+    return rows + list(claimed)
 
 
 def _messages(data: bytes, number: int) -> list[bytes]:

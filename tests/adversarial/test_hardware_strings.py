@@ -73,8 +73,9 @@ class TestNotUtf8:
             self, tmp_path: Path, lib_dir: Path, variable: str, value: str, what: str) -> None:
         probe, series = collect(tmp_path, lib_dir, **{variable: value})
         assert served(series) == ["0", "2", "3"]
-        node = sorted(s["accelerator_index"] for s in series["memory_total_gpu_node"])
-        assert node == ["0", "2", "3"]  # GKE's drop-in family too
+        uuids = sorted(s["uuid"] for s in series["gpu_node_installer_gpu_memory_total_bytes"])
+        node = sorted(s["accelerator_id"] for s in series["memory_total_gpu_node"])
+        assert len(node) == 3 and node == uuids  # GKE's drop-in family too
         cause = f"its NVML {what} is not UTF-8"
         assert series["gpu_node_installer_gpu_unreadable"] == [
             {"gpu": "1", "reason": cause, "value": "1.0"}]

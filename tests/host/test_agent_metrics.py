@@ -13,11 +13,13 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import podresources
 import pytest
 from agentnode import A100_BUSES, AgentNode, make_node, wait_for
 from helpers import http_get
+from podresources import Container, Device, Pod
 from prometheus_client.parser import text_string_to_metric_families
 
 from installer.installdir.lastrun import LastInstall, write_last_install
@@ -138,10 +140,11 @@ class TestScrape:
                          type="uncorrected", **gpu) == i % 2
             assert value(samples, "gpu_node_installer_gpu_remapped_rows",
                          cause="correctable", **gpu) == i
-            assert value(samples, "duty_cycle_gpu_node", accelerator_index=str(i),
-                         make="nvidia", node_name="") == pytest.approx(10 * i + 10)
-            assert value(samples, "memory_used_gpu_node", accelerator_index=str(i)) == \
-                (1000 + i) * MIB
+            gke = {"make": "nvidia", "accelerator_id": gpu["uuid"], "model": gpu["model"]}
+            assert value(samples, "duty_cycle_gpu_node", **gke) == pytest.approx(10 * i + 10)
+            assert value(samples, "memory_used_gpu_node", **gke) == (1000 + i) * MIB
+        node_labels = {frozenset(dict(ls)) for n, ls in samples if n.endswith("_gpu_node")}
+        assert node_labels == {frozenset({"make", "accelerator_id", "model"})}  # GKE's since 2022
         manifest = package.manifest
         assert value(samples, "gpu_node_installer_info", driver_version="535.261.03",
                      cuda_version="12.2", flavour=manifest.flavour,
@@ -175,17 +178,23 @@ class TestContainers:
     def test_gke_names_per_container_by_each_plugins_ids(self, tmp_path: Path,
                                                          package: Package) -> None:
         sockets = podresources.short_dir()
+        gpu, nic = "nvidia.com/gpu", "example.com/nic"
+        # as the kubelet answers: one entry per device and NUMA node (nvidia5 is on two),
+        # the GPU-less containers listed too
         assignments = [
-            ContainerDevices("ml", "train-0", "trainer", "nvidia.com/gpu", ("nvidia2", "nvidia5")),
-            ContainerDevices("ml", "serve-0", "server", "nvidia.com/gpu",
-                             ("GPU-aaaaaaaa-0000-4000-8000-000000000007",)),
-            ContainerDevices("ml", "serve-0", "sidecar", "example.com/nic", ("eth1",))]
+            Pod("ml", "train-0", (Container("trainer", {gpu: (
+                Device("nvidia2", (0,)), Device("nvidia5", (0, 1)))}, cpu_ids=(2, 3)),
+                Container("logger"))),
+            Pod("ml", "serve-0", (
+                Container("server", {gpu: (Device("GPU-aaaaaaaa-0000-4000-8000-000000000007"),)}),
+                Container("sidecar", {nic: (Device("eth1", None),)})))]
         node, base = metrics_node(tmp_path, package, [gpu_line(i) for i in range(GPUS)],
                                   POD_RESOURCES_DIR=str(sockets))
         try:
             with podresources.serve(sockets, assignments) as kubelet, node.agent():
                 samples = next(served(base, "duty_cycle", pod="serve-0"))
                 assert kubelet.calls >= 1
+                status, text = http_get(base + "/metrics")
                 kubelet.assignments = assignments[1:]  # train-0 finished
                 gone = next(served(base, "gpu_node_installer_pod_resources_available"))
                 wait_for(lambda: not [k for k in scrape(base) if dict(k[1]).get("pod")
@@ -204,8 +213,60 @@ class TestContainers:
         assert value(samples, "request", pod="train-0", resource_name="nvidia.com/gpu") == 2
         assert value(samples, "request", pod="serve-0", container="server") == 1
         assert value(samples, "request", container="sidecar") is None  # not a GPU
+        assert value(samples, "request", container="logger") is None  # holds nothing
+        # one series per container and resource: Prometheus keeps one of identical series
+        requests = [line for line in text.splitlines() if line.startswith("request{")]
+        assert status == 200 and len(requests) == 2, requests
+        per_gpu = [line for line in text.splitlines() if line.startswith("duty_cycle{")]
+        assert len(per_gpu) == 3, per_gpu  # nvidia5's two NUMA entries are one GPU
         assert value(samples, "gpu_node_installer_pod_resources_available") == 1
         assert value(gone, "gpu_node_installer_pod_resources_available") == 1
+
+
+class TestMigDevices:
+    """MIG device UUIDs, read through the real pynvml from the NVML stand-in's MIG devices
+    (tests/native/nvml_standin_mig_devices.c), name their GPU for a container holding one."""
+
+    def test_a_containers_mig_device_is_its_gpu_shared(self, libs: Path,
+                                                         fake_env: pytest.MonkeyPatch,
+                                                         tmp_path: Path) -> None:
+        from native.nvmlsession import nvml_session
+
+        from installer.agent.metrics.families import holdings
+        from installer.agent.metrics.nvml import NvmlReader
+        from installer.agent.metrics.snapshot import Snapshot
+        from installer.stages.partition import nvml as partition
+        from installer.stages.partition.plan import GpuLayout, changes, layout
+
+        for name, setting in {"FAKE_NVML_MIG_DIR": tmp_path / "mig", "FAKE_NVML_GPUS": "2",
+                              "FAKE_NVML_PROC_DIR": tmp_path / "proc",
+                              "FAKE_NVML_NAME": "NVIDIA H100 80GB HBM3",
+                              "FAKE_NVML_MEMORY_MIB": "81559"}.items():
+            fake_env.setenv(name, str(setting))
+        with nvml_session(libs):
+            want = {0: GpuLayout(False, ()), 1: layout(True, {"1g.10gb": 2, "3g.40gb": 1})}
+            for change in changes(want, partition.read_gpus()):
+                partition.apply(change)
+            migs = [d.uuid for d in partition.read_gpus()[1].mig_devices]
+            result = NvmlReader(Log()).read()
+        assert len(migs) == 3 and all(m.startswith("MIG-") for m in migs)
+        gpus = {g.index: g for g in result.gpus}
+        assert gpus[0].mig_uuids == () and gpus[1].mig_uuids == tuple(migs)
+        snap = Snapshot(taken_at=0, gpus=tuple(result.gpus), containers=(
+            ContainerDevices("ml", "mig-0", "main", "nvidia.com/mig-1g.10gb", (migs[0],)),
+            ContainerDevices("ml", "mig-1", "main", "nvidia.com/gpu", (f"{migs[2]}::1",)),
+            ContainerDevices("ml", "whole", "main", "nvidia.com/gpu", (gpus[0].uuid,))))
+        found = {pod: [(g.index, a) for g, a in held.values()]
+                 for (_, pod, _), held in holdings(snap).items()}
+        assert found == {"mig-0": [(1, "shared")], "mig-1": [(1, "shared")],
+                         "whole": [(0, "exact")]}
+
+
+class Log:
+    """A structlog stand-in that keeps nothing."""
+
+    def __getattr__(self, level: str) -> Any:
+        return lambda *args, **fields: None
 
 
 class TestDegraded:
@@ -235,7 +296,8 @@ class TestDegraded:
         with node.agent():
             samples = next(served(base, "gpu_node_installer_collection_errors_total",
                                   source="podresources"))
-            samples = next(served(base, "duty_cycle_gpu_node", accelerator_index="7"))
+            samples = next(served(base, "duty_cycle_gpu_node",
+                                  accelerator_id="GPU-aaaaaaaa-0000-4000-8000-000000000007"))
         assert value(samples, "gpu_node_installer_pod_resources_available") == 0
         assert not [key for key in samples if key[0] in ("duty_cycle", "request")]
         reasons = [line for line in node.log().splitlines()

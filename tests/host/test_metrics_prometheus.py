@@ -24,10 +24,9 @@ from agentnode import A100_BUSES, AgentNode, make_node, wait_for
 from healthkit import record
 from host.test_agent_metrics import MIB, free_port, gpu_line, readings, record_install
 from metricexamples import adapter_query, adapter_rules, dashboard_queries, variable_metrics
-from podresources import Kubelet, serve, short_dir
+from podresources import Claim, Container, Device, DraDevice, Kubelet, Pod, serve, short_dir
 from prometheus import Prometheus, check_metrics, running
 
-from installer.node.podresources import ContainerDevices
 from installer.packages.manifest import Package
 
 GPUS = 8
@@ -35,10 +34,28 @@ GPU = "nvidia.com/gpu"
 # What the PodMonitor's scrape adds in a cluster: the agent pod's own labels and its node.
 AGENT_POD = {"namespace": "gpu-node-installer", "pod": "gpu-node-installer-x7k2p",
              "container": "agent", "node": "gpu-node-1"}
-TRAIN = ContainerDevices("ml", "train-0", "trainer", GPU, ("nvidia0", "nvidia1"))  # GKE's
-INFER = ContainerDevices("serve", "infer-7f9c", "server", GPU,  # NVIDIA's plugin: UUIDs
-                         ("GPU-aaaaaaaa-0000-4000-8000-000000000003",))
-NIC = ContainerDevices("serve", "infer-7f9c", "server", "example.com/nic", ("nic0",))
+# The pods as the kubelet answers for them (tests/podresources.py): one entry per device and
+# NUMA node, every container listed. train-0's trainer holds two GPUs by GKE's names (one on
+# two NUMA nodes), its evaluator two by NVIDIA's (UUIDs), its logger none; infer-7f9c's
+# server one GPU and a NIC. Five GPUs assigned.
+TRAIN = Pod("ml", "train-0", (
+    Container("trainer", {GPU: (Device("nvidia0", (0,)), Device("nvidia1", (0, 1)))},
+              cpu_ids=(8, 9)),
+    Container("evaluator", {GPU: (Device("GPU-aaaaaaaa-0000-4000-8000-000000000004", (1,)),
+                                  Device("GPU-aaaaaaaa-0000-4000-8000-000000000005", (1,)))}),
+    Container("logger")))
+INFER = Pod("serve", "infer-7f9c", (Container("server", {
+    GPU: (Device("GPU-aaaaaaaa-0000-4000-8000-000000000003", None),),
+    "example.com/nic": (Device("nic0"),)}),))
+ASSIGNED = 5
+# GPU 6 time-sliced by NVIDIA's plugin (renameByDefault: `nvidia.com/gpu.shared`, replica ids
+# `GPU-<uuid>::<n>`) to two pods; GPU 7 allocated through a DRA claim of NVIDIA's driver.
+SHARED = "nvidia.com/gpu.shared"
+SLICES = [Pod("ml", f"slice-{n}", (Container("main", {SHARED: (
+    Device(f"GPU-aaaaaaaa-0000-4000-8000-000000000006::{n}"),)}),)) for n in (0, 1)]
+DRA = Pod("ml", "dra-0", (Container("worker", claims=(Claim("gpu-claim", "ml", (
+    DraDevice("gpu.nvidia.com", "gpu-node-1", "gpu-7", ("k8s.gpu.nvidia.com/claim=c1",)),)),)),))
+EXACT = '{attribution="exact", pod!="dra-0"}'  # the device plugins' whole GPUs
 GKE_MEMORY_TOTAL = 'memory_total non-counter metrics should not have "_total" suffix'
 XID13 = "NVRM: Xid (PCI:0000:{bus}:00): 13, pid=4242, name=python3, Graphics Exception"
 
@@ -56,7 +73,7 @@ def duty(i: int) -> float:
 def kubelet() -> Iterator[Kubelet]:
     directory = short_dir()
     try:
-        with serve(directory, [TRAIN, INFER, NIC]) as stand_in:
+        with serve(directory, [TRAIN, INFER, *SLICES, DRA]) as stand_in:
             yield stand_in
     finally:
         shutil.rmtree(directory, ignore_errors=True)
@@ -79,7 +96,7 @@ def scraped(tmp_path: Path, package: Package, kubelet: Kubelet
                                target_labels=AGENT_POD) as prom:
         wait_for(node.ready, timeout=60)
         # the first collections may predate the fabric or the kubelet's first answer
-        wait_for(lambda: len(prom.query("duty_cycle")) == 3
+        wait_for(lambda: len(prom.query("duty_cycle")) == ASSIGNED + 3
                  and prom.query('gpu_node_installer_daemon_up{daemon="nv-fabricmanager"} == 1')
                  and prom.query("gpu_node_installer_ready == 1"), timeout=90, step=0.5)
         yield node, prom, f"http://{target}"
@@ -94,27 +111,54 @@ def by(prom: Prometheus, promql: str, *labels: str) -> dict[tuple[str, ...], flo
 def test_per_container_gpu_metrics_through_prometheus(
         scraped: tuple[AgentNode, Prometheus, str]) -> None:
     _, prom, _ = scraped
-    series = by(prom, "duty_cycle", "namespace", "pod", "container", "accelerator_id",
+    series = by(prom, "duty_cycle" + EXACT, "namespace", "pod", "container", "accelerator_id",
                 "make", "model")
     model = "NVIDIA A100-SXM4-40GB"
     assert series == {
         ("ml", "train-0", "trainer", uuid(0), "nvidia", model): duty(0),
         ("ml", "train-0", "trainer", uuid(1), "nvidia", model): duty(1),
+        ("ml", "train-0", "evaluator", uuid(4), "nvidia", model): duty(4),
+        ("ml", "train-0", "evaluator", uuid(5), "nvidia", model): duty(5),
         ("serve", "infer-7f9c", "server", uuid(3), "nvidia", model): duty(3)}
-    assert by(prom, "memory_used", "pod", "accelerator_id") == {
+    assert by(prom, "memory_used" + EXACT, "pod", "accelerator_id") == {
         ("train-0", uuid(0)): 1000 * MIB, ("train-0", uuid(1)): 1001 * MIB,
+        ("train-0", uuid(4)): 1004 * MIB, ("train-0", uuid(5)): 1005 * MIB,
         ("infer-7f9c", uuid(3)): 1003 * MIB}
     assert set(by(prom, "memory_total", "accelerator_id").values()) == {40960 * MIB}
-    # GPUs requested per container; the NIC is not a GPU
-    assert by(prom, "request", "pod", "container", "resource_name") == {
-        ("train-0", "trainer", GPU): 2, ("infer-7f9c", "server", GPU): 1}
+    # GPUs requested: one series per container and resource, each GPU counted once (the
+    # kubelet lists each device in an entry of its own); the NIC is not a GPU
+    assert by(prom, f'request{{resource_name="{GPU}"}}', "pod", "container") == {
+        ("train-0", "trainer"): 2, ("train-0", "evaluator"): 2, ("infer-7f9c", "server"): 1}
+    assert by(prom, f'sum(request{{resource_name="{GPU}"}})') == {(): ASSIGNED}
+    assert by(prom, 'count(request{pod="train-0", container="trainer"})') == {(): 1}
     # the per-container view agrees with the per-GPU one (same collection)
     ratio = by(prom, "gpu_node_installer_gpu_duty_cycle_ratio", "uuid")
     assert {k[3]: v for k, v in series.items()} == {
-        u: pytest.approx(100 * ratio[(u,)]) for u in (uuid(0), uuid(1), uuid(3))}
+        u: pytest.approx(100 * ratio[(u,)]) for u in map(uuid, (0, 1, 3, 4, 5))}
+    # GKE's node series: one per GPU, by UUID, with GKE's labels since 2022
+    node = prom.query("duty_cycle_gpu_node")
+    assert sorted(row["metric"]["accelerator_id"] for row in node) == list(map(uuid, range(GPUS)))
+    assert not [row for row in node if {"node_name", "accelerator_index"} & set(row["metric"])]
     # node-level series keep the agent pod's labels, as the PodMonitor's scrape gives them
     ((labels, ready),) = prom.values("gpu_node_installer_ready").items()
     assert ready == 1 and set(AGENT_POD.items()) <= labels
+
+
+def test_shared_and_dra_gpus_through_prometheus(
+        scraped: tuple[AgentNode, Prometheus, str]) -> None:
+    """A time-sliced GPU gives each pod holding a replica its series, marked shared; a GPU
+    allocated through DRA gives its container series, and the claim and device by name."""
+    _, prom, _ = scraped
+    assert by(prom, 'duty_cycle{pod=~"slice-.*"}', "pod", "accelerator_id", "attribution") == {
+        ("slice-0", uuid(6), "shared"): duty(6), ("slice-1", uuid(6), "shared"): duty(6)}
+    assert by(prom, f'request{{resource_name="{SHARED}"}}', "pod") == {
+        ("slice-0",): 1, ("slice-1",): 1}
+    assert by(prom, 'duty_cycle{pod="dra-0"}', "container", "accelerator_id",
+              "attribution") == {("worker", uuid(7), "exact"): duty(7)}
+    assert by(prom, "gpu_node_installer_container_gpu_claim", "pod", "container", "claim",
+              "pool", "device", "accelerator_id") == {
+        ("dra-0", "worker", "ml/gpu-claim", "gpu-node-1", "gpu-7", uuid(7)): 1}
+    assert prom.query('request{pod="dra-0"}') == []  # a claim is not a device plugin request
 
 
 def test_node_gpu_and_install_metrics_through_prometheus(
@@ -146,7 +190,7 @@ def test_every_dashboard_and_adapter_expression_returns_series(
     assert prom.query(rule["seriesQuery"])
     # what the HPA sees per pod: the pod's GPUs' mean duty cycle
     assert by(prom, adapter_query(rule, "ml", ["train-0"]), "pod") == {
-        ("train-0",): (duty(0) + duty(1)) / 2}
+        ("train-0",): pytest.approx((duty(0) + duty(1) + duty(4) + duty(5)) / 4)}
     assert by(prom, adapter_query(rule, "serve", ["infer-7f9c", "gone-pod"]), "pod") == {
         ("infer-7f9c",): duty(3)}
 
@@ -172,7 +216,7 @@ def test_series_follow_the_kubelet(scraped: tuple[AgentNode, Prometheus, str],
     """A pod that ends leaves no series behind; a kubelet that fails drops the
     per-container view (counted) and keeps the node's GPUs."""
     _, prom, _ = scraped
-    kubelet.assignments = [INFER]
+    kubelet.pods = [INFER]
     wait_for(lambda: not prom.query('duty_cycle{pod="train-0"}'), timeout=60, step=0.5)
     assert by(prom, "duty_cycle", "pod") == {("infer-7f9c",): duty(3)}
     kubelet.fail = grpc.StatusCode.UNAVAILABLE

@@ -1,9 +1,10 @@
 """The kubelet PodResources client against a real gRPC server on a unix socket.
 
-tests/podresources.py is the kubelet stand-in (grpcio, v1 proto). Each failure the agent can
-meet on a node is one test: no socket, a stale socket file, a server error, a socket that
-is no gRPC server, a kubelet that never answers. Every failure is one PodResourcesUnavailable
-line naming the socket.
+tests/podresources.py is the kubelet stand-in (grpcio, v1 proto, answering in the kubelet's
+shape: one entry per device and NUMA node, every container, CPUs, memory, DRA claims).
+Each failure the agent can meet on a node is one test: no socket, a stale socket file, a
+server error, a socket that is no gRPC server, a kubelet that never answers. Every failure
+is one PodResourcesUnavailable line naming the socket.
 """
 
 from __future__ import annotations
@@ -20,9 +21,23 @@ import grpc
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from podresources import encode, serve, short_dir
+from podresources import (
+    Claim,
+    Container,
+    Device,
+    DraDevice,
+    Memory,
+    Pod,
+    answer,
+    encode,
+    pods_of,
+    serve,
+    short_dir,
+)
 
 from installer.node.podresources import (
+    Assignment,
+    ClaimDevice,
     ContainerDevices,
     PodResourcesUnavailable,
     list_assignments,
@@ -43,6 +58,18 @@ def socket_dir() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
+def rows(found: list[Assignment] | list[ContainerDevices]
+         ) -> set[tuple[str, str, str, str, frozenset[str]]]:
+    """Device plugin rows without order: the kubelet's resources and devices come in Go's
+    map order."""
+    listed = [(r.namespace, r.pod, r.container, r.resource, frozenset(r.device_ids))
+              for r in found if isinstance(r, ContainerDevices)]
+    assert len(set(listed)) == len(listed)  # one row per (namespace, pod, container, resource)
+    assert all(len(set(r.device_ids)) == len(r.device_ids)  # each id once
+               for r in found if isinstance(r, ContainerDevices))
+    return set(listed)
+
+
 def _one_line(exc: pytest.ExceptionInfo[PodResourcesUnavailable], socket_path: Path) -> str:
     text = str(exc.value)
     assert "\n" not in text
@@ -56,12 +83,12 @@ def test_assignments_listed_per_container_and_resource(socket_dir: Path) -> None
         found = list_assignments(socket_dir)
         assert kubelet.calls == 1
     # a container holding no device of a resource is left out, as it holds no GPU
-    assert found == [TRAIN, SIDECAR_NIC, INFER]
+    assert rows(found) == rows([TRAIN, SIDECAR_NIC, INFER])
 
 
 def test_answer_follows_the_kubelet(socket_dir: Path) -> None:
     with serve(socket_dir, [TRAIN]) as kubelet:
-        assert list_assignments(socket_dir) == [TRAIN]
+        assert rows(list_assignments(socket_dir)) == rows([TRAIN])
         kubelet.assignments = []
         assert list_assignments(socket_dir) == []
         kubelet.assignments = [INFER]
@@ -74,13 +101,64 @@ def test_a_large_answer_crosses_http2_flow_control_windows(socket_dir: Path) -> 
                              tuple(f"GPU-{i:08d}-{j}-{'x' * 40}" for j in range(8)))
             for i in range(1000)]
     with serve(socket_dir, many):
-        assert list_assignments(socket_dir, timeout_s=30) == many
+        assert rows(list_assignments(socket_dir, timeout_s=30)) == rows(many)
 
 
 def _field(number: int, payload: bytes) -> bytes:
     """A length-delimited protobuf field (wire type 2), lengths below 128."""
     assert len(payload) < 128
     return bytes([number << 3 | 2, len(payload)]) + payload
+
+
+def test_two_gpus_are_one_row_of_two(socket_dir: Path) -> None:
+    """The kubelet's answer for a pod as a cluster has it, read back with protobuf: one
+    `ContainerDevices` per device and NUMA node, the GPU-less container listed, the sidecar
+    first, the plain init container not at all; the client's view: one row per container
+    and resource, each GPU once."""
+    trainer = Container("trainer", {GPU: (Device("GPU-a", (0,)), Device("GPU-b", (0, 1))),
+                                    "example.com/nic": (Device("nic1", None),)},
+                        cpu_ids=(4, 5), memory=(Memory("memory", 2**30, (0, 1)),))
+    pod = Pod("ml", "train-0", (
+        Container("setup", {GPU: (Device("GPU-z"),)}, init="init"), trainer,
+        Container("logger"), Container("proxy", {GPU: (Device("GPU-c"),)}, init="sidecar"),
+        Container("dra", claims=(Claim("gpu-claim", "ml", (
+            DraDevice("gpu.nvidia.com", "node-1", "gpu-3", ("k8s.gpu.nvidia.com/claim=a",)),
+            DraDevice("gpu.nvidia.com", "node-1", "gpu-4", ("k8s.gpu.nvidia.com/claim=b",),
+                      share_id="7c1d"))),))),
+        cpu_ids=(4, 5, 6))
+    message = answer([pod])
+    [listed] = message.pod_resources
+    assert [c.name for c in listed.containers] == ["proxy", "trainer", "logger", "dra"]
+    assert list(listed.cpu_ids) == [4, 5, 6]
+    devices = [(d.resource_name, list(d.device_ids), [n.ID for n in d.topology.nodes])
+               for d in listed.containers[1].devices]
+    assert devices == [(GPU, ["GPU-a"], [0]), (GPU, ["GPU-b"], [0]), (GPU, ["GPU-b"], [1]),
+                       ("example.com/nic", ["nic1"], [])]
+    assert not listed.containers[1].devices[3].HasField("topology")
+    assert list(listed.containers[1].cpu_ids) == [4, 5]
+    assert listed.containers[1].memory[0].size == 2**30
+    assert not listed.containers[2].devices  # logger: listed, holding nothing
+    [claim] = listed.containers[3].dynamic_resources
+    first, second = claim.claim_resources
+    assert (claim.claim_name, first.device_name, second.device_name) == (
+        "gpu-claim", "gpu-3", "gpu-4")
+    assert not first.HasField("share_id") and second.share_id == "7c1d"
+    # one CDI slice per driver in the kubelet's loop: the second device repeats the first's
+    assert [c.name for c in second.cdi_devices] == ["k8s.gpu.nvidia.com/claim=a",
+                                                     "k8s.gpu.nvidia.com/claim=b"]
+    with serve(socket_dir, [pod]) as kubelet:
+        for _ in range(5):  # Go's map order changes between answers; the rows do not
+            found = list_assignments(socket_dir)
+            assert rows(found) == {
+                ("ml", "train-0", "proxy", GPU, frozenset({"GPU-c"})),
+                ("ml", "train-0", "trainer", GPU, frozenset({"GPU-a", "GPU-b"})),
+                ("ml", "train-0", "trainer", "example.com/nic", frozenset({"nic1"}))}
+            assert [r for r in found if isinstance(r, ClaimDevice)] == [
+                ClaimDevice("ml", "train-0", "dra", "ml/gpu-claim", "gpu.nvidia.com", "node-1",
+                            "gpu-3"),
+                ClaimDevice("ml", "train-0", "dra", "ml/gpu-claim", "gpu.nvidia.com", "node-1",
+                            "gpu-4", share_id="7c1d")]
+        assert kubelet.calls == 5
 
 
 def test_field_numbers_are_the_kubelets_v1() -> None:
@@ -92,10 +170,13 @@ def test_field_numbers_are_the_kubelets_v1() -> None:
                + bytes([10 << 3 | 1]) + bytes(8) + bytes([11 << 3 | 5]) + bytes(4))
     devices = (_field(1, b"nvidia.com/gpu") + _field(2, b"nvidia1") + unknown
                + _field(2, b"nvidia2"))
-    container = _field(1, b"main") + _field(2, devices) + _field(3, b"\x02\x03")
+    again = _field(1, b"nvidia.com/gpu") + _field(2, b"nvidia3") + _field(2, b"nvidia1")
+    container = (_field(1, b"main") + _field(2, devices) + _field(3, b"\x02\x03")
+                 + _field(2, again))
     pod = _field(1, b"job-a") + _field(2, b"team") + _field(3, container)
     assert parse_response(_field(1, pod)) == [
-        ContainerDevices("team", "job-a", "main", "nvidia.com/gpu", ("nvidia1", "nvidia2"))]
+        ContainerDevices("team", "job-a", "main", "nvidia.com/gpu",
+                         ("nvidia1", "nvidia2", "nvidia3"))]
     assert parse_response(b"") == []
 
 
@@ -108,14 +189,17 @@ ENTRIES = st.lists(st.builds(ContainerDevices, NAMES, NAMES, NAMES, NAMES,
 @given(ENTRIES, st.one_of(st.none(), st.integers(0, 2**62)))
 def test_what_protobuf_encodes_the_client_decodes(entries: list[ContainerDevices],
                                                   numa: int | None) -> None:
-    """The stand-in's encoder is the protobuf library; the client's decoder is its own."""
+    """The stand-in's encoder is the protobuf library; the client's decoder is its own. The
+    answer has one entry per device; the client gives one row per (namespace, pod,
+    container, resource) with each of its devices once, in the kubelet's order."""
     decoded = parse_response(encode(entries, numa_node=numa))
-    # grouped by pod and container as the kubelet answers; entries without devices dropped
-    order = list(dict.fromkeys((e.namespace, e.pod) for e in entries))
-    expected = sorted((e for e in entries if e.device_ids),
-                      key=lambda e: order.index((e.namespace, e.pod)))
-    assert sorted(decoded, key=repr) == sorted(expected, key=repr)
-    assert [(d.namespace, d.pod) for d in decoded] == [(e.namespace, e.pod) for e in expected]
+    expected = [(p.namespace, p.name, c.name, resource, tuple(d.id for d in devices))
+                for p in pods_of(entries) for c in p.containers
+                for resource, devices in c.devices.items()]
+    merged: dict[tuple[str, str, str, str], dict[str, None]] = {}
+    for *key, ids in expected:
+        merged.setdefault(tuple(key), {}).update(dict.fromkeys(ids))  # type: ignore[arg-type]
+    assert decoded == [ContainerDevices(*key, tuple(ids)) for key, ids in merged.items()]
 
 
 @settings(max_examples=500, deadline=None)
@@ -128,7 +212,7 @@ def test_any_bytes_decode_or_raise_value_error(data: bytes) -> None:
     except ValueError as exc:
         assert str(exc) and "\n" not in str(exc)
         return
-    assert all(isinstance(entry, ContainerDevices) and entry.device_ids for entry in found)
+    assert all(isinstance(entry, ClaimDevice) or entry.device_ids for entry in found)
 
 
 @pytest.mark.parametrize(("answer", "why"), [
@@ -187,7 +271,7 @@ def test_server_error(socket_dir: Path, status: grpc.StatusCode) -> None:
         with pytest.raises(PodResourcesUnavailable) as exc:
             list_assignments(socket_dir)
         kubelet.fail = None
-        assert list_assignments(socket_dir) == [TRAIN]  # it recovers on the next call
+        assert rows(list_assignments(socket_dir)) == rows([TRAIN])  # it recovers
     text = _one_line(exc, socket_dir / "kubelet.sock")
     assert f"{status.name}: stand-in kubelet told to fail" in text
 

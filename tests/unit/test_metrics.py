@@ -12,7 +12,8 @@ from helpers import http_get
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from installer.agent.metrics.families import assignments
+from installer.agent.metrics import gke
+from installer.agent.metrics.families import holdings
 from installer.agent.metrics.server import SnapshotCollector
 from installer.agent.metrics.snapshot import GpuReading, InstallFacts, Snapshot
 from installer.config import agent as settings
@@ -23,7 +24,7 @@ from installer.installdir.lastrun import (
     read_last_install,
     write_last_install,
 )
-from installer.node.podresources import ContainerDevices
+from installer.node.podresources import ClaimDevice, ContainerDevices
 
 GIB = 1024**3
 
@@ -68,8 +69,68 @@ class TestContainers:
         snap = Snapshot(taken_at=0, gpus=gpus, containers=(
             holder("by-minor", "nvidia4"), holder("by-uuid", gpus[1].uuid),
             holder("by-index", "2"), holder("unknown", "nvidia9")))
-        found = {h.pod: [g.index for g in gs] for h, gs in assignments(snap)}
-        assert found == {"by-minor": [0], "by-uuid": [1], "by-index": [2], "unknown": []}
+        found = {h[1]: [(g.index, a) for g, a in gs.values()]
+                 for h, gs in holdings(snap).items()}
+        assert found == {"by-minor": [(0, "exact")], "by-uuid": [(1, "exact")],
+                         "by-index": [(2, "exact")], "unknown": []}
+
+    def test_shared_ids_map_to_their_gpu_as_shared(self) -> None:
+        """dcgm-exporter's forms: NVIDIA's time-sliced `<id>::<n>`, GKE's `/vgpu<n>` and
+        `/gi<g>`, MIG UUIDs (also time-sliced, and the pre-R470 MIG-GPU-<uuid>/gi/ci)."""
+        mig = "MIG-5fa0c2d4-0001-4000-8000-000000000002"
+        gpus = (gpu(0), gpu(1), GpuReading(index=2, uuid="GPU-2", model="NVIDIA A100-SXM4-40GB",
+                                           pci_bus_id="x", mig_uuids=(mig,)))
+        cases = {"sliced": f"{gpus[0].uuid}::3", "vgpu": "nvidia1/vgpu2",
+                 "gke-mig": "nvidia2/gi1", "gke-mig-shared": "nvidia2/gi1/vgpu0",
+                 "mig": mig, "mig-sliced": f"{mig}::1", "old-mig": "MIG-GPU-2/1/0",
+                 "whole": gpus[1].uuid, "bogus": "GPU-9::1"}
+        snap = Snapshot(taken_at=0, gpus=gpus, containers=tuple(
+            holder(pod, device) for pod, device in cases.items()))
+        found = {h[1]: [(g.index, a) for g, a in gs.values()]
+                 for h, gs in holdings(snap).items()}
+        assert found == {"sliced": [(0, "shared")], "vgpu": [(1, "shared")],
+                         "gke-mig": [(2, "shared")], "gke-mig-shared": [(2, "shared")],
+                         "mig": [(2, "shared")], "mig-sliced": [(2, "shared")],
+                         "old-mig": [(2, "shared")], "whole": [(1, "exact")], "bogus": []}
+
+    def test_time_sliced_replicas_give_each_container_the_gpu(self) -> None:
+        gpus = (gpu(0, duty=40.0),)
+        snap = Snapshot(taken_at=0, gpus=gpus, containers=(
+            holder("a", f"{gpus[0].uuid}::0"), holder("b", f"{gpus[0].uuid}::1"),
+            holder("b", f"{gpus[0].uuid}::2")))
+        samples = render(snap)
+        duty = {(dict(k[1])["pod"], dict(k[1])["attribution"]): v for k, v in samples.items()
+                if k[0] == "duty_cycle"}
+        assert duty == {("a", "shared"): 40.0, ("b", "shared"): 40.0}
+        request = {dict(k[1])["pod"]: v for k, v in samples.items() if k[0] == "request"}
+        assert request == {"a": 1, "b": 2}  # replicas, as the kubelet assigned them
+
+    def test_dra_claims_by_claim_and_device(self) -> None:
+        gpus = (gpu(0, duty=10.0, minor=0), gpu(1, duty=20.0, minor=1), gpu(2, minor=2))
+
+        def claim(container: str, device: str, share: str | None = None,
+                  driver: str = "gpu.nvidia.com") -> ClaimDevice:
+            return ClaimDevice("ml", "dra-0", container, "ml/gpus", driver, "node-1", device,
+                               share)
+
+        snap = Snapshot(taken_at=0, gpus=gpus, containers=(
+            claim("whole", "gpu-0"), claim("shared", "gpu-1", share="a1b2"),
+            claim("mig", "gpu-2-mig-1g10gb-19-0"), claim("other", "gpu-0", driver="x.com"),
+            claim("gone", "gpu-7")))
+        samples = render(snap)
+        duty = {(dict(k[1])["container"], dict(k[1])["accelerator_id"],
+                 dict(k[1])["attribution"]): v for k, v in samples.items()
+                if k[0] == "duty_cycle"}
+        assert duty == {("whole", gpus[0].uuid, "exact"): 10.0,
+                        ("shared", gpus[1].uuid, "shared"): 20.0,
+                        ("mig", gpus[2].uuid, "shared"): 50.0}
+        claims = sorted((dict(k[1])["container"], dict(k[1])["claim"], dict(k[1])["device"],
+                         dict(k[1])["pool"]) for k in samples
+                        if k[0] == "gpu_node_installer_container_gpu_claim")
+        assert claims == [("mig", "ml/gpus", "gpu-2-mig-1g10gb-19-0", "node-1"),
+                          ("shared", "ml/gpus", "gpu-1", "node-1"),
+                          ("whole", "ml/gpus", "gpu-0", "node-1")]
+        assert not [k for k in samples if k[0] == "request"]  # claims are not requests
 
     def test_gke_labels_and_request(self) -> None:
         gpus = (gpu(0, duty=25.0), gpu(1, duty=75.0))
@@ -77,7 +138,8 @@ class TestContainers:
             holder("train-0", "nvidia0", "nvidia1"), holder("other", "x", resource="foo/bar")))
         samples = render(snap)
         labels = {"namespace": "ml", "pod": "train-0", "container": "trainer", "make": "nvidia",
-                  "accelerator_id": gpus[1].uuid, "model": "NVIDIA H100 80GB HBM3"}
+                  "accelerator_id": gpus[1].uuid, "model": "NVIDIA H100 80GB HBM3",
+                  "attribution": "exact"}
         assert samples[("duty_cycle", frozenset(labels.items()))] == 75.0
         assert samples[("memory_used", frozenset(labels.items()))] == GIB
         assert samples[("memory_total", frozenset(labels.items()))] == 80 * GIB
@@ -86,6 +148,33 @@ class TestContainers:
         assert samples[("request", frozenset(request.items()))] == 2
         assert not [k for k in samples if dict(k[1]).get("pod") == "other"]  # not a GPU
         assert samples[("gpu_node_installer_pod_resources_available", frozenset())] == 1
+
+    def test_one_row_per_device_sums_to_one_request_series(self) -> None:
+        """The kubelet's shape: one entry per device (twice for a device on two NUMA
+        nodes), each container listed even holding nothing."""
+        gpus = (gpu(0, duty=25.0), gpu(1, duty=75.0), gpu(2))
+        snap = Snapshot(taken_at=0, gpus=gpus, containers=(
+            holder("train-0", "nvidia0"), holder("train-0", "nvidia1"),
+            holder("train-0", "nvidia1"), holder("train-0", resource="example.com/nic"),
+            holder("infer-0", gpus[2].uuid), holder("infer-0", "nvidia2")))
+        samples = render(snap)
+        request = {(dict(k[1])["pod"]): v for k, v in samples.items() if k[0] == "request"}
+        assert request == {"train-0": 2, "infer-0": 2}  # two ids, whatever they name
+        duty = sorted((dict(k[1])["pod"], dict(k[1])["accelerator_id"])
+                      for k in samples if k[0] == "duty_cycle")
+        assert duty == [("infer-0", gpus[2].uuid), ("train-0", gpus[0].uuid),
+                        ("train-0", gpus[1].uuid)]  # one series per GPU and container
+
+    def test_node_series_carry_gkes_labels(self) -> None:
+        gpus = (gpu(0, duty=25.0), gpu(1, duty=75.0))
+        samples = render(Snapshot(taken_at=0, node_name="gpu-node-1", gpus=gpus))
+        node = {k[0]: dict(k[1]) for k in samples if k[0].endswith("_gpu_node")
+                and dict(k[1])["accelerator_id"] == gpus[1].uuid}
+        expected = {"make": "nvidia", "accelerator_id": gpus[1].uuid,
+                    "model": "NVIDIA H100 80GB HBM3"}
+        assert node == {name: expected for name in ("duty_cycle_gpu_node",
+                                                    "memory_used_gpu_node",
+                                                    "memory_total_gpu_node")}
 
     def test_no_view_renders_the_node_only(self) -> None:
         samples = render(Snapshot(taken_at=0, gpus=(gpu(0),), containers=None,
@@ -232,3 +321,47 @@ class TestServer:
             httpd.shutdown()
             httpd.server_close()
             thread.join(10)
+
+
+# GKE's families transcribed here by hand, independently of installer/agent/metrics/gke.py,
+# from GoogleCloudPlatform/container-engine-accelerators pkg/gpu/nvidia/metrics/metrics.go
+# at 992db81257553607f1477945f1b3219632991829: name -> (Help, label names), all GaugeVecs.
+GKE_METRICS_GO = {
+    "duty_cycle_gpu_node": ("Percent of time when the GPU was actively processing",
+                            ("make", "accelerator_id", "model")),
+    "memory_total_gpu_node": ("Total memory available on the GPU in bytes",
+                              ("make", "accelerator_id", "model")),
+    "memory_used_gpu_node": ("Allocated GPU memory in bytes", ("make", "accelerator_id", "model")),
+    "duty_cycle": ("Percent of time when the GPU was actively processing",
+                   ("namespace", "pod", "container", "make", "accelerator_id", "model")),
+    "memory_total": ("Total memory available on the GPU in bytes",
+                     ("namespace", "pod", "container", "make", "accelerator_id", "model")),
+    "memory_used": ("Allocated GPU memory in bytes",
+                    ("namespace", "pod", "container", "make", "accelerator_id", "model")),
+    "request": ("Number of accelerator devices requested by the container",
+                ("namespace", "pod", "container", "resource_name")),
+}
+
+
+class TestGkeNames:
+    """The product's GKE table against a transcription of metrics.go, and the exposition
+    against both."""
+
+    def test_the_table_matches_metrics_go(self) -> None:
+        assert gke.FAMILIES == GKE_METRICS_GO
+
+    def test_the_exposition_serves_the_table(self) -> None:
+        gpus = (gpu(0), gpu(1))
+        snap = Snapshot(taken_at=0, gpus=gpus, containers=(holder("p", "nvidia0"),))
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(SnapshotCollector(lambda: snap, Log()))
+        families = {f.name: f for f in text_string_to_metric_families(
+            generate_latest(registry).decode())}
+        for name, (doc, labels) in GKE_METRICS_GO.items():
+            family = families[name]
+            assert (family.type, family.documentation) == ("gauge", doc)
+            # ours on the per-container GPU series: whether the container has the GPU alone
+            served = {*labels, "attribution"} if "accelerator_id" in labels and \
+                "pod" in labels else set(labels)
+            assert family.samples and {frozenset(s.labels) for s in family.samples} == {
+                frozenset(served)}

@@ -20,7 +20,7 @@ from installer.agent.metrics.snapshot import InstallFacts, Snapshot
 from installer.agent.metrics.source import AgentView
 from installer.installdir.lastrun import read_last_install
 from installer.installdir.state import read_state
-from installer.node.podresources import ContainerDevices, PodResourcesUnavailable, list_assignments
+from installer.node.podresources import Assignment, PodResourcesUnavailable, list_assignments
 
 
 class Collector:
@@ -90,7 +90,7 @@ class Collector:
         return tuple((gpu, code, n) for gpu, codes in sorted(counts.items())
                      for code, n in sorted(codes.items()))
 
-    def _containers(self) -> tuple[ContainerDevices, ...] | None:
+    def _containers(self) -> tuple[Assignment, ...] | None:
         try:
             found = tuple(list_assignments(self.agent.config.pod_resources_dir))
         except PodResourcesUnavailable as exc:

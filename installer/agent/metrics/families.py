@@ -3,7 +3,8 @@
 Pure: the same snapshot renders the same families, at any time, on any thread. GKE's
 device plugin (`--enable-container-gpu-metrics`) names the per-container series
 `duty_cycle`, `memory_used`, `memory_total`, `request` and the per-node ones
-`*_gpu_node`; their labels are kept exactly, so dashboards and HPAs built on them work.
+`*_gpu_node`; their names, labels and help texts come from `gke.FAMILIES` (with its
+provenance), so dashboards and HPAs built on them work.
 """
 
 from __future__ import annotations
@@ -12,15 +13,21 @@ from collections.abc import Callable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from installer.agent.metrics import gke
+from installer.agent.metrics.attribution import (
+    SHARED,
+    Attributed,
+    claim_device,
+    is_gpu_resource,
+    plugin_device,
+)
 from installer.agent.metrics.snapshot import GpuReading, Snapshot
-from installer.node.podresources import ContainerDevices
+from installer.node.podresources import ClaimDevice, ContainerDevices
 
 PREFIX = "gpu_node_installer_"
 GPU_LABELS = ["gpu", "uuid", "model", "pci_bus_id"]
-CONTAINER_LABELS = ["namespace", "pod", "container", "make", "accelerator_id", "model"]
-NODE_LABELS = ["node_name", "make", "accelerator_index", "model"]
-MAKE = "nvidia"
-GPU_RESOURCES = ("nvidia.com/gpu",)
+ATTRIBUTION = "attribution"  # our label on GKE's per-container series: exact or shared
+Holder = tuple[str, str, str]  # (namespace, pod, container)
 
 
 def families(snap: Snapshot, now: float) -> Iterator[Metric]:
@@ -124,12 +131,16 @@ def _gpus(snap: Snapshot) -> Iterator[Metric]:
     yield from (duty, used, total, temp, power, ecc, rows, unreadable)
 
 
-def _gke_triple(suffix: str, labels: list[str]) -> tuple[GaugeMetricFamily, ...]:
-    """GKE's duty cycle, memory used and memory total, with its help texts."""
-    return (_gauge(f"duty_cycle{suffix}", "Percent of time when the GPU was actively "
-                   "processing", labels),
-            _gauge(f"memory_used{suffix}", "Allocated GPU memory in bytes", labels),
-            _gauge(f"memory_total{suffix}", "Total memory available on the GPU in bytes", labels))
+def _gke(name: str, *extra: str) -> GaugeMetricFamily:
+    """A GKE family as its table gives it (all GKE's families are gauges), plus `extra`."""
+    doc, labels = gke.FAMILIES[name]
+    return _gauge(name, doc, [*labels, *extra])
+
+
+def _gke_triple(suffix: str, *extra: str) -> tuple[GaugeMetricFamily, ...]:
+    """GKE's duty cycle, memory used and memory total."""
+    return tuple(_gke(f"{name}{suffix}", *extra) for name in ("duty_cycle", "memory_used",
+                                                              "memory_total"))
 
 
 def _add_triple(triple: tuple[GaugeMetricFamily, ...], labels: list[str],
@@ -140,35 +151,69 @@ def _add_triple(triple: tuple[GaugeMetricFamily, ...], labels: list[str],
 
 
 def _gke_node(snap: Snapshot) -> Iterator[Metric]:
-    triple = _gke_triple("_gpu_node", NODE_LABELS)
+    triple = _gke_triple("_gpu_node")
     for gpu in snap.gpus:
-        _add_triple(triple, [snap.node_name, MAKE, str(gpu.index), gpu.model], gpu)
+        _add_triple(triple, [gke.MAKE, gpu.uuid, gpu.model], gpu)
     yield from triple
 
 
 def _gke_containers(snap: Snapshot) -> Iterator[Metric]:
-    triple = _gke_triple("", CONTAINER_LABELS)
-    request = _gauge("request", "Number of accelerator devices requested by the container",
-                     ["namespace", "pod", "container", "resource_name"])
-    for holder, gpus in assignments(snap):
-        request.add_metric([holder.namespace, holder.pod, holder.container, holder.resource],
-                           len(holder.device_ids))
-        for gpu in gpus:
-            _add_triple(triple, [holder.namespace, holder.pod, holder.container, MAKE,
-                                 gpu.uuid, gpu.model], gpu)
-    yield from (*triple, request)
+    triple, request = _gke_triple("", ATTRIBUTION), _gke("request")
+    for (namespace, pod, container, resource), count in requests(snap).items():
+        request.add_metric([namespace, pod, container, resource], count)
+    for (namespace, pod, container), gpus in holdings(snap).items():
+        for gpu, attribution in gpus.values():
+            _add_triple(triple, [namespace, pod, container, gke.MAKE, gpu.uuid, gpu.model,
+                                 attribution], gpu)
+    claims = _gauge(PREFIX + "container_gpu_claim", "1 for each GPU a container holds "
+                    "through a DRA claim of NVIDIA's driver", ["namespace", "pod", "container",
+                                                                "claim", "pool", "device",
+                                                                "accelerator_id", ATTRIBUTION])
+    for device, (gpu, attribution) in claimed(snap):
+        claims.add_metric([device.namespace, device.pod, device.container, device.claim,
+                           device.pool, device.device, gpu.uuid, attribution], 1)
+    yield from (*triple, request, claims)
 
 
-def assignments(snap: Snapshot) -> list[tuple[ContainerDevices, list[GpuReading]]]:
-    """Each container holding GPUs, with the GPUs its device ids name (UUID, nvidia<minor>
-    or index); an id matching no GPU read this pass is left out of the per-GPU series."""
+def requests(snap: Snapshot) -> dict[tuple[str, str, str, str], int]:
+    """Devices of GPU resources per (namespace, pod, container, resource), each id once."""
+    held: dict[tuple[str, str, str, str], dict[str, None]] = {}
+    for row in snap.containers or ():
+        if isinstance(row, ContainerDevices) and is_gpu_resource(row.resource):
+            key = (row.namespace, row.pod, row.container, row.resource)
+            held.setdefault(key, {}).update(dict.fromkeys(row.device_ids))
+    return {key: len(ids) for key, ids in held.items() if ids}
+
+
+def holdings(snap: Snapshot) -> dict[Holder, dict[str, Attributed]]:
+    """Each container's GPUs (by UUID), through device plugins and DRA claims alike: a GPU
+    reached both exactly and shared is shared; an id that names no GPU read this pass is
+    left out (it still counts in `request`)."""
     names = {name: gpu for gpu in snap.gpus for name in gpu.device_ids()}
+    found: dict[Holder, dict[str, Attributed]] = {}
+    reached: list[tuple[Holder, Attributed | None]] = []
+    for row in snap.containers or ():
+        if isinstance(row, ContainerDevices) and is_gpu_resource(row.resource):
+            holder = (row.namespace, row.pod, row.container)
+            reached += [(holder, plugin_device(d, names)) for d in row.device_ids]
+    reached += [((d.namespace, d.pod, d.container), a) for d, a in claimed(snap)]
+    for holder, attributed in reached:
+        gpus = found.setdefault(holder, {})
+        before = gpus.get(attributed[0].uuid) if attributed is not None else None
+        if attributed is not None and (before is None or before[1] != SHARED):
+            gpus[attributed[0].uuid] = attributed
+    return found
+
+
+def claimed(snap: Snapshot) -> list[tuple[ClaimDevice, Attributed]]:
+    """DRA devices of NVIDIA's driver that name a GPU read this pass."""
+    minors = {gpu.device_minor: gpu for gpu in snap.gpus}
     found = []
-    for holder in snap.containers or ():
-        if holder.resource not in GPU_RESOURCES or not holder.device_ids:
-            continue
-        gpus = [names[d] for d in holder.device_ids if d in names]
-        found.append((holder, gpus))
+    for row in snap.containers or ():
+        if isinstance(row, ClaimDevice):
+            attributed = claim_device(row, minors)
+            if attributed is not None:
+                found.append((row, attributed))
     return found
 
 

@@ -118,7 +118,7 @@ class NvmlReader:
             temperature=get("temperature", lambda: float(pynvml.nvmlDeviceGetTemperature(
                 handle, pynvml.NVML_TEMPERATURE_GPU))),
             power_watts=power / 1000.0 if power is not None else None,
-            ecc=_ecc(handle), remapped=_remapped(handle)), errors
+            ecc=_ecc(handle), remapped=_remapped(handle), mig_uuids=_mig_uuids(handle)), errors
 
     def _duty_cycle(self, handle: Any, uuid: str) -> float:
         since = self.last_seen.get(uuid) or int((self.clock() - WINDOW_S) * 1e6)
@@ -164,6 +164,27 @@ def _remapped(handle: Any) -> dict[str, int]:
     corrected, uncorrected, pending, failure = rows
     return {"correctable": int(corrected), "uncorrectable": int(uncorrected),
             "pending": int(pending), "failure": int(failure)}
+
+
+def _mig_uuids(handle: Any) -> tuple[str, ...]:
+    """The UUIDs of the GPU's MIG devices (device plugins hand them to containers); () with
+    MIG off or unsupported. NVML may leave gaps among the indexes: each one is asked."""
+    mode = _quiet(lambda: pynvml.nvmlDeviceGetMigMode(handle))
+    if not mode or mode[0] != pynvml.NVML_DEVICE_MIG_ENABLE:
+        return ()
+    most = _quiet(lambda: int(pynvml.nvmlDeviceGetMaxMigDeviceCount(handle))) or 0
+    found = (_mig_uuid(handle, index) for index in range(most))
+    return tuple(uuid for uuid in found if uuid is not None)
+
+
+def _mig_uuid(handle: Any, index: int) -> str | None:
+    """The MIG device's UUID at `index`; None for a gap or a UUID that is not UTF-8 (it
+    names no container's device then)."""
+    try:
+        uuid = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, index))
+        return uuid.decode() if isinstance(uuid, bytes) else str(uuid)
+    except (pynvml.NVMLError, UnicodeDecodeError):
+        return None
 
 
 def _quiet(fn: Callable[[], T]) -> T | None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from installer.node.podresources import ContainerDevices
+from installer.node.podresources import Assignment
 
 
 @dataclass(frozen=True)
@@ -28,11 +28,17 @@ class GpuReading:
     power_watts: float | None = None
     ecc: dict[str, int] = field(default_factory=dict)  # corrected|uncorrected, volatile
     remapped: dict[str, int] = field(default_factory=dict)  # correctable|uncorrectable|...
+    mig_uuids: tuple[str, ...] = ()  # its MIG devices' UUIDs (MIG mode on)
+
+    @property
+    def device_minor(self) -> int:
+        """/dev/nvidia<minor> (the index where NVML gave no minor)."""
+        return self.minor if self.minor is not None else self.index
 
     def device_ids(self) -> tuple[str, ...]:
-        """The names a device plugin may give this GPU: its UUID, nvidia<minor>, its index."""
-        minor = self.minor if self.minor is not None else self.index
-        return (self.uuid, f"nvidia{minor}", str(self.index))
+        """The names a device plugin may give this GPU: its UUID, nvidia<minor>, its index,
+        and the UUIDs of its MIG devices."""
+        return (self.uuid, f"nvidia{self.device_minor}", str(self.index), *self.mig_uuids)
 
 
 @dataclass(frozen=True)
@@ -63,5 +69,5 @@ class Snapshot:
     xids: tuple[tuple[str, int, int], ...] = ()  # (GPU, Xid, count)
     gpus: tuple[GpuReading, ...] = ()
     unreadable: tuple[tuple[int, str], ...] = ()  # (GPU index, cause): GPUs not served
-    containers: tuple[ContainerDevices, ...] | None = None  # None: PodResources unavailable
+    containers: tuple[Assignment, ...] | None = None  # None: PodResources unavailable
     errors: tuple[tuple[str, int], ...] = ()  # (source, count since the agent started)
