@@ -54,7 +54,8 @@ def unavailable(api: kube.ApiServer, node: str) -> tuple[dict[str, str], int]:
     for item in upgrading:
         state = str(((item.get("metadata") or {}).get("labels") or {}).get(UPGRADE_STATE))
         if state != FAILED or _touched(item):
-            why[_name(item)] = state
+            name = _name(item)
+            why[name] = f"{state}, {why[name]}" if name in why else state
     why.pop(node, None)
     why.pop("", None)
     return dict(sorted(why.items())), len(managed)
