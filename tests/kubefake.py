@@ -6,7 +6,8 @@ every body is validated against the Kubernetes schemas bundled with kubernetes-v
 it serves too), the bearer token and content types are checked, Evictions answer 201, 429
 (a PodDisruptionBudget), 403 (NamespaceTerminating) or 404 as scripted (then 409 when the
 Eviction's UID precondition names another pod, as a delete's does), and every call is
-recorded in order with the Node's `upgrade-state` label and cordon at that moment. Every
+recorded in order with the Node's `upgrade-state` label and cordon at that moment. Leases
+(the pool's upgrade slots) are served as the API stores them (tests/kubelease.py). Every
 Node write bumps its resourceVersion, and a patch carrying a stale one is a 409. Anything
 it does not know is a 404 and a recorded error, so a test that forgets to expect a call fails.
 
@@ -28,6 +29,7 @@ check, are in tests/kubedocs.py.
 from __future__ import annotations
 
 import json
+import random
 import ssl
 import threading
 import time
@@ -40,6 +42,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import jsonschema
+import kubelease
 import kubernetes_validate
 from kubedocs import VERSION as VERSION
 from kubedocs import Doc, merge_patch, namespace_terminating, validate, validate_delete_options
@@ -104,6 +107,9 @@ class Cluster:
     errors: list[str] = field(default_factory=list)
     node_name: str = "gpu-node-1"
     controllers: list[DaemonSet] = field(default_factory=list)  # see "DaemonSets" below
+    leases: dict[str, Doc] = field(default_factory=dict)  # "namespace/name": tests/kubelease.py
+    lease_version: int = 0
+    jitter_s: float = 0.0  # each request waits up to this long, at random, before its answer
     lock: threading.Lock = field(default_factory=threading.Lock)
     timers: list[threading.Timer] = field(default_factory=list)
 
@@ -145,6 +151,8 @@ def _handler(cluster: Cluster) -> type[BaseHTTPRequestHandler]:
         def _serve(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length) if length else b""
+            if cluster.jitter_s:  # callers' requests interleave in another order each time
+                time.sleep(random.uniform(0, cluster.jitter_s))
             with cluster.lock:
                 status, reply, body = self._answer(raw)
                 node = cluster.nodes.get(cluster.node_name, {})
@@ -180,7 +188,7 @@ def _handler(cluster: Cluster) -> type[BaseHTTPRequestHandler]:
             except OSError:
                 self.close_connection = True
 
-        do_GET = do_PATCH = do_POST = do_DELETE = _serve
+        do_GET = do_PATCH = do_POST = do_PUT = do_DELETE = _serve
 
         def _answer(self, raw: bytes) -> tuple[int, Doc, Doc | None]:
             if self.headers.get("Authorization") != f"Bearer {TOKEN}":
@@ -222,6 +230,9 @@ def _route(cluster: Cluster, method: str, url: str, body: Doc | None, content_ty
         if isinstance(scripted, Reply):
             return scripted.status, scripted, body  # type: ignore[return-value]
         return scripted, _status(scripted, "scripted fault"), body
+    leased = kubelease.route(cluster, method, parts, body)
+    if leased is not None:
+        return leased
     if parts[:3] == ["api", "v1", "nodes"] and parts[4:] == ["status"]:
         return _node_status(cluster, method, parts[3], body, content_type)
     if parts[:3] == ["api", "v1", "nodes"] and len(parts) == 4:

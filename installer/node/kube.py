@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -157,6 +158,16 @@ def api_server(base_url: str | None, service_account_dir: Path,
         return None
     ca = service_account_dir / "ca.crt"
     return ApiServer(url, token, ca if ca.is_file() else None, proxy)
+
+
+def own_namespace(api: ApiServer) -> str:
+    """The pod's namespace: the service account's `namespace` file beside its token (kubelet
+    mounts both); `default` for a run by hand with a token alone."""
+    try:
+        found = (api.token_file.parent / "namespace").read_text(encoding="utf-8").strip()
+    except OSError:
+        return "default"
+    return found if re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", found) else "default"
 
 
 def _url_from_env(environ: Mapping[str, str]) -> str | None:

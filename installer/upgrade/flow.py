@@ -34,7 +34,7 @@ from installer.node.daemons import stop_all as stop_daemons
 from installer.node.holders import Holder, find_holders
 from installer.packages.manifest import Package
 from installer.stages import load
-from installer.upgrade import daemonsets, evictions, rollout, selection
+from installer.upgrade import daemonsets, evictions, lease, rollout, selection
 
 CORDONED_BY = rollout.CORDONED_BY  # annotation: this installer cordoned the node
 REQUIRED, CORDON, POD_DELETION = "upgrade-required", "cordon-required", "pod-deletion-required"
@@ -54,6 +54,7 @@ class Upgrade:
     cordoned: bool = False
     replaces: bool = False
     holds_slot: bool = False  # cordoned by an earlier run: it never waits for a turn again
+    slot: lease.Slot | None = None  # the pool slot (a Lease) this run holds, renewed
     held: daemonsets.Held = field(default_factory=daemonsets.Held)  # GPU DaemonSets kept away
 
     def log_fields(self) -> dict[str, Any]:
@@ -145,8 +146,10 @@ def _free(upgrade: Upgrade, package: Package, other: load.OtherVersion) -> None:
             upgrade.event("DriverUpgradeResumed", "the node is still cordoned by an earlier "
                           "run of this upgrade: it keeps its slot and resumes")
         else:
-            rollout.wait_turn(upgrade.api, upgrade.node, config.upgrade_max_unavailable,
-                              deadline=deadline, interval=interval)
+            upgrade.slot = rollout.take_turn(
+                upgrade.api, upgrade.node, config.upgrade_max_unavailable,
+                namespace=kube.own_namespace(upgrade.api), deadline=deadline,
+                interval=interval)
     with _step(ctx, CORDON):
         upgrade.state(CORDON)
         cordon(upgrade)
@@ -230,12 +233,20 @@ def wait_free(ctx: Context, package: Package, *, deadline: float, interval: floa
 
 
 def finish(ctx: Context, upgrade: Upgrade | None) -> None:
-    """After a verified install: uncordon if we cordoned, and say the upgrade is done.
+    """After a verified install: uncordon if we cordoned, and say the upgrade is done; then
+    give the pool slot back (a cordon left standing still counts against the limit).
 
     A cordon this run set must be lifted (failing to is an error: the pod retries); one an
     earlier run left is lifted when the API answers, else a warning says it stays."""
     if upgrade is None:
         return
+    try:
+        _finish(ctx, upgrade)
+    finally:
+        lease.release(upgrade.slot)
+
+
+def _finish(ctx: Context, upgrade: Upgrade) -> None:
     try:
         node = _api(lambda: kube.get_node(upgrade.api, upgrade.node))
     except UpgradeBlockedError as exc:
@@ -275,6 +286,7 @@ def failed(upgrade: Upgrade | None, exc: InstallerError) -> None:
         upgrade.ctx.log.warning("upgrade-failed label not set", detail=label_error.message)
     kept = "; the node stays cordoned" if upgrade.cordoned else ""
     upgrade.event("DriverUpgradeFailed", exc.one_line() + kept, "Warning")
+    lease.release(upgrade.slot)  # its cordon, if any, keeps counting against the limit
 
 
 def waiting(upgrade: Upgrade, exc: UpgradeWaitingError) -> None:

@@ -9,11 +9,12 @@ every node whose `<prefix>/upgrade-state` says an upgrade is under way. A node l
 `upgrade-failed` counts only while its upgrade touched it (cordoned, or our cordon
 annotation still on it): one refused before anything was done still serves, and counting
 it would hold every other node back for good. A node waiting for its turn
-(`upgrade-required`) never counts. It waits while the others reach UPGRADE_MAX_UNAVAILABLE;
-a wait that runs out is UpgradeWaitingError (exit 17), not a failure of the node. A node
-already cordoned by our upgrade holds its slot and never waits again (`holds_slot`). Two
-nodes deciding in the same instant can both go: the guard is best effort, the controller
-is not.
+(`upgrade-required`) never counts. Deciding is atomic: a node first takes one of
+the pool's slots, a Lease each (`lease`), and goes only while the unavailable nodes and
+the holders of lower slots leave room, so two nodes deciding in the same instant never both
+go past the limit. A wait that runs out is UpgradeWaitingError (exit 17), not a failure of
+the node. A node already cordoned by our upgrade counts against the limit already: it
+resumes without a slot and never waits again (`holds_slot`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 from installer.compat.nodelabels import OWN_PREFIX, UPGRADE_STATE
 from installer.errors import UpgradeWaitingError
 from installer.node import kube
+from installer.upgrade import lease
 
 FAILED = "upgrade-failed"
 BUSY_STATES = ("cordon-required", "pod-deletion-required", "validation-required",
@@ -90,23 +92,61 @@ def _name(node: dict[str, Any]) -> str:
     return str((node.get("metadata") or {}).get("name", ""))
 
 
-def wait_turn(api: kube.ApiServer, node: str, max_unavailable: str, *, deadline: float,
-              interval: float) -> None:
-    """Return once fewer than the limit of other nodes are unavailable; else
-    UpgradeWaitingError: this node's turn did not come, which is no failure of its own."""
-    while True:
-        down, total = unavailable(api, node)
-        allowed = limit(max_unavailable, max(total, len(down) + 1))
-        if len(down) < allowed:
-            return
-        if time.monotonic() >= deadline:
-            named = ", ".join(f"{name} ({why})" for name, why in down.items())
-            raise UpgradeWaitingError(
-                f"this node's turn did not come within UPGRADE_TIMEOUT: {len(down)} other "
-                f"node(s) are unavailable: {named}; UPGRADE_MAX_UNAVAILABLE="
-                f"{max_unavailable}; this node was not cordoned and no pod was evicted: "
-                "its old driver still serves",
-                remedy="finish or fix those nodes (upgrades: their Events say why; cordoned "
-                       "or NotReady nodes: their owners), or raise UPGRADE_MAX_UNAVAILABLE; "
-                       "the next run waits for its turn again")
-        time.sleep(min(interval, max(0.0, deadline - time.monotonic())))
+def take_turn(api: kube.ApiServer, node: str, max_unavailable: str, *, namespace: str,
+              deadline: float, interval: float) -> lease.Slot:
+    """Take a pool slot (a Lease, `lease`) and return it once the other unavailable nodes
+    leave room; else release it and raise UpgradeWaitingError: this node's turn did not
+    come, which is no failure of its own.
+
+    Counted against the limit: the unavailable nodes (`unavailable`) and the holders of
+    lower slots (they may be about to cordon). A holder of a higher slot counts once it is
+    unavailable, so two holders never wait for each other."""
+    slot: lease.Slot | None = None
+    try:
+        while True:
+            down, total = unavailable(api, node)
+            allowed = limit(max_unavailable, max(total, len(down) + 1))
+            leases = lease.read(api, namespace, allowed)
+            now = lease.now()
+            holders = {i: lease.holder(doc, now) for i, doc in leases.items()}
+            if slot is not None and slot.lost:
+                slot = None  # it expired under us (the API did not answer): take one again
+            if slot is None:
+                slot = _take_free(api, namespace, node, leases, holders)
+            if slot is not None and slot.index < allowed:
+                ahead = {h for i, h in holders.items() if h and h != node and i < slot.index}
+                if len(set(down) | ahead) < allowed:
+                    return slot
+            if time.monotonic() >= deadline:
+                raise _waiting(down, holders, node, max_unavailable)
+            time.sleep(min(interval, max(0.0, deadline - time.monotonic())))
+    except BaseException:
+        lease.release(slot)
+        raise
+
+
+def _take_free(api: kube.ApiServer, namespace: str, node: str,
+               leases: dict[int, dict[str, Any] | None], holders: dict[int, str | None]
+               ) -> lease.Slot | None:
+    """The first slot that is free (or ours already) and that no other writer takes first."""
+    for index in sorted(leases):
+        if holders[index] in (None, node):
+            slot = lease.take(api, namespace, index, leases[index], node)
+            if slot is not None:
+                return slot
+    return None
+
+
+def _waiting(down: dict[str, str], holders: dict[int, str | None], node: str,
+             max_unavailable: str) -> UpgradeWaitingError:
+    named = [f"{name} ({why})" for name, why in down.items()]
+    named += [f"{who} (holds upgrade slot {i})" for i, who in sorted(holders.items())
+              if who and who != node and who not in down]
+    return UpgradeWaitingError(
+        f"this node's turn did not come within UPGRADE_TIMEOUT: {len(named)} other "
+        f"node(s) are unavailable or upgrading: {', '.join(named)}; "
+        f"UPGRADE_MAX_UNAVAILABLE={max_unavailable}; this node was not cordoned and no pod "
+        "was evicted: its old driver still serves",
+        remedy="finish or fix those nodes (upgrades: their Events say why; cordoned or "
+               "NotReady nodes: their owners), or raise UPGRADE_MAX_UNAVAILABLE; the next "
+               "run waits for its turn again")

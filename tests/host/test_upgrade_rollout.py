@@ -134,7 +134,8 @@ class TestNoDeadlock:
             assert waited.returncode == UpgradeWaitingError.code, waited.stderr
             line = last_line(waited)
             assert line.startswith("error(upgrade-waiting)")
-            assert f"1 other node(s) are unavailable: {N1} (upgrade-failed, cordoned)" in line
+            assert (f"1 other node(s) are unavailable or upgrading: {N1} (upgrade-failed, "
+                    "cordoned)") in line
             assert "this node was not cordoned and no pod was evicted" in line
             assert state(cluster, N2) == "upgrade-required" and not cordoned(cluster, N2)
             assert "default/train" in cluster.pods and loaded(n2) == V1

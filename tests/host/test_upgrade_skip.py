@@ -236,8 +236,8 @@ class TestParallelLimit:
             done = upgrade(node, mirror, api, "--upgrade-timeout", "0.5",
                            "--upgrade-max-unavailable", "2")
             assert done.returncode == UpgradeWaitingError.code, done.stderr
-            assert "2 other node(s) are unavailable: gpu-node-2 (cordoned), gpu-node-3 " \
-                   "(NotReady)" in done.stderr
+            assert "2 other node(s) are unavailable or upgrading: gpu-node-2 (cordoned), " \
+                   "gpu-node-3 (NotReady)" in done.stderr
             assert "cpu-node-1" not in done.stderr and "gpu-node-4" not in done.stderr
             assert cluster.node()["spec"].get("unschedulable") is None
             assert "default/train" in cluster.pods and loaded(node) == V1
