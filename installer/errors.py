@@ -185,6 +185,19 @@ class UpgradeTimeoutError(InstallerError):
                       "UPGRADE_TIMEOUT; the next run resumes")
 
 
+class UpgradeWaitingError(InstallerError):
+    """A driver upgrade waited UPGRADE_TIMEOUT for its turn (UPGRADE_MAX_UNAVAILABLE other
+    nodes stayed unavailable) and did not get it: not a failure of this node, which was not
+    touched and still serves its old driver; the next run waits again."""
+
+    code = 17
+    slug = "upgrade-waiting"
+    summary = ("driver upgrade still waiting for its turn: other nodes are unavailable; "
+               "this node untouched, old driver serving")
+    default_remedy = ("finish or fix the named nodes, or raise UPGRADE_MAX_UNAVAILABLE; the "
+                      "next run waits for its turn again")
+
+
 class InterruptedRun(InstallerError):
     """SIGINT (Ctrl-C) stopped the run; what it had begun was undone (see
     `installer.node.interrupts`)."""

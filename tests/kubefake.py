@@ -4,8 +4,10 @@ No real API server can run on the test machines, so this one is strict where it 
 every body is validated against the Kubernetes schemas bundled with kubernetes-validate
 (Node after applying a merge patch, Eviction, DeleteOptions, Event; the Pods and DaemonSets
 it serves too), the bearer token and content types are checked, Evictions answer 201, 429
-(a PodDisruptionBudget), 403 (NamespaceTerminating) or 404 as scripted, and every call is
-recorded in order with the Node's `upgrade-state` label and cordon at that moment. Every
+(a PodDisruptionBudget), 403 (NamespaceTerminating) or 404 as scripted (then 409 when the
+Eviction's UID precondition names another pod, as a delete's does), and every call is
+recorded in order with the Node's `upgrade-state` label and cordon at that moment. Leases
+(the pool's upgrade slots) are served as the API stores them (tests/kubelease.py). Every
 Node write bumps its resourceVersion, and a patch carrying a stale one is a 409. Anything
 it does not know is a 404 and a recorded error, so a test that forgets to expect a call fails.
 
@@ -26,8 +28,8 @@ check, are in tests/kubedocs.py.
 
 from __future__ import annotations
 
-import copy
 import json
+import random
 import ssl
 import threading
 import time
@@ -37,16 +39,19 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import jsonschema
+import kubelease
 import kubernetes_validate
 from kubedocs import VERSION as VERSION
 from kubedocs import Doc, merge_patch, namespace_terminating, validate, validate_delete_options
 from kubedocs import daemonset_doc as daemonset_doc
 from kubedocs import node_doc as node_doc
 from kubedocs import pod_doc as pod_doc
+from kubesmp import SMP as SMP
+from kubesmp import PatchRefused as PatchRefused
+from kubesmp import strategic_merge as strategic_merge
 
 TOKEN = "upgrade-test-token"
 STATE = "gpu-node-installer/upgrade-state"
@@ -102,6 +107,9 @@ class Cluster:
     errors: list[str] = field(default_factory=list)
     node_name: str = "gpu-node-1"
     controllers: list[DaemonSet] = field(default_factory=list)  # see "DaemonSets" below
+    leases: dict[str, Doc] = field(default_factory=dict)  # "namespace/name": tests/kubelease.py
+    lease_version: int = 0
+    jitter_s: float = 0.0  # each request waits up to this long, at random, before its answer
     lock: threading.Lock = field(default_factory=threading.Lock)
     timers: list[threading.Timer] = field(default_factory=list)
 
@@ -143,6 +151,8 @@ def _handler(cluster: Cluster) -> type[BaseHTTPRequestHandler]:
         def _serve(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length) if length else b""
+            if cluster.jitter_s:  # callers' requests interleave in another order each time
+                time.sleep(random.uniform(0, cluster.jitter_s))
             with cluster.lock:
                 status, reply, body = self._answer(raw)
                 node = cluster.nodes.get(cluster.node_name, {})
@@ -178,7 +188,7 @@ def _handler(cluster: Cluster) -> type[BaseHTTPRequestHandler]:
             except OSError:
                 self.close_connection = True
 
-        do_GET = do_PATCH = do_POST = do_DELETE = _serve
+        do_GET = do_PATCH = do_POST = do_PUT = do_DELETE = _serve
 
         def _answer(self, raw: bytes) -> tuple[int, Doc, Doc | None]:
             if self.headers.get("Authorization") != f"Bearer {TOKEN}":
@@ -220,6 +230,9 @@ def _route(cluster: Cluster, method: str, url: str, body: Doc | None, content_ty
         if isinstance(scripted, Reply):
             return scripted.status, scripted, body  # type: ignore[return-value]
         return scripted, _status(scripted, "scripted fault"), body
+    leased = kubelease.route(cluster, method, parts, body)
+    if leased is not None:
+        return leased
     if parts[:3] == ["api", "v1", "nodes"] and parts[4:] == ["status"]:
         return _node_status(cluster, method, parts[3], body, content_type)
     if parts[:3] == ["api", "v1", "nodes"] and len(parts) == 4:
@@ -313,20 +326,48 @@ def _pod(cluster: Cluster, method: str, parts: list[str], body: Doc | None
             _terminate(cluster, key, None)  # the namespace controller deletes every pod
         if code == 403:
             return code, namespace_terminating(namespace, name), body
+        options = body.get("deleteOptions", {})
+        if code == 201 and not _uid_holds(options, pod):
+            return 409, _uid_conflict(namespace, name, options, pod), body
         if code == 201:
-            _terminate(cluster, key, body.get("deleteOptions", {}).get("gracePeriodSeconds"))
+            _terminate(cluster, key, options.get("gracePeriodSeconds"))
         return code, _status(code, "scripted") if code != 201 else body, body
     if parts[6:] == [] and method == "DELETE":
         assert body is not None
         validate_delete_options(body)
         if pod is None:
             return 404, _status(404, f"pods {name} not found"), body
-        if body.get("preconditions", {}).get("uid") not in (None, pod["metadata"]["uid"]):
-            return 409, _status(409, "precondition failed: UID"), body
+        if not _uid_holds(body, pod):
+            return 409, _uid_conflict(namespace, name, body, pod), body
         _terminate(cluster, key, body.get("gracePeriodSeconds"))
         return 200, cluster.pods.get(key, pod), body
     cluster.errors.append(f"unexpected {method} {'/'.join(parts)}")
     return 404, _status(404, "not found"), body
+
+
+# --- A UID precondition (DeleteOptions.preconditions.uid, on a delete or an Eviction) ------
+# The Eviction API checks the PodDisruptionBudget first (a 429 stays a 429), then deletes
+# through the store with the request's DeleteOptions: kubernetes/kubernetes@01aa0f3f6052c98
+# 66dcb69054d8924fa8c96e3cb, pkg/registry/core/pod/storage/eviction.go (EvictionREST.Create:
+# r.store.Delete(ctx, eviction.Name, ..., deleteOptions)). The store refuses a UID that is
+# not the stored object's (etcd3 store.go checkPreconditions: "Precondition failed: UID in
+# precondition: %v, UID in object meta: %v", an InvalidObjError), which the registry turns
+# into 409 Conflict: @008b3652959ca58af8be3fb5b6ecfe9ae7638282,
+# staging/src/k8s.io/apiserver/pkg/storage/errors/storage.go (InterpretDeleteError).
+
+
+def _uid_holds(options: Doc, pod: Doc) -> bool:
+    wanted = (options.get("preconditions") or {}).get("uid")
+    return wanted is None or wanted == pod["metadata"]["uid"]
+
+
+def _uid_conflict(namespace: str, name: str, options: Doc, pod: Doc) -> Doc:
+    detail = (f"StorageError: invalid object, Code: 4, Key: /registry/pods/{namespace}/"
+              f"{name}, ResourceVersion: 0, AdditionalErrorMsg: Precondition failed: UID in "
+              f"precondition: {options['preconditions']['uid']}, UID in object meta: "
+              f"{pod['metadata']['uid']}")
+    return {**_status(409, f'Operation cannot be fulfilled on pods "{name}": {detail}'),
+            "reason": "Conflict", "details": {"name": name, "kind": "pods"}}
 
 
 def _terminate(cluster: Cluster, key: str, grace: int | None) -> None:
@@ -398,6 +439,7 @@ class DaemonSet:
     node_selector: dict[str, str] = field(default_factory=dict)
     recreate_after: float = 0.2
     on_create: Callable[[Doc], None] = lambda pod: None
+    empty_dirs: tuple[str, ...] = ()  # emptyDir volumes of its pods
     uid: str = ""
     made: list[str] = field(default_factory=list)  # every pod name it created, in order
 
@@ -418,7 +460,7 @@ class DaemonSet:
         name = f"{self.name}-{len(self.made) + 1:05d}"
         self.made.append(name)
         doc = pod_doc(name, uid or str(uuid.uuid4()), node, namespace=self.namespace,
-                      owner="DaemonSet")
+                      owner="DaemonSet", empty_dirs=self.empty_dirs)
         doc["metadata"]["ownerReferences"][0].update(name=self.name, uid=self.uid)
         if self.node_selector:
             doc["spec"]["nodeSelector"] = dict(self.node_selector)
@@ -489,61 +531,10 @@ def _later(cluster: Cluster, daemonset: DaemonSet, delay: float) -> None:
 
 
 # --- The Node's status subresource (GPU health conditions) ---------------------------------
-# PATCH /api/v1/nodes/<n>/status with a strategic merge patch, as kubelet and
-# node-problem-detector send theirs: only `status` may be patched; `status.conditions` is
-# merged by its key `type` (an element `{"type": t, "$patch": "delete"}` removes that
-# condition); any other list is replaced, nested maps merge. Anything else (another content
-# type, another directive, a condition without `type`) is refused and recorded.
-
-SMP = "application/strategic-merge-patch+json"
-_MERGE_KEYS = {"conditions": "type", "addresses": "type"}
-
-
-class PatchRefused(Exception):
-    """The real API server would refuse this patch (400)."""
-
-
-def strategic_merge(target: Any, patch: Any, key: str = "") -> Any:
-    """The part of Kubernetes' strategic merge patch the Node status uses (see above)."""
-    if isinstance(patch, list) and key in _MERGE_KEYS:
-        return _merge_list(target if isinstance(target, list) else [], patch, _MERGE_KEYS[key])
-    if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    result = copy.deepcopy(target) if isinstance(target, dict) else {}
-    for name, value in patch.items():
-        if name.startswith("$"):
-            raise PatchRefused(f"unsupported directive {name!r}")
-        if value is None:
-            result.pop(name, None)
-        else:
-            result[name] = strategic_merge(result.get(name), value, name)
-    return result
-
-
-def _merge_list(target: list[Any], patch: list[Any], merge_key: str) -> list[Any]:
-    result = copy.deepcopy(target)
-    for element in patch:
-        if not isinstance(element, dict) or merge_key not in element:
-            raise PatchRefused(f"map: {element!r} does not contain declared merge key: "
-                               f"{merge_key}")
-        at = next((i for i, e in enumerate(result) if e.get(merge_key) == element[merge_key]),
-                  None)
-        directive = element.get("$patch")
-        if directive == "delete":
-            if set(element) != {merge_key, "$patch"}:
-                raise PatchRefused(f"a $patch: delete element holds more than its key: {element}")
-            if at is not None:
-                result.pop(at)
-            continue
-        if directive is not None:
-            raise PatchRefused(f"unsupported $patch {directive!r}")
-        merged = strategic_merge(result[at] if at is not None else {}, element)
-        if at is None:
-            result.append(merged)
-        else:
-            result[at] = merged
-    return result
-
+# PATCH /api/v1/nodes/<n>/status with a strategic merge patch (tests/kubesmp.py), as
+# kubelet and node-problem-detector send theirs: only `status` may be patched. Anything
+# else (another content type, another directive, a condition without `type`) is refused
+# and recorded.
 
 def _node_status(cluster: Cluster, method: str, name: str, body: Doc | None,
                  content_type: str) -> tuple[int, Doc, Doc | None]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -157,6 +158,16 @@ def api_server(base_url: str | None, service_account_dir: Path,
         return None
     ca = service_account_dir / "ca.crt"
     return ApiServer(url, token, ca if ca.is_file() else None, proxy)
+
+
+def own_namespace(api: ApiServer) -> str:
+    """The pod's namespace: the service account's `namespace` file beside its token (kubelet
+    mounts both); `default` for a run by hand with a token alone."""
+    try:
+        found = (api.token_file.parent / "namespace").read_text(encoding="utf-8").strip()
+    except OSError:
+        return "default"
+    return found if re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", found) else "default"
 
 
 def _url_from_env(environ: Mapping[str, str]) -> str | None:
@@ -307,17 +318,20 @@ def daemonset_exists(api: ApiServer, namespace: str, name: str, *,
     return True
 
 
-def evict(api: ApiServer, namespace: str, name: str, grace_s: int | None, *,
+def evict(api: ApiServer, namespace: str, name: str, uid: str, grace_s: int | None, *,
           deadline: float | None = None) -> str:
-    """Ask the Eviction API (policy/v1) to evict a pod: `evicted`, `refused` (429: a
-    PodDisruptionBudget does not allow it now), `namespace-terminating` (403 with that
-    cause: the namespace is being deleted, and the API creates nothing in it, evictions
-    included) or `gone` (404: it no longer exists). Not retried here: the caller's loop
-    retries a refusal until its own deadline."""
-    body: dict[str, Any] = {"apiVersion": "policy/v1", "kind": "Eviction",
-                            "metadata": {"name": name, "namespace": namespace}}
+    """Ask the Eviction API (policy/v1) to evict a pod, only if it is still the one we saw
+    (a UID precondition): `evicted`, `refused` (429: a PodDisruptionBudget does not allow
+    it now), `namespace-terminating` (403 with that cause: the namespace is being deleted,
+    and the API creates nothing in it, evictions included), `gone` (404: it no longer
+    exists) or `replaced` (409: another pod now has its name, e.g. a StatefulSet's). Not
+    retried here: the caller's loop retries a refusal until its own deadline."""
+    options: dict[str, Any] = {"preconditions": {"uid": uid}}
     if grace_s is not None:
-        body["deleteOptions"] = {"gracePeriodSeconds": grace_s}
+        options["gracePeriodSeconds"] = grace_s
+    body: dict[str, Any] = {"apiVersion": "policy/v1", "kind": "Eviction",
+                            "metadata": {"name": name, "namespace": namespace},
+                            "deleteOptions": options}
     try:
         api.call("POST", f"/api/v1/namespaces/{namespace}/pods/{name}/eviction", body,
                  "application/json", deadline=deadline)
@@ -328,6 +342,8 @@ def evict(api: ApiServer, namespace: str, name: str, grace_s: int | None, *,
             return "namespace-terminating"
         if exc.status == 404:
             return "gone"
+        if exc.status == 409:
+            return "replaced"
         raise
     return "evicted"
 

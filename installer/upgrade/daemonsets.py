@@ -94,14 +94,12 @@ def paused_pod_uids(pods: Iterable[dict[str, Any]], labels: set[str]) -> set[str
             if _daemonset_of(p) and _selected_by(p) & labels}
 
 
-def not_paused(upgrade: UpgradeView, holders: Sequence[Holder],
-               pods: Iterable[dict[str, Any]]) -> list[Holder]:
-    """The holders outside the pods the operator pause removes: those neither block the
-    upgrade nor are deleted (the pause takes them away)."""
+def pausing(upgrade: UpgradeView, pods: Iterable[dict[str, Any]]) -> set[str]:
+    """UIDs of the pods the operator pause takes away: their holders neither block the
+    upgrade nor are deleted, but their emptyDir data goes all the same."""
     if not upgrade.ctx.config.upgrade_pause_operator:
-        return list(holders)
-    gone = paused_pod_uids(pods, to_pause(upgrade, kube.get_node(upgrade.api, upgrade.node)))
-    return [h for h in holders if not (h.pod and h.pod.pod_uid in gone)]
+        return set()
+    return paused_pod_uids(pods, to_pause(upgrade, kube.get_node(upgrade.api, upgrade.node)))
 
 
 def pause(upgrade: UpgradeView, *, deadline: float, interval: float) -> None:

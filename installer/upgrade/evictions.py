@@ -1,7 +1,9 @@
 """Making the chosen pods go (`selection` chooses them), and waiting until they are gone.
 
-Evictions go through the Eviction API (policy/v1), so PodDisruptionBudgets are honoured: a
-429 is retried until UPGRADE_TIMEOUT, as kubectl drain retries it. So is a 403 whose cause is
+Evictions go through the Eviction API (policy/v1), so PodDisruptionBudgets are honoured,
+each with the pod's UID as a precondition: a pod recreated under the same name (a
+StatefulSet's) answers 409 and is never evicted, the one we planned for being gone. A 429 is
+retried until UPGRADE_TIMEOUT, as kubectl drain retries it. So is a 403 whose cause is
 NamespaceTerminating (the API creates nothing in a namespace being deleted, evictions
 included): the namespace controller is deleting the pod anyway, so once the pod shows a
 deletionTimestamp it is only waited for. DaemonSet pods are deleted (their controller would
@@ -36,7 +38,7 @@ def evict_all(api: kube.ApiServer, pods: Sequence[Pod], *, grace_s: int | None,
     told: set[str] = set()
     while True:
         for ref, (pod, _) in list(pending.items()):
-            outcome = kube.evict(api, pod.namespace, pod.name, grace_s)
+            outcome = kube.evict(api, pod.namespace, pod.name, pod.uid, grace_s)
             if outcome == "namespace-terminating" and _terminating_or_gone(api, pod):
                 outcome = "terminating"  # the namespace controller deletes it: wait for it
             if outcome in _RETRY_EVENT:

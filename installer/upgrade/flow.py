@@ -20,21 +20,26 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from installer.compat.nodelabels import OWN_PREFIX, UPGRADE_SKIP, UPGRADE_STATE
+from installer.compat.nodelabels import UPGRADE_SKIP, UPGRADE_STATE
 from installer.context import Context
-from installer.errors import InstallerError, UpgradeBlockedError, UpgradeTimeoutError
+from installer.errors import (
+    InstallerError,
+    UpgradeBlockedError,
+    UpgradeTimeoutError,
+    UpgradeWaitingError,
+)
 from installer.installdir.daemons import records_dir
 from installer.node import kmod, kube
 from installer.node.daemons import stop_all as stop_daemons
 from installer.node.holders import Holder, find_holders
 from installer.packages.manifest import Package
 from installer.stages import load
-from installer.upgrade import daemonsets, evictions, rollout, selection
+from installer.upgrade import daemonsets, evictions, lease, rollout, selection
 
-CORDONED_BY = f"{OWN_PREFIX}/cordoned-by"  # annotation: this installer cordoned the node
+CORDONED_BY = rollout.CORDONED_BY  # annotation: this installer cordoned the node
 REQUIRED, CORDON, POD_DELETION = "upgrade-required", "cordon-required", "pod-deletion-required"
 VALIDATION, UNCORDON = "validation-required", "uncordon-required"
-DONE, FAILED = "upgrade-done", "upgrade-failed"
+DONE, FAILED = "upgrade-done", rollout.FAILED
 T = TypeVar("T")
 
 
@@ -48,6 +53,8 @@ class Upgrade:
     node: str
     cordoned: bool = False
     replaces: bool = False
+    holds_slot: bool = False  # cordoned by an earlier run: it never waits for a turn again
+    slot: lease.Slot | None = None  # the pool slot (a Lease) this run holds, renewed
     held: daemonsets.Held = field(default_factory=daemonsets.Held)  # GPU DaemonSets kept away
 
     def log_fields(self) -> dict[str, Any]:
@@ -103,11 +110,16 @@ def free_gpus(ctx: Context, package: Package) -> Upgrade | None:
                                   remedy="rerun: the next run reads the label first and "
                                          "keeps the driver")
     upgrade.cordoned = _is_ours(node)
+    upgrade.holds_slot = rollout.holds_slot(node)  # an earlier run cordoned it: resume
     base = upgrade.api  # every call while freeing ends by UPGRADE_TIMEOUT, however slow
     upgrade.api = base.bounded(time.monotonic() + last_look(ctx.config.upgrade_timeout),
                                "UPGRADE_TIMEOUT")
     try:
         _free(upgrade, package, other)
+    except UpgradeWaitingError as exc:
+        upgrade.api = base
+        waiting(upgrade, exc)
+        raise
     except InstallerError as exc:
         upgrade.api = base  # the failure is told with a deadline of its own
         failed(upgrade, exc)
@@ -130,8 +142,14 @@ def _free(upgrade: Upgrade, package: Package, other: load.OtherVersion) -> None:
         stop_daemons(ctx.host, timeout_s=config.daemon_stop_timeout,  # they hold the GPUs
                      records=records_dir(config, ctx.host.roots))
         _plan(upgrade, other)  # refuse what may not be evicted before anything changes
-        rollout.wait_turn(upgrade.api, upgrade.node, config.upgrade_max_unavailable,
-                          deadline=deadline, interval=interval)
+        if upgrade.holds_slot:
+            upgrade.event("DriverUpgradeResumed", "the node is still cordoned by an earlier "
+                          "run of this upgrade: it keeps its slot and resumes")
+        else:
+            upgrade.slot = rollout.take_turn(
+                upgrade.api, upgrade.node, config.upgrade_max_unavailable,
+                namespace=kube.own_namespace(upgrade.api), deadline=deadline,
+                interval=interval)
     with _step(ctx, CORDON):
         upgrade.state(CORDON)
         cordon(upgrade)
@@ -164,12 +182,14 @@ def _plan(upgrade: Upgrade, other: load.OtherVersion) -> selection.Plan:
     holders = find_holders(ctx.host)
     raw = _api(lambda: kube.pods_on_node(upgrade.api, upgrade.node))
     pods = [selection.pod_from_api(p) for p in raw]
-    kept = _api(lambda: daemonsets.not_paused(upgrade, holders, raw))  # the pause frees those
+    paused = _api(lambda: daemonsets.pausing(upgrade, raw))  # the pause frees those
+    kept = [h for h in holders if not (h.pod and h.pod.pod_uid in paused)]
     rules = selection.Rules(config.upgrade_policy, config.upgrade_restart_daemonsets,
                             config.upgrade_force, config.upgrade_delete_emptydir_data)
     plan = selection.plan(kept, pods, node=upgrade.node, rules=rules, daemonset_exists=(
         lambda pod: _api(lambda: kube.daemonset_exists(upgrade.api, pod.namespace,
-                                                        pod.owner_name))))
+                                                        pod.owner_name))),
+        paused=[p for p in pods if p.uid in paused])
     if not holders:
         raise UpgradeBlockedError(
             "the loaded driver is in use, but no process in this PID namespace has "
@@ -213,12 +233,20 @@ def wait_free(ctx: Context, package: Package, *, deadline: float, interval: floa
 
 
 def finish(ctx: Context, upgrade: Upgrade | None) -> None:
-    """After a verified install: uncordon if we cordoned, and say the upgrade is done.
+    """After a verified install: uncordon if we cordoned, and say the upgrade is done; then
+    give the pool slot back (a cordon left standing still counts against the limit).
 
     A cordon this run set must be lifted (failing to is an error: the pod retries); one an
     earlier run left is lifted when the API answers, else a warning says it stays."""
     if upgrade is None:
         return
+    try:
+        _finish(ctx, upgrade)
+    finally:
+        lease.release(upgrade.slot)
+
+
+def _finish(ctx: Context, upgrade: Upgrade) -> None:
     try:
         node = _api(lambda: kube.get_node(upgrade.api, upgrade.node))
     except UpgradeBlockedError as exc:
@@ -258,6 +286,18 @@ def failed(upgrade: Upgrade | None, exc: InstallerError) -> None:
         upgrade.ctx.log.warning("upgrade-failed label not set", detail=label_error.message)
     kept = "; the node stays cordoned" if upgrade.cordoned else ""
     upgrade.event("DriverUpgradeFailed", exc.one_line() + kept, "Warning")
+    lease.release(upgrade.slot)  # its cordon, if any, keeps counting against the limit
+
+
+def waiting(upgrade: Upgrade, exc: UpgradeWaitingError) -> None:
+    """The turn did not come: no failure of this node, which was not touched. It stays
+    `upgrade-required` (others never count it against the limit), told why."""
+    _give_back(upgrade)
+    try:
+        upgrade.state(REQUIRED)
+    except InstallerError as label_error:
+        upgrade.ctx.log.warning("upgrade-required label not set", detail=label_error.message)
+    upgrade.event("DriverUpgradeWaiting", exc.message)
 
 
 def _give_back(upgrade: Upgrade) -> None:

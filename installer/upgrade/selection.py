@@ -9,7 +9,9 @@ Each selected pod then meets kubectl drain's refusals, all decided before anythi
 (exit 15 naming every refused pod with its reason and the setting that would allow it):
 - no controller recreates it (no controller ownerReference, or its DaemonSet is gone, as
   kubectl decides it): evicted only with UPGRADE_FORCE;
-- it has `emptyDir` volumes, whose data goes with it: only with UPGRADE_DELETE_EMPTYDIR_DATA;
+- it has `emptyDir` volumes, whose data goes with it: only with UPGRADE_DELETE_EMPTYDIR_DATA,
+  whichever way it would go (evicted, deleted as a DaemonSet pod, or taken away by the
+  operator pause) and under every policy;
 - a static (mirror) pod, a holder outside any pod or unknown to the API: never;
 - a live DaemonSet's pod: deleted when it holds the GPUs and UPGRADE_RESTART_DAEMONSETS
   allows it (else it blocks), otherwise left alone, as `kubectl drain --ignore-daemonsets`
@@ -134,11 +136,15 @@ class Rules:
 
 
 def plan(holders: Sequence[Holder], pods: Sequence[Pod], *, node: str, rules: Rules,
-         daemonset_exists: Callable[[Pod], bool]) -> Plan:
+         daemonset_exists: Callable[[Pod], bool], paused: Sequence[Pod] = ()) -> Plan:
     """What to evict, delete or wait for, or UpgradeBlockedError naming every holder and
-    pod we must not touch (all at once, so one rerun can fix them all)."""
+    pod we must not touch (all at once, so one rerun can fix them all). `paused`: pods the
+    operator pause takes away (not planned here, but held to the emptyDir rule)."""
     result = Plan()
     chosen, blocked = _holders_pods(holders, pods, node, result.holders)
+    for pod in paused:  # the pause removes them: the emptyDir rule holds there too
+        blocked += [f"DaemonSet pod {pod.ref} (its DaemonSet is paused on this node) {why}"
+                    for why in emptydir_refusals(pod, rules, "the pause", "pause")]
     for pod in pods:
         if pod.ref in chosen or pod.done:
             continue
@@ -198,17 +204,24 @@ def _decide(pod: Pod, *, held: bool, rules: Rules, daemonset_exists: Callable[[P
     if pod.daemonset and not orphan:
         if not held:
             return None, []  # its controller would recreate it at once: left alone
-        return "delete", [] if rules.restart_daemonsets else [
+        refusals = [] if rules.restart_daemonsets else [
             f"is recreated at once by its controller (set {RESTART_DAEMONSETS} to delete it)"]
+        return "delete", refusals + emptydir_refusals(pod, rules, "deleting it", "delete")
     refusals = []
     if (pod.owner_kind is None or orphan) and not rules.force:
         what = f"its DaemonSet {pod.owner_name} is gone" if orphan else "it has no controller"
         refusals.append(f"is not recreated by any controller ({what}; set {FORCE} to "
                         "evict it)")
-    if pod.empty_dirs and not rules.delete_emptydir_data:
-        refusals.append(f"has emptyDir volume(s) {', '.join(pod.empty_dirs)}, whose data "
-                        f"eviction deletes (set {EMPTYDIR} to evict it)")
-    return "evict", refusals
+    return "evict", refusals + emptydir_refusals(pod, rules, "eviction", "evict")
+
+
+def emptydir_refusals(pod: Pod, rules: Rules, how: str, verb: str) -> list[str]:
+    """kubectl drain's emptyDir rule, on every way a pod is made to go (eviction, deletion,
+    a paused DaemonSet): its emptyDir data goes with it, so only with the setting."""
+    if not pod.empty_dirs or rules.delete_emptydir_data:
+        return []
+    return [f"has emptyDir volume(s) {', '.join(pod.empty_dirs)}, whose data {how} "
+            f"deletes (set {EMPTYDIR} to {verb} it)"]
 
 
 def _remedy(blocked: Sequence[str]) -> str:

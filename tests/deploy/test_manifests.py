@@ -317,7 +317,8 @@ class TestDaemonSet:
                                   ("", "nodes/status", "patch"), ("", "events", "create"),
                                   ("events.k8s.io", "events", "create")}
         assert len(roles) == (2 if overlay == "live-upgrade" else 1)
-        assert not of_kind(render(f"overlays/{overlay}"), "Role")
+        namespaced = of_kind(render(f"overlays/{overlay}"), "Role")  # the upgrade's Leases
+        assert len(namespaced) == (1 if overlay == "live-upgrade" else 0)
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -375,6 +376,15 @@ class TestOverlays:
         account = one(docs, "ServiceAccount", "gpu-node-installer")
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "gpu-node-installer",
                                         "namespace": account["metadata"]["namespace"]}]
+        (slots,) = [r for r in of_kind(docs, "Role")
+                    if r["metadata"]["name"] == "gpu-node-installer-upgrade-slots"]
+        assert _granted(slots) == {("coordination.k8s.io", "leases", "get"),
+                                   ("coordination.k8s.io", "leases", "create"),
+                                   ("coordination.k8s.io", "leases", "update")}
+        assert slots["metadata"]["namespace"] == account["metadata"]["namespace"]
+        (bound,) = [b for b in of_kind(docs, "RoleBinding")
+                    if b["roleRef"]["name"] == "gpu-node-installer-upgrade-slots"]
+        assert bound["subjects"] == binding["subjects"]
 
     def test_gke_cos_mounts_root_where_gke_does(self) -> None:
         docs = render("overlays/gke-cos")

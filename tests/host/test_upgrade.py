@@ -22,7 +22,12 @@ from e2e import Scene, add_version, events, make_scene, run_cli, standin_env
 from httpserver import MirrorServer
 from kubefake import Cluster, node_doc, pod_doc
 
-from installer.errors import ModuleInUseError, UpgradeBlockedError, UpgradeTimeoutError
+from installer.errors import (
+    ModuleInUseError,
+    UpgradeBlockedError,
+    UpgradeTimeoutError,
+    UpgradeWaitingError,
+)
 from installer.node.host import Roots
 from installer.testing.kernel import FakeKernelHost
 
@@ -139,7 +144,8 @@ class TestEvict:
         eviction = next(c for c in cluster.calls if c.path.endswith("/eviction"))
         assert eviction.body == {"apiVersion": "policy/v1", "kind": "Eviction",
                                  "metadata": {"name": "train", "namespace": "default"},
-                                 "deleteOptions": {"gracePeriodSeconds": 30}}
+                                 "deleteOptions": {"gracePeriodSeconds": 30,
+                                                   "preconditions": {"uid": UID}}}
         assert "default/web" in cluster.pods  # evict touches only the pods holding GPUs
         final = cluster.node()
         assert "unschedulable" not in final["spec"]
@@ -368,8 +374,9 @@ class TestRollout:
                                                               "pod-deletion-required"})
         with kubefake.serve(cluster) as api:
             done = upgrade(node, mirror, api, "--upgrade-timeout", "0.5")
-            assert done.returncode == UpgradeTimeoutError.code, done.stderr
-            assert "gpu-node-2" in done.stderr and "nothing was cordoned" in done.stderr
+            assert done.returncode == UpgradeWaitingError.code, done.stderr
+            assert "gpu-node-2" in done.stderr and "was not cordoned" in done.stderr
+            assert cluster.states() == ["upgrade-required"]  # waiting is no failure
             assert cluster.node()["spec"].get("unschedulable") is None
             assert "default/train" in cluster.pods
             wider = upgrade(node, mirror, api, "--upgrade-max-unavailable", "2")
@@ -394,12 +401,12 @@ class TestKubeClient:
         with kubefake.serve(cluster) as url:
             api = kube.api_server(url, directory, {})
             assert api is not None
-            assert kube.evict(api, "default", "a", 5) == "refused"
+            assert kube.evict(api, "default", "a", UID, 5) == "refused"
             with pytest.raises(kube.KubeError) as caught:
-                kube.evict(api, "default", "a", None)
+                kube.evict(api, "default", "a", UID, None)
             assert caught.value.status == 500
-            assert kube.evict(api, "default", "a", None) == "evicted"
-            assert kube.evict(api, "default", "a", None) == "gone"
+            assert kube.evict(api, "default", "a", UID, None) == "evicted"
+            assert kube.evict(api, "default", "a", UID, None) == "gone"
             assert kube.delete_pod(api, "default", "b", "another-uid", None) == "gone"
             assert "default/b" in cluster.pods  # a replaced pod of that name is spared
             assert kube.delete_pod(api, "default", "b", DS_UID, 0) == "deleted"

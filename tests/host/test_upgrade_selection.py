@@ -327,13 +327,13 @@ class TestFake:
         cluster.on_evict = lambda pod: gone.append(pod["metadata"]["name"])
         with kubefake.serve(cluster) as url:
             api = self._client(tmp_path, url)
-            assert kube.evict(api, "default", "a", None) == "evicted"
+            assert kube.evict(api, "default", "a", UID, None) == "evicted"
             pod = kube.get_pod(api, "default", "a")
             assert pod is not None and pod["metadata"]["deletionGracePeriodSeconds"] == 1
             assert pod["metadata"]["deletionTimestamp"].endswith("Z") and gone == []
             _until(lambda: kube.get_pod(api, "default", "a") is None)
             assert gone == ["a"]
-            assert kube.evict(api, "ml", "b", 0) == "namespace-terminating"
+            assert kube.evict(api, "ml", "b", IDLE, 0) == "namespace-terminating"
             assert kube.get_pod(api, "ml", "b") is None  # the namespace controller took it
             assert kube.daemonset_exists(api, "default", "c-owner") is True
             assert kube.daemonset_exists(api, "default", "gone") is False

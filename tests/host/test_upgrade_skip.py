@@ -33,7 +33,7 @@ from host.test_upgrade import (
 from httpserver import MirrorServer
 from kubefake import Cluster, node_doc, pod_doc
 
-from installer.errors import UpgradeBlockedError, UpgradeTimeoutError
+from installer.errors import UpgradeBlockedError, UpgradeWaitingError
 
 # the fixtures: V1 and V2 packages built once for this module; a node serving V1 (installed
 # the ordinary way, no API) and a mirror holding both
@@ -235,9 +235,9 @@ class TestParallelLimit:
         with kubefake.serve(cluster) as api:
             done = upgrade(node, mirror, api, "--upgrade-timeout", "0.5",
                            "--upgrade-max-unavailable", "2")
-            assert done.returncode == UpgradeTimeoutError.code, done.stderr
-            assert "2 other node(s) are unavailable: gpu-node-2 (cordoned), gpu-node-3 " \
-                   "(NotReady)" in done.stderr
+            assert done.returncode == UpgradeWaitingError.code, done.stderr
+            assert "2 other node(s) are unavailable or upgrading: gpu-node-2 (cordoned), " \
+                   "gpu-node-3 (NotReady)" in done.stderr
             assert "cpu-node-1" not in done.stderr and "gpu-node-4" not in done.stderr
             assert cluster.node()["spec"].get("unschedulable") is None
             assert "default/train" in cluster.pods and loaded(node) == V1
