@@ -71,8 +71,11 @@ def kernel(scene: Scene) -> FakeKernelHost:
 
 
 def loaded(scene: Scene) -> str:
-    text = (scene.root / "proc/driver/nvidia/version").read_text() if (
-        scene.root / "proc/driver/nvidia/version").exists() else ""
+    """The loaded version; read once, as the fake kernel may swap the file meanwhile."""
+    try:
+        text = (scene.root / "proc/driver/nvidia/version").read_text()
+    except FileNotFoundError:
+        text = ""
     return next((v for v in (V1, V2) if v in text), "none")
 
 
