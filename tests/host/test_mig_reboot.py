@@ -162,3 +162,29 @@ class TestNotRecorded:
         assert "the boot ID (/proc/sys/kernel/random/boot_id) is unreadable" in line
         assert "no reboot" in line and "fix:" in line
         assert signals.read_text() == "0"
+
+    @pytest.mark.parametrize("record", ["garbage", "fifo", "directory", "foreign-boots"])
+    def test_unreadable_record_no_reboot(self, tmp_path: Path, record: str) -> None:
+        """A record that cannot be read as ours cannot count reboots: failed, no signal,
+        the record left as it was (a FIFO never blocks the run)."""
+        import os
+
+        node = _waiting_a100(tmp_path)
+        path = node.scene.install_dir / ".mig-reboot.json"
+        if record == "garbage":
+            path.write_text("{not json")
+        elif record == "fifo":
+            os.mkfifo(path)
+        elif record == "directory":
+            path.mkdir()
+        else:
+            path.write_text('{"boots": {"boot-1": "many"}}')
+        signals = tmp_path / "reboots"
+        done = _partition(node, signals)
+        assert done.returncode == 15, done.stderr
+        line = _last_line(done)
+        assert "the reboot record /home/kubernetes/bin/nvidia/.mig-reboot.json is " \
+               "unreadable" in line, line
+        assert "no reboot" in line and "fix:" in line
+        assert signals.read_text() == "0"
+        assert path.exists()

@@ -33,6 +33,11 @@ from installer.stages.partition import caps, config, plan, reboots
 from installer.stages.partition.plan import GpuChange, GpuNow
 
 _MINOR_RE = re.compile(r"^Device Minor:\s*(\d+)", re.M)
+# mig-manager's state label and values, pending, rebooting, success, failed (mig-parted
+# pkg/mig/reconfigure/reconfigure.go @ bd7160f4: migConfigStateLabel, migState*), written
+# too in the operator-compatible overlay's mode (DRIVER_ROOT_LAYOUT=true), where the
+# operator's tools read it
+OPERATOR_MIG_STATE = "nvidia.com/mig.config.state"
 
 
 class MigRebootRefusedError(UpgradeBlockedError):
@@ -280,7 +285,8 @@ def _gpu_rows(gpus: Sequence[GpuNow]) -> tuple[dict[str, Any], ...]:
     return tuple({"index": g.index, "name": g.name, "uuid": g.uuid, "memory_mib": g.memory_mib,
                   "pci_bus_id": g.pci_bus_id, "mig_enabled": g.layout.mig_enabled,
                   "devices": [list(d) for d in g.layout.devices],
-                  "mig_devices": [asdict(d) for d in g.mig_devices]} for g in gpus)
+                  "mig_devices": [{**asdict(d), "attributes": dict(d.attributes)}
+                                  for d in g.mig_devices]} for g in gpus)
 
 
 def _planned(change: GpuChange) -> str:
@@ -291,8 +297,9 @@ def _planned(change: GpuChange) -> str:
 
 
 def _set_state(ctx: Context, state: str) -> bool:
-    """The Node's `mig.config.state` label; False (and a warning) when the API is
-    configured but the label was not set. Without an API there is no label: True."""
+    """The Node's `mig.config.state` label (and nvidia.com's beside gpu-operator); False
+    (and a warning) when the API is configured but the label was not set. Without an API
+    there is no label: True."""
     node = ctx.config.node_name
     if not node:
         return True
@@ -301,8 +308,11 @@ def _set_state(ctx: Context, state: str) -> bool:
     api = kube.connect(ctx.config, os.environ)
     if api is None:
         return True
+    labels = {MIG_STATE: state}
+    if ctx.config.driver_root_layout:  # beside gpu-operator: mig-manager's own key too
+        labels[OPERATOR_MIG_STATE] = state
     try:
-        kube.patch_node_labels(api, node, {MIG_STATE: state})
+        kube.patch_node_labels(api, node, labels)
     except kube.KubeError as exc:
         ctx.log.warning("MIG state label not set", state=state, detail=str(exc))
         return False

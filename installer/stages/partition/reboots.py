@@ -25,6 +25,7 @@ from installer.node.kmsg import boot_id
 
 RECORD = ".mig-reboot.json"
 _MAX_BYTES = 16 * 1024
+_UNREADABLE = ""  # never a boot ID: check() refuses on an empty one first
 
 
 class Refusal(Exception):
@@ -45,18 +46,18 @@ def shown(ctx: Context) -> str:
 
 
 def _read(ctx: Context) -> dict[str, int]:
-    """Reboots asked per boot ID; an unreadable record counts as a reboot of unknown boot
-    (never a reason to reboot again)."""
+    """Reboots asked per boot ID; an unreadable record reads as `{_UNREADABLE: 1}`, which
+    `check` refuses (what cannot be counted never allows a reboot)."""
     try:
         data = read_json_file(path(ctx), limit=_MAX_BYTES)
     except DocumentError:
-        return {"unreadable": 1}
+        return {_UNREADABLE: 1}
     if data is None:
         return {}
     boots = data.get("boots") if isinstance(data, dict) else None
     if not isinstance(boots, dict) or not all(
             isinstance(k, str) and isinstance(v, int) for k, v in boots.items()):
-        return {"unreadable": 1}
+        return {_UNREADABLE: 1}
     return boots
 
 
@@ -73,6 +74,10 @@ def check(ctx: Context, pending: Sequence[int]) -> None:
                       "not be told from a reboot loop; no reboot",
                       "mount the node's /proc so the boot ID is readable, or reboot the "
                       "node yourself")
+    if _UNREADABLE in boots:
+        raise Refusal(f"the MIG mode of GPU(s) {named} needs a reboot, but the reboot record "
+                      f"{shown(ctx)} is unreadable, so earlier reboots cannot be counted; "
+                      "no reboot", again)
     earlier = sorted(b for b in boots if b != current)
     if earlier:
         raise Refusal(f"the MIG mode of GPU(s) {named} is still pending after the node "
@@ -91,7 +96,7 @@ def record(ctx: Context, pending: Sequence[int]) -> None:
     """Count one more reboot in this boot, before the signal (OSError: not recorded)."""
     from installer.node.host import write_atomic
 
-    boots = {k: v for k, v in _read(ctx).items() if k != "unreadable"}
+    boots = {k: v for k, v in _read(ctx).items() if k != _UNREADABLE}
     current = boot_id(ctx.host)
     boots[current] = boots.get(current, 0) + 1
     body = json.dumps({"boots": boots, "gpus": sorted(pending)}, indent=1) + "\n"
