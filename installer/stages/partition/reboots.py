@@ -20,10 +20,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from installer.context import Context
+from installer.installdir.layout import MIG_REBOOT_RECORD
 from installer.node.documents import DocumentError, read_json_file
 from installer.node.kmsg import boot_id
 
-RECORD = ".mig-reboot.json"
+RECORD = MIG_REBOOT_RECORD
 _MAX_BYTES = 16 * 1024
 _UNREADABLE = ""  # never a boot ID: check() refuses on an empty one first
 
