@@ -1,7 +1,7 @@
 """A MIG node scene for the host tier: a node tree with GPUs of one model, the driver's
 repository, the NVML stand-in's MIG state in a temp dir (its capability files in the node's
 /proc), run through tests/fakenode_gpus.py; and what GKE's device plugin reads of it.
-Used by test_partition.py, test_cdi_mig.py and test_cdi_podman.py."""
+Used by test_partition.py, test_mig_reboot.py, test_cdi_mig.py and test_cdi_podman.py."""
 
 from __future__ import annotations
 
@@ -22,6 +22,17 @@ A100_40 = ("NVIDIA A100-SXM4-40GB", 40960, 0x20B0)
 A100_80 = ("NVIDIA A100-SXM4-80GB", 81920, 0x20B2)
 H100 = ("NVIDIA H100 80GB HBM3", 81559, 0x2330)
 FAKENODE = Path(__file__).resolve().parent / "fakenode_gpus.py"
+# PID 1 as systemd answers SIGRTMIN+5 (systemd(1), SIGNALS: "Reboots the machine"): here
+# counted in the file argv[1], around the command argv[2:], whose exit code it returns.
+INIT_STANDIN = """
+import pathlib, signal, subprocess, sys
+count = pathlib.Path(sys.argv[1])
+count.write_text("0")
+def reboot(signum, frame):
+    count.write_text(str(int(count.read_text()) + 1))
+signal.signal(signal.SIGRTMIN + 5, reboot)
+sys.exit(subprocess.run(sys.argv[2:], check=False).returncode)
+"""
 
 
 @dataclasses.dataclass
@@ -44,6 +55,20 @@ class MigNode:
     def install(self, *extra: str) -> subprocess.CompletedProcess[str]:
         with MirrorServer(self.scene.repo) as server:
             return self.run("install", *extra, mirror=server.url)
+
+    def run_under_init(self, signals: Path, command: str, *extra: str
+                       ) -> subprocess.CompletedProcess[str]:
+        """`run` in a private PID namespace whose PID 1 is INIT_STANDIN: the installer's
+        reboot (SIGRTMIN+5 to PID 1) reaches the stand-in, which counts it in `signals`."""
+        args = [command, *self.scene.args("--output", "json", *extra)]
+        return subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable,
+                               "-c", INIT_STANDIN, str(signals), sys.executable,
+                               str(FAKENODE), *args], capture_output=True, text=True,
+                              env=self.env, timeout=300, check=False)
+
+    def reboot(self, boot: str) -> None:
+        """A simulated reboot: a new boot ID; the stand-in's pending MIG mode stays."""
+        (self.scene.root / "proc/sys/kernel/random/boot_id").write_text(boot + "\n")
 
     def gis(self, gpu: int) -> list[tuple[int, int]]:
         """The stand-in's GPU instances of one GPU: (GI id, profile constant)."""
@@ -80,6 +105,9 @@ def mig_node(base: Path, model: tuple[str, int, int], count: int) -> MigNode:
     add_version(scene, V)
     mig_dir = base / "mig"
     mig_dir.mkdir()
+    boot = scene.root / "proc/sys/kernel/random/boot_id"
+    boot.parent.mkdir(parents=True, exist_ok=True)
+    boot.write_text("boot-1\n")
     for i, address in enumerate(_addresses(count)):  # the PCI reset reaches the stand-in
         (scene.root / "sys/bus/pci/devices" / address / "reset").symlink_to(
             mig_dir / f"reset-gpu{i}")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from installer.compat.toolkit import max_cuda_for_driver, minor_compat_major
 from installer.node.gpus import ARCHITECTURES
@@ -29,6 +29,10 @@ OWNED_ANNOTATION = f"{OWN_PREFIX}/labels"
 GFD_SUFFIXES = ("gpu.product", "gpu.count", "gpu.memory", "gpu.family", "gpu.compute.major",
                 "gpu.compute.minor", "cuda.driver.major", "cuda.driver.minor",
                 "cuda.driver.rev", "cuda.runtime.major", "cuda.runtime.minor")
+# gpu-feature-discovery's labels of a MIG device's NVML attributes, after its resource
+# (k8s-device-plugin internal/resource/nvml-mig-device.go @ 1b826acc, GetAttributes)
+MIG_ATTRIBUTES = ("memory", "multiprocessors", "slices.gi", "slices.ci", "engines.copy",
+                  "engines.decoder", "engines.encoder", "engines.jpeg", "engines.ofa")
 # keys that name a GPU type, whatever their prefix (check-pod's "selects a GPU type")
 TYPE_SUFFIXES = ("gpu.product", "gpu.family", "gpu.memory", "gpu.compute.major",
                  "gpu.compute.minor")
@@ -162,6 +166,29 @@ class MigFacts:
     memory_mib: int
     mig_enabled: bool
     devices: tuple[tuple[str, int], ...]  # (profile, count)
+    # profile -> NVML's figures of one of its MIG devices (nvmlDeviceGetAttributes) under
+    # gpu-feature-discovery's names (`memory`, `multiprocessors`, `engines.copy`, ...)
+    attributes: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+
+
+def _slice_facts(gpus: Sequence[MigFacts]) -> dict[str, dict[str, int]]:
+    """Per profile, the labels' figures: NVML's own where the record has them (as GFD
+    labels a MIG device: k8s-device-plugin internal/lm/resource.go @ 1b826acc,
+    newMigAttributeLabels), else the table's nominal memory and slices."""
+    from installer.compat.mig import mig_model
+
+    facts: dict[str, dict[str, int]] = {}
+    for gpu in gpus:
+        model = mig_model(gpu.name, gpu.memory_mib)
+        for profile, _ in gpu.devices if gpu.mig_enabled else ():
+            if gpu.attributes.get(profile):
+                facts[profile] = dict(gpu.attributes[profile])
+                continue
+            known = model.profiles.get(profile) if model is not None else None
+            if known is not None and profile not in facts:
+                facts[profile] = {"memory": int(known.memory_gib * 1024),
+                                  "slices.gi": known.slices, "slices.ci": known.slices}
+    return facts
 
 
 def mig_labels(gpus: Sequence[MigFacts], *, strategy: str, prefix: str = OWN_PREFIX
@@ -170,19 +197,13 @@ def mig_labels(gpus: Sequence[MigFacts], *, strategy: str, prefix: str = OWN_PRE
     profile): the slice is the GPU, `gpu.product=<model>-MIG-<profile>`, `gpu.count` the
     slices, `gpu.memory` a slice's MiB; otherwise (or `mixed`) `mig-<profile>.count` and
     friends beside the full GPUs' labels. None when no GPU is in MIG mode."""
-    from installer.compat.mig import mig_model
-
     if not any(g.mig_enabled for g in gpus):
         return {}
     counts: Counter[str] = Counter()
-    facts: dict[str, tuple[int, int]] = {}  # profile -> (memory MiB, slices)
     for gpu in gpus:
-        model = mig_model(gpu.name, gpu.memory_mib)
         for profile, count in gpu.devices if gpu.mig_enabled else ():
             counts[profile] += count
-            known = model.profiles.get(profile) if model is not None else None
-            if known is not None:
-                facts[profile] = (int(known.memory_gib * 1024), known.slices)
+    facts = _slice_facts(gpus)
     names = {sanitize(g.name) for g in gpus}
     uniform = (all(g.mig_enabled for g in gpus) and len(counts) == 1 and len(names) == 1)
     p = f"{prefix}/"
@@ -190,19 +211,13 @@ def mig_labels(gpus: Sequence[MigFacts], *, strategy: str, prefix: str = OWN_PRE
         (profile, count), = counts.items()
         labels = {p + "mig.strategy": "single", p + "gpu.count": str(count),
                   p + "gpu.product": sanitize(f"{names.pop()}-MIG-{profile}")}
-        if profile in facts:
-            labels |= {p + "gpu.memory": str(facts[profile][0]),
-                       p + "gpu.slices.gi": str(facts[profile][1]),
-                       p + "gpu.slices.ci": str(facts[profile][1])}
+        labels |= {p + f"gpu.{k}": str(v) for k, v in facts.get(profile, {}).items()}
         return labels
     labels = {p + "mig.strategy": "mixed"}
     for profile, count in sorted(counts.items()):
         key = p + f"mig-{sanitize(profile)}"
         labels[key + ".count"] = str(count)
-        if profile in facts:
-            labels |= {key + ".memory": str(facts[profile][0]),
-                       key + ".slices.gi": str(facts[profile][1]),
-                       key + ".slices.ci": str(facts[profile][1])}
+        labels |= {key + f".{k}": str(v) for k, v in facts.get(profile, {}).items()}
     return labels
 
 

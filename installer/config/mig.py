@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from installer.config.values import Invalid, abs_path, choice
+from installer.config.values import Invalid, abs_path, choice, int_range
 
 STRATEGIES = ("single", "mixed")
 REBOOT = ("refuse", "reboot")
@@ -47,6 +47,7 @@ class MigSettings:
     mig_profile: str | None = None
     mig_strategy: str = "single"
     mig_reboot: str = "refuse"
+    mig_reboot_limit: int = 1
 
 
 # Rows of the one SETTINGS table (`installer.config.Setting`'s fields, in order)
@@ -68,4 +69,8 @@ ROWS = (
     ("mig_reboot", "--mig-reboot", "MIG_REBOOT", "refuse",
      "when a MIG mode change waits for a node reboot (a GPU reset did not apply it): "
      "refuse (exit 15) or reboot the node", "one of refuse, reboot", choice(*REBOOT)),
+    ("mig_reboot_limit", "--mig-reboot-limit", "MIG_REBOOT_LIMIT", "1",
+     "MIG_REBOOT=reboot: the most reboot signals sent in one boot (counted per boot ID in "
+     "the install dir); a mode still pending after a reboot is `failed`, never rebooted "
+     "again", "an integer from 1 to 10", int_range(1, 10)),
 )

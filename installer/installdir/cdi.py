@@ -12,15 +12,14 @@ staged version's `lib64/` and `bin/` as read-only bind mounts (`ro, nosuid, node
 and its firmware where the package has any.
 
 How a container finds the libraries: we mount them where GKE's device plugin does,
-`/usr/local/nvidia/{lib64,bin}`, and set `LD_LIBRARY_PATH=/usr/local/nvidia/lib:
-/usr/local/nvidia/lib64` -- the exact value NVIDIA's CUDA images already set (and PATH
-already names /usr/local/nvidia/bin there), so for them nothing changes; an image with an
-LD_LIBRARY_PATH of its own loses it (the runtime replaces the variable). NVIDIA's spec
-instead mounts each library at its host path and adds `createContainer` hooks
-(`update-ldcache`, `create-symlinks`) that run its `nvidia-ctk` binary from the host; a
-node we install on has no such binary (COS has no toolkit, and a hook path must exist on
-the host), so a hook would fail every container. The staged directory already holds the
-SONAME links (`libcuda.so.1 -> libcuda.so.<version>`), so no symlink hook is needed either.
+`/usr/local/nvidia/{lib64,bin}` (NVIDIA's CUDA images already name both in LD_LIBRARY_PATH
+and PATH), and a `createContainer` hook adds `/usr/local/nvidia/lib64` to the container's
+linker cache, as NVIDIA's `update-ldcache` hook does: the spec sets no LD_LIBRARY_PATH, so
+an image's own value (or a user's `-e`) is kept. NVIDIA's hooks run its `nvidia-ctk`
+binary, which a node we install on does not have (COS has no toolkit); ours is a small
+shell script the installer keeps in the install dir (`cdihook`). The staged directory
+already holds the SONAME links (`libcuda.so.1 -> libcuda.so.<version>`), so no symlink
+hook is needed.
 `NVIDIA_VISIBLE_DEVICES=void`, as in NVIDIA's spec, keeps a toolkit hook (if one is still
 configured) from injecting a second set.
 
@@ -43,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from installer.installdir import cdihook
 from installer.installdir.layout import VERSIONS
 from installer.node.host import Host
 from installer.node.pci import bus_key
@@ -50,8 +50,7 @@ from installer.node.pci import bus_key
 KIND = "nvidia.com/gpu"
 CONTAINER_ROOT = PurePosixPath("/usr/local/nvidia")
 MOUNT_OPTIONS = ("ro", "nosuid", "nodev", "bind")
-LIBRARY_PATH = "/usr/local/nvidia/lib:/usr/local/nvidia/lib64"
-ENV = ("NVIDIA_VISIBLE_DEVICES=void", f"LD_LIBRARY_PATH={LIBRARY_PATH}")
+ENV = ("NVIDIA_VISIBLE_DEVICES=void",)
 SHARED_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
 FIRMWARE_ROOT = PurePosixPath("/lib/firmware/nvidia")
 _MINOR_RE = re.compile(r"^Device Minor:\s*(\d+)", re.M)
@@ -100,6 +99,9 @@ def build_spec(*, install_dir: PurePosixPath, version: str, gpus: Sequence[tuple
     spec: Spec = {"cdiVersion": "", "kind": KIND, "devices": devices, "containerEdits": {
         "env": list(ENV), "deviceNodes": [n.entry() for n in shared],
         "mounts": _mounts(install_dir / VERSIONS / version, parts, driver_version)}}
+    if "lib64" in parts:  # the libraries into the container's linker cache
+        spec["containerEdits"]["hooks"] = [
+            cdihook.hook_entry(install_dir, CONTAINER_ROOT / "lib64")]
     spec["cdiVersion"] = minimum_version(spec)
     return spec
 

@@ -22,7 +22,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from installer.config import Config
-from installer.installdir import cdi, cdimig
+from installer.installdir import cdi, cdihook, cdimig
 from installer.installdir.layout import CDI_RECORD
 from installer.installdir.ownership import guard_cdi
 from installer.installdir.versions import current_name
@@ -68,6 +68,7 @@ def publish(config: Config, roots: Roots, spec: cdi.Spec | None, version: str | 
     if spec is None or config.cdi != "on":
         removed = _remove_owned(roots, target, record)
         (install / CDI_RECORD).unlink(missing_ok=True)
+        cdihook.remove(install)
         return Published(None, None, "off" if config.cdi != "on" else "removed"
                          if removed else "unchanged")
     path = roots.node_entry(target)
@@ -81,10 +82,12 @@ def publish(config: Config, roots: Roots, spec: cdi.Spec | None, version: str | 
     new = _digest(data)
     base = {"path": str(target), "version": version, "gpus": [asdict(g) for g in gpus]}
     if current == data:
+        cdihook.ensure(install)
         _write_record(install, {**base, "sha256": [new]})
         return Published(str(target), version, "unchanged", _conflicts(roots, config))
     known = [d for d in record.get("sha256", []) if isinstance(d, str)][-1:]
     _write_record(install, {**base, "sha256": [*known, new]})
+    cdihook.ensure(install)  # before the spec that names it
     write_atomic(path, data)
     _write_record(install, {**base, "sha256": [new]})
     return Published(str(target), version, "written", _conflicts(roots, config))
@@ -113,6 +116,7 @@ def withdraw(config: Config, roots: Roots) -> list[str]:
             roots, PurePosixPath(record["path"]), record):
         removed.append(record["path"])
     (install / CDI_RECORD).unlink(missing_ok=True)
+    cdihook.remove(install)
     return removed
 
 

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from installer.compat.nodelabels import MIG_ATTRIBUTES
 from installer.installdir.layout import MIG_RECORD
 from installer.node.documents import DocumentError, read_json_file
 
@@ -20,7 +21,7 @@ _MAX_BYTES = 256 * 1024
 
 def read(install_root: Path) -> dict[str, Any] | None:
     """`{"source": ..., "gpus": [{index, name, uuid, memory_mib, pci_bus_id, mig_enabled,
-    devices, mig_devices: [{index, uuid, gi, ci}]}]}` or None
+    devices, mig_devices: [{index, uuid, gi, ci, profile, attributes}]}]}` or None
     (absent or unreadable: the node's MIG is not ours to describe)."""
     try:
         data = read_json_file(install_root / MIG_RECORD, limit=_MAX_BYTES)
@@ -40,6 +41,21 @@ def write(install_root: Path, source: str, gpus: list[dict[str, Any]]) -> None:
 
 def forget(install_root: Path) -> None:
     (install_root / MIG_RECORD).unlink(missing_ok=True)
+
+
+def attributes(gpu: dict[str, Any]) -> dict[str, dict[str, int]]:
+    """Per profile, the NVML figures recorded for one of its MIG devices (whole numbers
+    from 0 only: a doctored record labels nothing it cannot)."""
+    found: dict[str, dict[str, int]] = {}
+    for device in gpu.get("mig_devices") or []:
+        if not isinstance(device, dict) or not isinstance(device.get("profile"), str):
+            continue
+        figures = device.get("attributes")
+        if isinstance(figures, dict) and figures and all(
+                k in MIG_ATTRIBUTES and type(v) is int and 0 <= v < 1 << 40
+                for k, v in figures.items()):
+            found.setdefault(device["profile"], figures)
+    return found
 
 
 def describe(gpu: dict[str, Any]) -> str:

@@ -36,7 +36,8 @@ SYSTEM_DIRS = frozenset(PurePosixPath(p) for p in (
 OWN_DIRS = (layout.VERSIONS, layout.CACHE_DIR, layout.DRIVER_ROOT_DIR, BACKUP_DIR)
 OWN_NAMES = frozenset({*OWN_DIRS, *layout.TOP_LINKS, layout.CURRENT, layout.PREVIOUS,
                        layout.STATE_FILE, layout.READY_FILE, layout.DEVNODES_FILE,
-                       layout.CDI_RECORD, layout.LAST_INSTALL_FILE,
+                       layout.CDI_RECORD, layout.CDI_HOOK, layout.LAST_INSTALL_FILE,
+                       layout.MIG_RECORD, layout.MIG_REBOOT_RECORD,
                        layout.AGENT_DIR, layout.AGENT_VIEW,  # signal holds readiness there
                        layout.LOCK_FILE, MARKER})
 # Written by any run that took the node lock, even one that failed before the dir was marked.

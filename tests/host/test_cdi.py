@@ -95,8 +95,15 @@ class TestShapes:
         assert edits["mounts"] == [
             {"hostPath": f"{version_dir(V1)}/lib64", "containerPath": "/usr/local/nvidia/lib64",
              "options": OPTIONS}]
-        assert edits["env"] == ["NVIDIA_VISIBLE_DEVICES=void",
-                                "LD_LIBRARY_PATH=/usr/local/nvidia/lib:/usr/local/nvidia/lib64"]
+        # no LD_LIBRARY_PATH (an image keeps its own): a hook fills the linker cache
+        assert edits["env"] == ["NVIDIA_VISIBLE_DEVICES=void"]
+        hook = "/home/kubernetes/bin/nvidia/cdi-hook-update-ldcache"
+        assert edits["hooks"] == [{"hookName": "createContainer", "path": hook,
+                                   "args": ["cdi-hook-update-ldcache",
+                                            "/usr/local/nvidia/lib64"]}]
+        script = scene.root / hook.lstrip("/")
+        assert script.read_text().startswith("#!/bin/sh\n")
+        assert oct(script.stat().st_mode & 0o777) == "0o755"
         assert oct((scene.root / SPEC).stat().st_mode & 0o777) == "0o644"
 
     def test_cdi_command_prints_the_spec_and_status_names_it(self, scene: Scene) -> None:

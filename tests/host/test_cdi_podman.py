@@ -61,7 +61,24 @@ out["cuDriverGetVersion"] = [cuda.cuDriverGetVersion(ctypes.byref(version)), ver
 out["loaded"] = sorted({l.split()[-1] for l in open("/proc/self/maps")
                         if "libnvidia-ml" in l or "libcuda" in l})
 out["env"] = os.environ.get("LD_LIBRARY_PATH")
+if os.path.exists("/usr/local/bin/nvidia-smi"):
+    import subprocess
+    smi = subprocess.run(["nvidia-smi"], capture_output=True, text=True)
+    out["smi"] = [smi.returncode, smi.stdout.strip(), smi.stderr.strip()[-300:]]
 print(json.dumps(out))
+"""
+# A stand-in nvidia-smi as the real one links: DT_NEEDED libnvidia-ml.so.1, found by the
+# dynamic linker (LD_LIBRARY_PATH, then the linker cache), never dlopen'ed by path.
+SMI_SOURCE = r"""
+#include <stdio.h>
+int nvmlInit_v2(void);
+int nvmlSystemGetDriverVersion(char *version, unsigned int length);
+int main(void) {
+    char version[96] = "";
+    int init = nvmlInit_v2(), got = nvmlSystemGetDriverVersion(version, sizeof version);
+    printf("Driver Version: %s\n", version);
+    return init || got;
+}
 """
 
 
@@ -103,10 +120,12 @@ def install_and_signal(scene: Scene, mirror: str, version: str) -> dict[str, tup
     return made
 
 
-def containers(scene: Scene, image: str, devices: list[str], work: Path) -> list[dict[str, object]]:
+def containers(scene: Scene, image: str, devices: list[str], work: Path,
+               extra: tuple[str, ...] = ()) -> list[dict[str, object]]:
     """One container per device name, all in one private mount namespace."""
     runs = [shlex.join(["podman", *podman.GLOBAL, "run", *podman.RUN, "--device", device,
-                        "--entrypoint", "python3", image, "-c", PROBE]) for device in devices]
+                        *extra, "--entrypoint", "python3", image, "-c", PROBE])
+            for device in devices]
     overlay = work / "etc-overlay"
     script = "\n".join([
         "set -e",
@@ -149,7 +168,7 @@ def test_podman_runs_gpu_containers_from_our_spec(base: str, tmp_path: Path) -> 
         assert seen["cuDriverGetVersion"][0] == 0  # type: ignore[index]
         assert seen["loaded"] == [f"/usr/local/nvidia/lib64/libcuda.so.{V1}",
                                   f"/usr/local/nvidia/lib64/libnvidia-ml.so.{V1}"]
-        assert seen["env"] == "/usr/local/nvidia/lib:/usr/local/nvidia/lib64"
+        assert seen["env"] is None  # the spec sets none; the hook's linker cache serves
     assert after["nodes"] == {name: [True, major, minor]
                               for name, (major, minor) in made_v2.items()
                               if name != "nvidia-modeset"}
@@ -183,3 +202,45 @@ def test_podman_runs_a_mig_device_from_our_spec(base: str, tmp_path: Path) -> No
     assert seen["nodes"] == {name: [True, *made[name]] for name in sorted(wanted)}
     assert seen["nvmlInit"] == 0 and seen["nvmlDriver"] == [0, V1]
     assert {"nvidia-caps/nvidia-cap1", "nvidia-caps/nvidia-cap2"} <= set(made)  # not given
+
+
+def own_path_image() -> str:
+    """The base with `ENV LD_LIBRARY_PATH=/opt/own/lib`, as an image that sets its own."""
+    tarball, tag, _ = podman.base_tarball()
+    own = tag.replace("gni-test-base", "gni-test-own-ldpath")
+    if podman.podman("image", "exists", own, check=False).returncode != 0:
+        podman.podman("import", "--change", "ENV LD_LIBRARY_PATH=/opt/own/lib", "--change",
+                      'CMD ["/bin/sh"]', str(tarball), own, timeout=300)
+    return own
+
+
+def test_an_image_keeps_its_own_library_path(base: str, tmp_path: Path) -> None:
+    """The spec sets no LD_LIBRARY_PATH; its createContainer hook puts the driver's
+    libraries in the container's linker cache (as nvidia-ctk's update-ldcache): an image's
+    own value and a user's `-e` are kept, and a stand-in nvidia-smi linked against
+    libnvidia-ml.so.1 still finds it."""
+    scene = make_scene(tmp_path)
+    add_version(scene, V1)
+    with MirrorServer(scene.repo) as server:
+        install_and_signal(scene, server.url, V1)
+    spec = json.loads((scene.root / SPEC).read_text())
+    assert spec["containerEdits"]["env"] == ["NVIDIA_VISIBLE_DEVICES=void"]
+    assert [h["hookName"] for h in spec["containerEdits"]["hooks"]] == ["createContainer"]
+    lib64 = next((scene.install_dir / ".versions").glob("*/lib64"))
+    smi = tmp_path / "nvidia-smi"
+    source = tmp_path / "smi.c"
+    source.write_text(SMI_SOURCE)
+    subprocess.run(["cc", "-o", str(smi), str(source), f"-L{lib64}", "-l:libnvidia-ml.so.1"],
+                   check=True, capture_output=True, timeout=60)
+    mount = ("-v", f"{smi}:/usr/local/bin/nvidia-smi:ro")
+    (own,) = containers(scene, own_path_image(), ["nvidia.com/gpu=0"], tmp_path / "own",
+                        mount)
+    (user,) = containers(scene, base, ["nvidia.com/gpu=0"], tmp_path / "user",
+                         (*mount, "-e", "LD_LIBRARY_PATH=/opt/user/lib"))
+    assert own["env"] == "/opt/own/lib"
+    assert user["env"] == "/opt/user/lib"
+    for seen in (own, user):
+        assert seen["smi"] == [0, f"Driver Version: {V1}", ""], seen
+        assert seen["nvmlInit"] == 0 and seen["nvmlDriver"] == [0, V1]
+        assert seen["loaded"] == [f"/usr/local/nvidia/lib64/libcuda.so.{V1}",
+                                  f"/usr/local/nvidia/lib64/libnvidia-ml.so.{V1}"]

@@ -66,6 +66,14 @@ class TestGke:
         assert labels[P + "gpu.product"] == "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb"
         assert labels[P + "gpu.count"] == "56"
         assert labels[P + "mig.strategy"] == "single"
+        # a slice's figures as NVML gives them for its MIG device (the stand-in: 5000 MB
+        # for 1g.5gb, 14 SMs and one copy engine a slice), as gpu-feature-discovery labels
+        assert (labels[P + "gpu.memory"], labels[P + "gpu.multiprocessors"],
+                labels[P + "gpu.engines.copy"], labels[P + "gpu.slices.gi"]) == (
+                    "5000", "14", "1", "1")
+        devices = node.record()["gpus"][0]["mig_devices"]
+        assert devices[0]["profile"] == "1g.5gb"
+        assert devices[0]["attributes"]["memory"] == 5000
         # the capability nodes GKE's device plugin mounts, numbered as mig-minors says
         nodes = node.cap_nodes()
         minors = {int(n.removeprefix("nvidia-cap")) for n in nodes}
@@ -242,6 +250,39 @@ class TestInUse:
                   and P + "mig.config.state" in c.body.get("metadata", {}).get("labels", {})]
         assert states == ["pending", "success"]
         assert cluster.node()["spec"].get("unschedulable") is not True  # no cordon
+        assert "nvidia.com/mig.config.state" not in labels  # not beside gpu-operator
+
+
+class TestOperatorState:
+    def test_driver_root_layout_also_writes_mig_managers_label(self, tmp_path: Path) -> None:
+        """The operator-compatible overlay's mode (DRIVER_ROOT_LAYOUT=true): mig-manager's
+        own nvidia.com/mig.config.state follows the stage with its values."""
+        from kubefake import TOKEN, Cluster, node_doc, serve
+
+        node = mig_node(tmp_path, H100, 1)
+        assert node.install().returncode == 0
+        account = tmp_path / "sa"
+        account.mkdir()
+        (account / "token").write_text(TOKEN + "\n")
+        cluster = Cluster(nodes={"gpu-node-1": node_doc("gpu-node-1")})
+        with serve(cluster) as url:
+            api = ("--node-name", "gpu-node-1", "--kube-api", url, "--service-account-dir",
+                   str(account), "--driver-root-layout")
+            done = node.run("partition", "--mig-profile", "1g.10gb", *api)
+            assert done.returncode == 0, done.stderr
+            bad = node.run("partition", "--mig-profile", "1g.5gb", *api)  # an A100 size
+            assert bad.returncode == 2, bad.stderr
+        patched = [c.body["metadata"]["labels"] for c in cluster.calls
+                   if c.method == "PATCH" and c.body
+                   and "nvidia.com/mig.config.state" in c.body["metadata"].get("labels", {})]
+        assert [p["nvidia.com/mig.config.state"] for p in patched] == [
+            "pending", "success", "failed"]
+        assert all(p[P + "mig.config.state"] == p["nvidia.com/mig.config.state"]
+                   for p in patched)
+        labels = cluster.node()["metadata"]["labels"]
+        assert labels["nvidia.com/mig.config.state"] == "failed"
+        assert labels[P + "gpu.memory"] == "10000"  # NVML's figure for the slice
+        assert not cluster.errors, cluster.errors
 
 
 class TestReboot:

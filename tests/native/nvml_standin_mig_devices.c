@@ -93,3 +93,35 @@ nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t device,
     *parent = &gpus[mig->gpu];
     return 0;
 }
+
+/* nvmlDeviceGetAttributes_v2 (nvml.h: "currently only supports MIG device handles";
+ * NOT_SUPPORTED on a GPU's own handle): the MIG device's GPU-instance profile figures, as
+ * nvmlDeviceGetGpuInstanceProfileInfo gives them in nvml_standin_mig_instances.c
+ * (memorySizeMB, 14 multiprocessors and one copy engine per slice), and its compute
+ * instance, the full one, spans the same slices. INVALID once the instance is gone. */
+typedef struct {
+    unsigned int multiprocessorCount, sharedCopyEngineCount, sharedDecoderCount,
+        sharedEncoderCount, sharedJpegCount, sharedOfaCount, gpuInstanceSliceCount,
+        computeInstanceSliceCount;
+    unsigned long long memorySizeMB;
+} attributes_t;
+
+nvmlReturn_t nvmlDeviceGetAttributes_v2(nvmlDevice_t device, attributes_t *out) {
+    mig_t *mig = mig_of(device);
+    if (!mig) return NOT_SUPPORTED;
+    const model_t *m;
+    nvmlReturn_t r = begin(device, &m);
+    if (r) return r;
+    state_t s;
+    peek(mig->gpu, &s);
+    if (!s.current || !s.gi_used[mig->gi] || !s.ci_used[mig->gi][mig->ci]) return INVALID;
+    const shape_t *shape = shape_by(m, s.gi_profile[mig->gi], -1);
+    if (!shape) return INVALID;
+    memset(out, 0, sizeof *out);
+    out->multiprocessorCount = 14u * (unsigned int)shape->slices;
+    out->sharedCopyEngineCount = (unsigned int)shape->slices;
+    out->gpuInstanceSliceCount = (unsigned int)shape->slices;
+    out->computeInstanceSliceCount = (unsigned int)shape->slices;
+    out->memorySizeMB = (unsigned long long)memory_gb(shape) * 1000ULL;
+    return 0;
+}

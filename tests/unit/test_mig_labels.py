@@ -70,3 +70,45 @@ class TestPatch:
         patch = label_patch({MIG_STATE: "success", "gpu-node-installer/gpu.count": "8"}, None,
                             {"gpu-node-installer/gpu.count": "56"})
         assert MIG_STATE not in patch["metadata"]["labels"]  # neither set nor removed
+
+
+# What NVML's nvmlDeviceGetAttributes gives for an A100-40GB 1g.5gb MIG device (GFD labels
+# these as they are: k8s-device-plugin internal/lm/resource.go @ 1b826acc)
+NVML_1G5 = {"memory": 4864, "multiprocessors": 14, "slices.gi": 1, "slices.ci": 1,
+            "engines.copy": 1, "engines.decoder": 0, "engines.encoder": 0,
+            "engines.jpeg": 0, "engines.ofa": 0}
+
+
+class TestNvmlFigures:
+    def test_single_labels_nvml_memory_and_engines(self) -> None:
+        gpus = [MigFacts(A100, 40960, True, (("1g.5gb", 7),), {"1g.5gb": NVML_1G5})] * 8
+        labels = mig_labels(gpus, strategy="single", prefix="nvidia.com")
+        assert labels["nvidia.com/gpu.memory"] == "4864"  # NVML's figure, not 5 GiB
+        assert labels["nvidia.com/gpu.multiprocessors"] == "14"
+        assert labels["nvidia.com/gpu.engines.copy"] == "1"
+        assert labels["nvidia.com/gpu.engines.ofa"] == "0"
+        _valid(labels)
+
+    def test_mixed_per_profile_with_table_fallback(self) -> None:
+        gpus = [MigFacts(A100, 40960, True, (("1g.5gb", 2), ("3g.20gb", 1)),
+                         {"1g.5gb": NVML_1G5})]
+        labels = mig_labels(gpus, strategy="mixed")
+        assert labels["gpu-node-installer/mig-1g.5gb.memory"] == "4864"
+        assert labels["gpu-node-installer/mig-1g.5gb.engines.jpeg"] == "0"
+        # no NVML figure recorded for 3g.20gb: the table's nominal size, no engines
+        assert labels["gpu-node-installer/mig-3g.20gb.memory"] == "20480"
+        assert "gpu-node-installer/mig-3g.20gb.engines.copy" not in labels
+        _valid(labels)
+
+
+class TestRecordedFigures:
+    def test_doctored_figures_label_nothing(self) -> None:
+        from installer.installdir.migrecord import attributes
+
+        good = {"profile": "1g.5gb", "attributes": NVML_1G5}
+        assert attributes({"mig_devices": [good]}) == {"1g.5gb": NVML_1G5}
+        for bad in ({"memory": "4864"}, {"memory": -1}, {"memory": True},
+                    {"bad key/x": 1}, {"memory": 1 << 50}, []):
+            row = {"mig_devices": [{"profile": "1g.5gb", "attributes": bad}]}
+            assert attributes(row) == {}, bad
+        assert attributes({"mig_devices": [{"profile": 7, "attributes": NVML_1G5}]}) == {}

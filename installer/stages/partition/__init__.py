@@ -7,8 +7,10 @@ apply only what differs. A GPU in use is never repartitioned: its holders are na
 (exit 10) or, under UPGRADE_POLICY=evict|drain, freed by the pipeline's eviction callable.
 A mode change that needs a reset (A100) gets a PCI function reset through the seam when
 nothing holds the GPU; if the mode still waits, MIG_REBOOT decides between refusing and a
-node reboot. The instances' capability device nodes are made last; the Node's
-`mig.config.state` label follows it (pending, success, failed, rebooting).
+node reboot, behind mig-manager's guards (`reboots`): never again after a reboot that left
+the mode pending, never without the state recorded. The instances' capability device nodes
+are made last; the Node's `mig.config.state` label follows it (pending, success, failed,
+rebooting).
 """
 
 from __future__ import annotations
@@ -27,14 +29,24 @@ from installer.errors import InstallerError, MigInUseError, UpgradeBlockedError
 from installer.installdir import migrecord
 from installer.installdir.readiness import clear_readiness
 from installer.node.holders import Holder, find_holders
-from installer.stages.partition import caps, config, plan
+from installer.stages.partition import caps, config, plan, reboots
 from installer.stages.partition.plan import GpuChange, GpuNow
 
 _MINOR_RE = re.compile(r"^Device Minor:\s*(\d+)", re.M)
+# mig-manager's state label and values, pending, rebooting, success, failed (mig-parted
+# pkg/mig/reconfigure/reconfigure.go @ bd7160f4: migConfigStateLabel, migState*), written
+# too in the operator-compatible overlay's mode (DRIVER_ROOT_LAYOUT=true), where the
+# operator's tools read it
+OPERATOR_MIG_STATE = "nvidia.com/mig.config.state"
 
 
 class MigRebootRefusedError(UpgradeBlockedError):
     """A MIG mode change waits for a reboot and MIG_REBOOT=refuse (exit 15)."""
+
+
+class MigRebootFailedError(MigRebootRefusedError):
+    """MIG_REBOOT=reboot, but a guard forbids this reboot: the mode stayed pending after one,
+    this boot's limit is spent, or the `rebooting` state could not be recorded (exit 15)."""
 
 
 class NodeRebootingError(MigRebootRefusedError):
@@ -91,6 +103,7 @@ def find(ctx: Context) -> config.Source | None:
     source = config.find(ctx)
     if source is None:
         migrecord.forget(ctx.install_root)
+        reboots.forget(ctx)
     return source
 
 
@@ -138,6 +151,7 @@ def partition(ctx: Context, source: config.Source, hooks: Hooks, *,
         raise
     rows = _gpu_rows(gpus)
     migrecord.write(ctx.install_root, source.origin, list(rows))
+    reboots.forget(ctx)  # the mode holds: a later change may reboot again
     _set_state(ctx, "success")
     return PartitionResult(source.origin, "success", rows, tuple(c.gpu.index for c in todo),
                            reset, len(nodes))
@@ -215,7 +229,23 @@ def _reboot(ctx: Context, hooks: Hooks, pending: Sequence[int]) -> None:
             "not apply it); MIG_REBOOT=refuse",
             remedy="reboot the node (the next run creates the instances) or set "
                    "MIG_REBOOT=reboot")
-    _set_state(ctx, "rebooting")
+    try:
+        reboots.check(ctx, pending)
+    except reboots.Refusal as exc:
+        raise MigRebootFailedError(exc.message, remedy=exc.remedy) from None
+    if not _set_state(ctx, "rebooting"):  # as mig-manager: no reboot without the state
+        raise MigRebootFailedError(
+            f"the MIG mode of GPU(s) {named} needs a reboot, but the Node's "
+            "mig.config.state label could not be set to rebooting; no reboot",
+            remedy="check the API server and the installer's RBAC (patch nodes), then "
+                   "rerun")
+    try:
+        reboots.record(ctx, pending)
+    except OSError as exc:
+        raise MigRebootFailedError(
+            f"the MIG mode of GPU(s) {named} needs a reboot, but its record "
+            f"{reboots.shown(ctx)} could not be written ({exc.strerror or exc}); no reboot",
+            remedy="free the install dir's filesystem, then rerun") from None
     ctx.log.warning("rebooting the node for the MIG mode", gpus=named)
     hooks.reboot()
     raise NodeRebootingError(f"the node reboots for the MIG mode of GPU(s) {named}",
@@ -255,7 +285,8 @@ def _gpu_rows(gpus: Sequence[GpuNow]) -> tuple[dict[str, Any], ...]:
     return tuple({"index": g.index, "name": g.name, "uuid": g.uuid, "memory_mib": g.memory_mib,
                   "pci_bus_id": g.pci_bus_id, "mig_enabled": g.layout.mig_enabled,
                   "devices": [list(d) for d in g.layout.devices],
-                  "mig_devices": [asdict(d) for d in g.mig_devices]} for g in gpus)
+                  "mig_devices": [{**asdict(d), "attributes": dict(d.attributes)}
+                                  for d in g.mig_devices]} for g in gpus)
 
 
 def _planned(change: GpuChange) -> str:
@@ -265,17 +296,24 @@ def _planned(change: GpuChange) -> str:
     return f"GPU {change.gpu.index} ({change.gpu.name}): {now} -> {want}"
 
 
-def _set_state(ctx: Context, state: str) -> None:
-    """The Node's `mig.config.state` label; failing to set it is only a warning."""
+def _set_state(ctx: Context, state: str) -> bool:
+    """The Node's `mig.config.state` label (and nvidia.com's beside gpu-operator); False
+    (and a warning) when the API is configured but the label was not set. Without an API
+    there is no label: True."""
     node = ctx.config.node_name
     if not node:
-        return
+        return True
     from installer.node import kube
 
     api = kube.connect(ctx.config, os.environ)
     if api is None:
-        return
+        return True
+    labels = {MIG_STATE: state}
+    if ctx.config.driver_root_layout:  # beside gpu-operator: mig-manager's own key too
+        labels[OPERATOR_MIG_STATE] = state
     try:
-        kube.patch_node_labels(api, node, {MIG_STATE: state})
+        kube.patch_node_labels(api, node, labels)
     except kube.KubeError as exc:
         ctx.log.warning("MIG state label not set", state=state, detail=str(exc))
+        return False
+    return True

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import pynvml  # type: ignore[import-untyped]
 
 from installer.compat.mig import MigModel, mig_model
+from installer.compat.nodelabels import MIG_ATTRIBUTES
 from installer.errors import MigInUseError, MigLayoutError, MigNvmlError
 from installer.stages.partition.plan import GpuChange, GpuNow, MigDevice, layout
 
@@ -37,6 +38,7 @@ class _Gi:
 
     handle: Any
     gi_profile: int
+    gi_id: int
     start: int
     name: str
     complete: bool  # exactly one compute instance, the full one
@@ -96,16 +98,34 @@ def _read(index: int) -> GpuNow:
     memory_mib = int(memory.total) // MIB
     current, pending = _mode(handle, where)
     counts: dict[str, int] = {}
+    profiles: dict[int, str] = {}  # GI id -> profile name
     if current:
         for gi in _instances(handle, mig_model(name, memory_mib), where):
             counts[gi.label] = counts.get(gi.label, 0) + 1
+            profiles[gi.gi_id] = gi.name
     return GpuNow(index=index, uuid=uuid, name=name, memory_mib=memory_mib,
                   pci_bus_id=_text(pci.busId), layout=layout(bool(current), counts),
                   mode_pending=current != pending,
-                  mig_devices=_mig_devices(handle, where) if current else ())
+                  mig_devices=_mig_devices(handle, where, profiles) if current else ())
 
 
-def _mig_devices(handle: Any, where: str) -> tuple[MigDevice, ...]:
+# nvmlDeviceAttributes_t's fields in the order of GFD's names (nodelabels.MIG_ATTRIBUTES)
+_FIELDS = ("memorySizeMB", "multiprocessorCount", "gpuInstanceSliceCount",
+           "computeInstanceSliceCount", "sharedCopyEngineCount", "sharedDecoderCount",
+           "sharedEncoderCount", "sharedJpegCount", "sharedOfaCount")
+_ATTRIBUTES = tuple(zip(MIG_ATTRIBUTES, _FIELDS, strict=True))
+
+
+def _attributes(mig: Any, where: str) -> tuple[tuple[str, int], ...]:
+    """A MIG device's figures as NVML gives them (nvmlDeviceGetAttributes, what GFD labels);
+    () where this driver does not answer."""
+    found = _call(where, "nvmlDeviceGetAttributes", _optional,
+                  pynvml.nvmlDeviceGetAttributes, mig)
+    return () if found is None else tuple((k, int(getattr(found, f))) for k, f in _ATTRIBUTES)
+
+
+def _mig_devices(handle: Any, where: str, profiles: dict[int, str]
+                 ) -> tuple[MigDevice, ...]:
     """The GPU's MIG devices by NVML's MIG index, as nvidia-ctk enumerates them: every index
     below the maximum, an unused one answering NOT_FOUND."""
     most = _call(where, "nvmlDeviceGetMaxMigDeviceCount", pynvml.nvmlDeviceGetMaxMigDeviceCount,
@@ -116,12 +136,13 @@ def _mig_devices(handle: Any, where: str) -> tuple[MigDevice, ...]:
                     pynvml.nvmlDeviceGetMigDeviceHandleByIndex, handle, index)
         if mig is None:
             continue
+        gi = int(_call(where, "nvmlDeviceGetGpuInstanceId",
+                       pynvml.nvmlDeviceGetGpuInstanceId, mig))
         found.append(MigDevice(
             index, _text(_call(where, "nvmlDeviceGetUUID", pynvml.nvmlDeviceGetUUID, mig)),
-            int(_call(where, "nvmlDeviceGetGpuInstanceId", pynvml.nvmlDeviceGetGpuInstanceId,
-                      mig)),
-            int(_call(where, "nvmlDeviceGetComputeInstanceId",
-                      pynvml.nvmlDeviceGetComputeInstanceId, mig))))
+            gi, int(_call(where, "nvmlDeviceGetComputeInstanceId",
+                          pynvml.nvmlDeviceGetComputeInstanceId, mig)),
+            profiles.get(gi, ""), _attributes(mig, where)))
     return tuple(found)
 
 
@@ -156,8 +177,8 @@ def _instances(handle: Any, model: MigModel | None, where: str) -> list[_Gi]:
             computes = _computes(gi, where)
             complete = (profile is not None and len(computes) == 1
                         and computes[0][1] == profile.ci_profile)
-            found.append(_Gi(gi, gi_profile, int(placed.placement.start), name, complete,
-                             [handle for handle, _ in computes]))
+            found.append(_Gi(gi, gi_profile, int(placed.id), int(placed.placement.start),
+                             name, complete, [handle for handle, _ in computes]))
     return sorted(found, key=lambda gi: gi.start)
 
 

@@ -31,6 +31,10 @@ class MigDevice:
     uuid: str
     gi: int
     ci: int
+    profile: str = ""  # its GPU instance's profile name (`1g.5gb`)
+    # NVML's nvmlDeviceGetAttributes under gpu-feature-discovery's names (`memory` in MiB,
+    # `multiprocessors`, `slices.gi`, `slices.ci`, `engines.copy`, ...); () if unanswered
+    attributes: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)

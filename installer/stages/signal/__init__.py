@@ -175,7 +175,8 @@ def _mig_labels(ctx: Context) -> dict[str, str]:
         return {}
     gpus = [nodelabels.MigFacts(str(g.get("name", "")), int(g.get("memory_mib") or 0),
                                 bool(g.get("mig_enabled")),
-                                tuple((str(n), int(c)) for n, c in g.get("devices") or []))
+                                tuple((str(n), int(c)) for n, c in g.get("devices") or []),
+                                migrecord.attributes(g))
             for g in record["gpus"] if isinstance(g, dict)]
     return nodelabels.mig_labels(gpus, strategy=ctx.config.mig_strategy,
                                  prefix=ctx.config.gpu_label_prefix)
