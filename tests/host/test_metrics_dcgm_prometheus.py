@@ -14,7 +14,15 @@ from pathlib import Path
 import pytest
 from agentnode import A100_BUSES, AgentNode, make_node, wait_for
 from healthkit import record
-from host.test_agent_metrics import free_port, gpu_line, readings, record_install
+from host.test_agent_metrics import (
+    MIB,
+    free_port,
+    gpu_line,
+    metrics_node,
+    readings,
+    record_install,
+    served,
+)
 from host.test_metrics_prometheus import AGENT_POD, ASSIGNED, GPUS, XID13, by, kubelet, uuid
 from prometheus import Prometheus, check_metrics, running
 
@@ -124,3 +132,29 @@ def test_promtool_accepts_the_dcgm_family(scraped: tuple[AgentNode, Prometheus, 
                 if line.startswith("DCGM_")}
     assert findings == {'counter metrics should have "_total" suffix',
                         "label names should be written in 'snake_case' not 'camelCase'"}
+
+
+def test_without_nvml_v2_memory_info(tmp_path: Path, package: Package) -> None:
+    """A GPU whose NVML has no v2 memory info: no FB_RESERVED, FB_USED with the reserved part
+    in it (NVML's v1 `used`); the other GPUs keep theirs. Read straight from the agent."""
+    lines = [f"{gpu_line(i)} mem_reserved_mib={RESERVED_MIB}" for i in range(GPUS)]
+    lines[1] += " memory_v2=unsupported"
+    node, base = metrics_node(tmp_path, package, lines, METRICS_DCGM_NAMES="true")
+    with node.agent():
+        wait_for(node.ready, timeout=60)
+        next(served(base, "DCGM_FI_DEV_FB_USED", gpu="1"))
+        with urllib.request.urlopen(base + "/metrics", timeout=30) as reply:
+            text = reply.read().decode()
+
+    def mib(name: str, gpu: str) -> list[float]:
+        return [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                if line.startswith(name + "{") and f'gpu="{gpu}"' in line]
+    assert mib("DCGM_FI_DEV_FB_RESERVED", "1") == []
+    assert mib("DCGM_FI_DEV_FB_USED", "1") == [1001 + RESERVED_MIB]
+    assert mib("DCGM_FI_DEV_FB_RESERVED", "0") == [RESERVED_MIB]
+    assert mib("DCGM_FI_DEV_FB_USED", "0") == [1000]
+    # our own and GKE's used bytes are NVML's v1 `used` on both
+    assert [v / MIB for v in mib("gpu_node_installer_gpu_memory_used_bytes", "1")] == [
+        1001 + RESERVED_MIB]
+    assert [v / MIB for v in mib("gpu_node_installer_gpu_memory_used_bytes", "0")] == [
+        1000 + RESERVED_MIB]
