@@ -96,7 +96,7 @@ def dcgm_series(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
 
 def value(text: str, name: str, gpu_index: int, pod: str = "") -> float:
     (found,) = [v for labels, v in dcgm_series(text)[name]
-                if labels["gpu"] == str(gpu_index) and labels["pod"] == pod]
+                if labels["gpu"] == str(gpu_index) and labels.get("pod", "") == pod]
     return found
 
 
@@ -119,7 +119,8 @@ def test_families_carry_dcgm_names_types_and_labels() -> None:
     for name, rows in dcgm_series(text).items():
         assert name in DEFAULT_COUNTERS
         for labels, _ in rows:
-            assert set(labels) == LABELS
+            held = set(HOLDER_NAMES) <= set(labels)
+            assert set(labels) == (LABELS if held else LABELS - set(HOLDER_NAMES))
             assert labels["DCGM_FI_DRIVER_VERSION"] == DRIVER
             assert labels["Hostname"] == "gpu-node-1"
             assert labels["device"] == f"nvidia{labels['gpu']}"
@@ -153,7 +154,7 @@ def test_last_xid_by_pci_address_or_index_and_zero_without() -> None:
 
 def test_one_series_per_gpu_named_by_its_sole_holder() -> None:
     rows = dcgm_series(exposition())["DCGM_FI_DEV_GPU_UTIL"]
-    holders = sorted((labels["gpu"], *(labels[k] for k in HOLDER_NAMES))
+    holders = sorted((labels["gpu"], *(labels.get(k, "") for k in HOLDER_NAMES))
                      for labels, _ in rows)
     # GPU 1 is time-sliced to pods a and b: one series, no pod named
     assert holders == [("0", "ml", "train", "main"), ("1", "", "", ""), ("2", "", "", "")]
@@ -166,6 +167,9 @@ def test_readings_nvml_did_not_give_are_absent() -> None:
     assert "DCGM_FI_DEV_FB_RESERVED" not in series and "DCGM_FI_DEV_GPU_TEMP" not in series
     assert "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS" not in series
     assert value(exposition(snap), "DCGM_FI_DEV_FB_USED", 0) == 1455  # v1: reserved in used
+    # no node name, no holder: those labels are left out, as dcgm-exporter leaves them out
+    (labels, _), = series["DCGM_FI_DEV_FB_USED"]
+    assert set(labels) == LABELS - {"Hostname", *HOLDER_NAMES}
 
 
 def test_off_by_default_and_the_setting_turns_it_on(tmp_path: Path) -> None:

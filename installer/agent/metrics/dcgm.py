@@ -8,7 +8,7 @@ series), and its unit as the file's help text states it (none stated: ""). The h
 below are ours. The labels are those of `internal/pkg/rendermetrics/render_metrics.go`
 (`gpuMetricsFormat`) in release 4.5.3-4.8.2 (691c92762eb551313c825f6efe4ceeee20982801):
 `gpu` (the index), `UUID`, `pci_bus_id`, `device` (`nvidia<index>`), `modelName`,
-`Hostname` (left empty, so absent to Prometheus, where the agent knows no node name), each
+`Hostname` (the node's name; left out where the agent knows none), each
 label field by its field name, and `namespace, pod, container` from the pod mapping
 (`internal/pkg/transformation/kubernetes.go`, `const.go`). dcgm-exporter's main branch
 renamed `Hostname` to `hostname` after that release (d5e5f510, #655); dashboards written for
@@ -41,6 +41,7 @@ GAUGE, COUNTER, LABEL = "gauge", "counter", "label"
 LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname")
 POD_LABELS = ("namespace", "pod", "container")
 DRIVER_VERSION = "DCGM_FI_DRIVER_VERSION"
+OPTIONAL = frozenset(("Hostname", *POD_LABELS))  # left out when empty
 Holder = tuple[str, str, str]  # (namespace, pod, container)
 
 
@@ -146,10 +147,13 @@ def families(snap: Snapshot, holders: Mapping[str, list[Holder]]) -> Iterator[Me
 
 
 def _labels(gpu: GpuReading, snap: Snapshot, holder: Holder) -> dict[str, str]:
+    """The series' labels; an empty `Hostname` or pod label is left out, as dcgm-exporter
+    leaves it out (the same series to Prometheus, and fewer labels to render)."""
     values = (str(gpu.index), gpu.uuid, gpu.pci_bus_id, f"nvidia{gpu.index}", gpu.model,
               snap.node_name)
-    return {**dict(zip(LABELS, values, strict=True)), DRIVER_VERSION: snap.driver_version,
-            **dict(zip(POD_LABELS, holder, strict=True))}
+    labels = {**dict(zip(LABELS, values, strict=True)), DRIVER_VERSION: snap.driver_version,
+              **dict(zip(POD_LABELS, holder, strict=True))}
+    return {k: v for k, v in labels.items() if v or k not in OPTIONAL}
 
 
 def text_headers(body: bytes) -> bytes:
