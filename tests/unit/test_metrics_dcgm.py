@@ -119,8 +119,7 @@ def test_families_carry_dcgm_names_types_and_labels() -> None:
     for name, rows in dcgm_series(text).items():
         assert name in DEFAULT_COUNTERS
         for labels, _ in rows:
-            held = set(HOLDER_NAMES) <= set(labels)
-            assert set(labels) == (LABELS if held else LABELS - set(HOLDER_NAMES))
+            assert set(labels) == LABELS
             assert labels["DCGM_FI_DRIVER_VERSION"] == DRIVER
             assert labels["Hostname"] == "gpu-node-1"
             assert labels["device"] == f"nvidia{labels['gpu']}"
@@ -167,9 +166,11 @@ def test_readings_nvml_did_not_give_are_absent() -> None:
     assert "DCGM_FI_DEV_FB_RESERVED" not in series and "DCGM_FI_DEV_GPU_TEMP" not in series
     assert "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS" not in series
     assert value(exposition(snap), "DCGM_FI_DEV_FB_USED", 0) == 1455  # v1: reserved in used
-    # no node name, no holder: those labels are left out, as dcgm-exporter leaves them out
+    # no node name: no Hostname, as dcgm-exporter; no holder: empty pod labels (with the
+    # PodMonitor's honorLabels an absent `pod` would name the agent's pod)
     (labels, _), = series["DCGM_FI_DEV_FB_USED"]
-    assert set(labels) == LABELS - {"Hostname", *HOLDER_NAMES}
+    assert set(labels) == LABELS - {"Hostname"}
+    assert [labels[k] for k in HOLDER_NAMES] == ["", "", ""]
 
 
 def test_off_by_default_and_the_setting_turns_it_on(tmp_path: Path) -> None:

@@ -41,7 +41,7 @@ GAUGE, COUNTER, LABEL = "gauge", "counter", "label"
 LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname")
 POD_LABELS = ("namespace", "pod", "container")
 DRIVER_VERSION = "DCGM_FI_DRIVER_VERSION"
-OPTIONAL = frozenset(("Hostname", *POD_LABELS))  # left out when empty
+OPTIONAL = frozenset(("Hostname",))  # left out when empty
 Holder = tuple[str, str, str]  # (namespace, pod, container)
 
 
@@ -147,8 +147,9 @@ def families(snap: Snapshot, holders: Mapping[str, list[Holder]]) -> Iterator[Me
 
 
 def _labels(gpu: GpuReading, snap: Snapshot, holder: Holder) -> dict[str, str]:
-    """The series' labels; an empty `Hostname` or pod label is left out, as dcgm-exporter
-    leaves it out (the same series to Prometheus, and fewer labels to render)."""
+    """The series' labels. An empty `Hostname` is left out, as dcgm-exporter leaves it out;
+    empty pod labels stay: with the PodMonitor's `honorLabels`, an absent `pod` would take
+    the agent pod's own name, and the GPU would seem to be the agent's."""
     values = (str(gpu.index), gpu.uuid, gpu.pci_bus_id, f"nvidia{gpu.index}", gpu.model,
               snap.node_name)
     labels = {**dict(zip(LABELS, values, strict=True)), DRIVER_VERSION: snap.driver_version,
