@@ -50,6 +50,7 @@ class Health:
     def __init__(self, critical: Iterable[int]) -> None:
         self.critical = frozenset(critical) - APPLICATION_XIDS
         self.counts: dict[str, Counter[int]] = {}
+        self.last: dict[str, int] = {}  # GPU -> the Xid it had last (one entry per GPU)
         self.unreported: list[Xid] = []  # critical, not yet on the Node (API down)
         self._unreported_lock = threading.Lock()  # the API writer thread removes from it
         self.dropped = 0  # Xids of pairs past MAX_SERIES
@@ -80,6 +81,7 @@ class Health:
 
     def _count(self, xid: Xid) -> None:
         """Count one Xid, unless its (GPU, Xid) pair is new and the cap is reached."""
+        self.last[xid.gpu] = xid.code
         counts = self.counts.get(xid.gpu)
         if counts is None or xid.code not in counts:
             if self._series >= MAX_SERIES:

@@ -310,6 +310,7 @@ class Config(mig.MigSettings):
     metrics_port: int = 9420
     metrics_address: str = "0.0.0.0"  # noqa: S104 - Prometheus scrapes the pod IP
     metrics_interval: float = 5.0
+    metrics_dcgm_names: bool = False
     xid_critical: tuple[int, ...] = health.GKE_CRITICAL
     cdi: str = "on"
     cdi_spec_dir: PurePosixPath = PurePosixPath("/var/run/cdi")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 
-from installer.config.values import Invalid, choice, decimal
+from installer.config.values import Invalid, boolean, choice, decimal
 
 PERSISTENCE = ("on", "off")
 UVM_PERSISTENCE = ("auto", "on", "off")
@@ -94,6 +94,10 @@ METRICS_ROWS = (
     ("metrics_interval", "--metrics-interval", "METRICS_INTERVAL", "5",
      "seconds between the metrics' collections (NVML, PodResources); a scrape only reads the "
      "latest", "a number of seconds from 1 to 60", metrics_interval),
+    ("metrics_dcgm_names", "--metrics-dcgm-names", "METRICS_DCGM_NAMES", "false",
+     "also serve the GPUs' readings under dcgm-exporter's names, types, units and labels "
+     "(DCGM_FI_DEV_GPU_UTIL, DCGM_FI_DEV_FB_USED, ...), for dashboards and rules written for "
+     "it", "true or false", boolean, True),
 )
 
 

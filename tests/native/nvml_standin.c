@@ -263,14 +263,44 @@ nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *pci) {
     return 0;
 }
 
-nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) {
+/* NVML's header: v1 `used` is reserved plus allocated memory, v2 gives `reserved` apart and
+ * `used` without it (total = reserved + used + free); nvmlMemory_v2 is
+ * NVML_STRUCT_VERSION(Memory, 2), sizeof the struct | 2 << 24. */
+typedef struct {
+    unsigned int version;
+    unsigned long long total, reserved, free, used;
+} nvmlMemory_v2_t;
+
+static nvmlReturn_t memory_mib(int index, unsigned long long *total, unsigned long long *used,
+                               unsigned long long *reserved) {
     char item[32] = "40960";
-    list_item("FAKE_NVML_MEMORY_MIB", device->index, item, sizeof item);
-    nvmlReturn_t error = metrics_error(device->index);
+    list_item("FAKE_NVML_MEMORY_MIB", index, item, sizeof item);
+    nvmlReturn_t error = metrics_error(index);
     if (error) return error;
-    memory->total = strtoull(item, NULL, 10) * 1024 * 1024;
-    memory->used = metrics_number(device->index, "mem_used_mib", 512) * 1024 * 1024;
+    *total = strtoull(item, NULL, 10) * 1024 * 1024;
+    *used = metrics_number(index, "mem_used_mib", 512) * 1024 * 1024;
+    *reserved = metrics_number(index, "mem_reserved_mib", 0) * 1024 * 1024;
+    return 0;
+}
+
+nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) {
+    unsigned long long allocated, reserved;
+    nvmlReturn_t error = memory_mib(device->index, &memory->total, &allocated, &reserved);
+    if (error) return error;
+    memory->used = allocated + reserved;
     memory->free = memory->total - memory->used;
+    return 0;
+}
+
+nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory) {
+    if (memory->version != ((unsigned int)sizeof(nvmlMemory_v2_t) | 2u << 24)) return 25;
+    char text[32];
+    if (metrics_value(device->index, "memory_v2", text, sizeof text) &&
+        strcmp(text, "unsupported") == 0) return 3; /* NOT_SUPPORTED */
+    nvmlReturn_t error = memory_mib(device->index, &memory->total, &memory->used,
+                                    &memory->reserved);
+    if (error) return error;
+    memory->free = memory->total - memory->used - memory->reserved;
     return 0;
 }
 

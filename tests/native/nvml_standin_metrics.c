@@ -11,6 +11,9 @@
  *     samples=unsupported   nvmlDeviceGetSamples returns NOT_SUPPORTED (callers fall back to
  *                           nvmlDeviceGetUtilizationRates)
  *     mem_used_mib=N        memory used in MiB (default 512; the total stays FAKE_NVML_MEMORY_MIB)
+ *     mem_reserved_mib=N    memory the driver sets aside in MiB (default 0): nvmlDeviceGetMemoryInfo_v2's
+ *                           `reserved`; v1's `used` is mem_used_mib plus this
+ *     memory_v2=unsupported nvmlDeviceGetMemoryInfo_v2 returns NOT_SUPPORTED
  *     temp=N                GPU temperature in degrees C (default 40)
  *     power_mw=N            power draw in milliwatts (default 100000)
  *     ecc_corrected=N       volatile ECC counts, nvmlDeviceGetTotalEccErrors (default 0)

@@ -29,7 +29,8 @@ def serving(agent: AgentView) -> Iterator[None]:
 
     collector = collect.Collector(agent)
     stop = threading.Event()
-    app = server.make_app(lambda: collector.latest, config.metrics_interval, log)
+    app = server.make_app(lambda: collector.latest, config.metrics_interval, log,
+                          dcgm_names=config.metrics_dcgm_names)
     try:
         httpd, _ = server.serve(config.metrics_address, config.metrics_port, app)
     except OSError as exc:  # the agent's readiness matters more than its metrics

@@ -43,7 +43,9 @@ class Collector:
             taken_at=self.clock(), node_name=self.agent.config.node_name or "",
             install=self._install(gpus.cuda_version), ready=self._ready(),
             daemons=self._daemons(), fabric=self._fabric(), xids=self._xids(),
-            gpus=tuple(gpus.gpus), unreadable=tuple(gpus.unreadable), containers=self._containers(),
+            last_xids=tuple(sorted(dict(self.agent.health.last).items())),
+            driver_version=gpus.driver_version, gpus=tuple(gpus.gpus),
+            unreadable=tuple(gpus.unreadable), containers=self._containers(),
             errors=tuple(sorted(self.errors.items())))
         self.latest = snap
         return snap

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from installer.agent.metrics import gke
+from installer.agent.metrics import dcgm, gke
 from installer.agent.metrics.attribution import (
     SHARED,
     Attributed,
@@ -30,17 +30,22 @@ ATTRIBUTION = "attribution"  # our label on GKE's per-container series: exact or
 Holder = tuple[str, str, str]  # (namespace, pod, container)
 
 
-def families(snap: Snapshot, now: float) -> Iterator[Metric]:
+def families(snap: Snapshot, now: float, *, dcgm_names: bool = False) -> Iterator[Metric]:
     """Every family the snapshot has data for (a family with no series is still listed)."""
-    for section in sections(snap, now):
+    for section in sections(snap, now, dcgm_names=dcgm_names):
         yield from section()
 
 
-def sections(snap: Snapshot, now: float) -> list[Callable[[], list[Metric]]]:
-    """The families in groups, each built whole or not at all (a bug costs its group)."""
-    return [lambda: list(_install(snap)), lambda: list(_agent(snap)),
-            lambda: list(_gpus(snap)), lambda: list(_gke_node(snap)),
-            lambda: list(_gke_containers(snap)), lambda: list(_collection(snap, now))]
+def sections(snap: Snapshot, now: float, *, dcgm_names: bool = False
+             ) -> list[Callable[[], list[Metric]]]:
+    """The families in groups, each built whole or not at all (a bug costs its group);
+    `dcgm_names` adds dcgm-exporter's family."""
+    found = [lambda: list(_install(snap)), lambda: list(_agent(snap)),
+             lambda: list(_gpus(snap)), lambda: list(_gke_node(snap)),
+             lambda: list(_gke_containers(snap)), lambda: list(_collection(snap, now))]
+    if dcgm_names:
+        found.append(lambda: list(dcgm.families(snap, gpu_holders(snap))))
+    return found
 
 
 def _gauge(name: str, doc: str, labels: list[str] | None = None,
@@ -202,6 +207,15 @@ def holdings(snap: Snapshot) -> dict[Holder, dict[str, Attributed]]:
         before = gpus.get(attributed[0].uuid) if attributed is not None else None
         if attributed is not None and (before is None or before[1] != SHARED):
             gpus[attributed[0].uuid] = attributed
+    return found
+
+
+def gpu_holders(snap: Snapshot) -> dict[str, list[Holder]]:
+    """The containers holding each GPU (by UUID), in order."""
+    found: dict[str, list[Holder]] = {}
+    for holder, gpus in sorted(holdings(snap).items()):
+        for uuid in gpus:
+            found.setdefault(uuid, []).append(holder)
     return found
 
 

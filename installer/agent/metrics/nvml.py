@@ -27,6 +27,7 @@ WINDOW_S = 10.0  # the first pass looks back this far (GKE: 10 s)
 T = TypeVar("T")
 _VALUE_FIELDS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal"}
 _NO_SAMPLES = (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+_ABSENT = _NO_SAMPLES  # the driver lacks the call, or the GPU does not support it
 
 
 @dataclass
@@ -37,6 +38,7 @@ class PassResult:
     gpus: list[GpuReading] = field(default_factory=list)
     unreadable: list[tuple[int, str]] = field(default_factory=list)
     cuda_version: str = ""
+    driver_version: str = ""
     failures: list[tuple[str, str]] = field(default_factory=list)
 
 
@@ -63,6 +65,10 @@ class NvmlReader:
             result.cuda_version = f"{version // 1000}.{version % 1000 // 10}"
         except pynvml.NVMLError as exc:
             result.failures.append(("nvml", f"nvmlSystemGetCudaDriverVersion: {exc}"))
+        try:
+            result.driver_version = _text(pynvml.nvmlSystemGetDriverVersion())
+        except (pynvml.NVMLError, UnicodeDecodeError) as exc:
+            result.failures.append(("nvml", f"nvmlSystemGetDriverVersion: {exc}"))
         for index in range(count):
             try:
                 gpu, errors = self._gpu(index)
@@ -105,7 +111,7 @@ class NvmlReader:
                 errors.append(f"{what}: {exc}")
                 return None
 
-        memory = get("memory", lambda: pynvml.nvmlDeviceGetMemoryInfo(handle))
+        memory = get("memory", lambda: _memory(handle))
         power = get("power", lambda: pynvml.nvmlDeviceGetPowerUsage(handle))
         duty = get("utilisation", lambda: self._duty_cycle(handle, uuid))
         return GpuReading(
@@ -113,8 +119,10 @@ class NvmlReader:
             minor=_quiet(lambda: pynvml.nvmlDeviceGetMinorNumber(handle)),
             duty_cycle=duty,
             utilization_source="instant" if uuid in self.no_samples_logged else "samples",
-            memory_used=int(memory.used) if memory is not None else None,
-            memory_total=int(memory.total) if memory is not None else None,
+            memory_used=memory.used if memory is not None else None,
+            memory_total=memory.total if memory is not None else None,
+            memory_free=memory.free if memory is not None else None,
+            memory_reserved=memory.reserved if memory is not None else None,
             temperature=get("temperature", lambda: float(pynvml.nvmlDeviceGetTemperature(
                 handle, pynvml.NVML_TEMPERATURE_GPU))),
             power_watts=power / 1000.0 if power is not None else None,
@@ -143,6 +151,31 @@ class NvmlReader:
         self.last_seen[uuid] = max(s.timeStamp for s in fresh)
         self.duty[uuid] = duty
         return duty
+
+
+@dataclass(frozen=True)
+class Memory:
+    """A GPU's memory in bytes: `used` with the reserved part in it (NVML's v1 `used`, what
+    GKE's plugin serves), `reserved` None where NVML has no v2 memory info."""
+
+    total: int
+    used: int
+    free: int
+    reserved: int | None
+
+
+def _memory(handle: Any) -> Memory:
+    """nvmlDeviceGetMemoryInfo_v2 (total = reserved + allocated + free), or v1 (reserved
+    unknown) where the driver lacks v2 or the GPU does not support it."""
+    try:
+        v2 = pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2)
+    except pynvml.NVMLError as exc:
+        if exc.value not in _ABSENT:
+            raise
+        v1 = pynvml.nvmlDeviceGetMemoryInfo(handle)
+        return Memory(total=int(v1.total), used=int(v1.used), free=int(v1.free), reserved=None)
+    return Memory(total=int(v2.total), used=int(v2.used) + int(v2.reserved),
+                  free=int(v2.free), reserved=int(v2.reserved))
 
 
 def _ecc(handle: Any) -> dict[str, int]:
@@ -196,6 +229,11 @@ def _quiet(fn: Callable[[], T]) -> T | None:
 
 
 _IDENTITY = ("UUID", "name", "PCI bus id")
+
+
+def _text(value: str | bytes) -> str:
+    """NVML's string (pynvml gives str, or bytes for some calls and versions)."""
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def _identity(what: str, read: Callable[[], str | bytes]) -> str:

@@ -16,6 +16,7 @@ timeout is cut off too). One request per connection (HTTP/1.0, as wsgiref serves
 from __future__ import annotations
 
 import contextlib
+import gzip
 import socket
 import sys
 import threading
@@ -27,8 +28,10 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 import structlog
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import Metric
+from prometheus_client.exposition import gzip_accepted
 from prometheus_client.registry import Collector
 
+from installer.agent.metrics import dcgm
 from installer.agent.metrics.families import sections
 from installer.agent.metrics.snapshot import Snapshot
 
@@ -42,14 +45,15 @@ CONNECTION_DEADLINE_S = 30.0  # the longest a connection is kept, however it tri
 class SnapshotCollector(Collector):
     """Yields the families of whatever snapshot `latest()` returns now."""
 
-    def __init__(self, latest: Callable[[], Snapshot], log: Any) -> None:
-        self.latest, self.log = latest, log
+    def __init__(self, latest: Callable[[], Snapshot], log: Any, *,
+                 dcgm_names: bool = False) -> None:
+        self.latest, self.log, self.dcgm_names = latest, log, dcgm_names
 
     def describe(self) -> Iterable[Metric]:
         return ()  # nothing collected at registration
 
     def collect(self) -> Iterator[Metric]:
-        for section in sections(self.latest(), time.time()):
+        for section in sections(self.latest(), time.time(), dcgm_names=self.dcgm_names):
             try:
                 built = section()
             except Exception as exc:  # never fail the whole scrape
@@ -155,11 +159,15 @@ class _Quiet(WSGIRequestHandler):
         return  # a scrape every 15 s is not news
 
 
-def make_app(latest: Callable[[], Snapshot], interval_s: float, log: Any) -> Any:
-    """The WSGI app: /metrics from the snapshot, /healthz from its age."""
+def make_app(latest: Callable[[], Snapshot], interval_s: float, log: Any, *,
+             dcgm_names: bool = False) -> Any:
+    """The WSGI app: /metrics from the snapshot (with dcgm-exporter's family when
+    `dcgm_names`), /healthz from its age."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(SnapshotCollector(latest, log))
+    registry.register(SnapshotCollector(latest, log, dcgm_names=dcgm_names))
     metrics = make_wsgi_app(registry)
+    if dcgm_names:
+        metrics = _dcgm_counters(metrics)
 
     def app(environ: dict[str, Any], start: Callable[..., Any]) -> list[bytes]:
         path = environ.get("PATH_INFO", "")
@@ -175,6 +183,26 @@ def make_app(latest: Callable[[], Snapshot], interval_s: float, log: Any) -> Any
             return result
         start("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
         return [b"not found: try /metrics or /healthz\n"]
+
+    return app
+
+
+def _dcgm_counters(metrics: Any) -> Any:
+    """prometheus-client's app, its text format's counter lines as dcgm-exporter writes
+    them (`dcgm.text_headers`): rendered uncompressed, fixed, then gzipped if asked."""
+    def app(environ: dict[str, Any], start: Callable[..., Any]) -> list[bytes]:
+        answer: list[Any] = []
+        plain = {k: v for k, v in environ.items() if k != "HTTP_ACCEPT_ENCODING"}
+        body = b"".join(metrics(plain, lambda status, headers, *_: answer.extend(
+            (status, list(headers)))))
+        status, headers = answer
+        if dict(headers).get("Content-Type", "").startswith("text/plain"):
+            body = dcgm.text_headers(body)
+        if gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING", "")):
+            body = gzip.compress(body)
+            headers.append(("Content-Encoding", "gzip"))
+        start(status, headers)
+        return [body]
 
     return app
 

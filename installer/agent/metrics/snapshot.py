@@ -22,8 +22,10 @@ class GpuReading:
     minor: int | None = None  # /dev/nvidia<minor>
     duty_cycle: float | None = None  # percent of the window the GPU was busy
     utilization_source: str = "samples"  # or "instant" (nvmlDeviceGetUtilizationRates)
-    memory_used: int | None = None  # bytes
+    memory_used: int | None = None  # bytes, reserved included (NVML's v1 `used`)
     memory_total: int | None = None
+    memory_free: int | None = None
+    memory_reserved: int | None = None  # set aside by the driver and firmware (v2 only)
     temperature: float | None = None  # degrees C
     power_watts: float | None = None
     ecc: dict[str, int] = field(default_factory=dict)  # corrected|uncorrected, volatile
@@ -67,6 +69,8 @@ class Snapshot:
     daemons: tuple[tuple[str, bool, int], ...] = ()  # (name, up, restarts)
     fabric: tuple[tuple[int, str], ...] = ()  # (GPU index, state)
     xids: tuple[tuple[str, int, int], ...] = ()  # (GPU, Xid, count)
+    last_xids: tuple[tuple[str, int], ...] = ()  # (GPU, the last Xid seen)
+    driver_version: str = ""  # NVML's nvmlSystemGetDriverVersion
     gpus: tuple[GpuReading, ...] = ()
     unreadable: tuple[tuple[int, str], ...] = ()  # (GPU index, cause): GPUs not served
     containers: tuple[Assignment, ...] | None = None  # None: PodResources unavailable
