@@ -71,6 +71,7 @@ SETTINGS: tuple[Setting, ...] = (
             "version like '535.261.03'", values.parse_driver_version),
     Setting("flavour", "--flavour", "NVIDIA_DRIVER_FLAVOUR", "auto",
             "kernel module flavour", "one of auto, open, proprietary", values.choice(*FLAVOURS)),
+    *(Setting(*row) for row in upgrade.MAP_ROWS),  # per-pool versions: config/upgrade.py
     Setting("log_format", "--log-format", "LOG_FORMAT", "auto",
             "log format (auto: JSON unless stderr is a terminal)",
             "one of auto, json, console", values.choice(*LOG_FORMATS)),
@@ -260,6 +261,7 @@ class Config(mig.MigSettings):
     install_dir: PurePosixPath = PurePosixPath("/home/kubernetes/bin/nvidia")
     driver_version: str = "default"
     flavour: str = "auto"
+    driver_version_map: Path | None = None
     log_format: str = "auto"
     log_level: str = "info"
     termination_log: Path = Path("/dev/termination-log")

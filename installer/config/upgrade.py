@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from installer.config.values import Invalid, decimal, integer
+from installer.config.values import Invalid, abs_path, decimal, integer
 from installer.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -21,6 +21,17 @@ POLICIES = ("refuse", "evict", "drain")
 MAX_TIMEOUT_S = 86400.0  # a day: beyond that a stuck upgrade is forgotten, not waited for
 MAX_GRACE_S = 86400
 _PERCENT = re.compile(r"[0-9]{1,3}%")
+
+# Rows of the SETTINGS table (installer.config): one DaemonSet, a driver per node pool.
+MAP_ROWS = (
+    ("driver_version_map", "--driver-version-map", "DRIVER_VERSION_MAP", None,
+     "file (a mounted ConfigMap) mapping node selectors to a driver version or branch and "
+     "optionally a flavour, read at start: the node label "
+     "gpu-node-installer/driver-version.override, then the first entry whose selector "
+     "matches the Node's labels, then NVIDIA_DRIVER_VERSION (needs --node-name and the API)",
+     "an absolute path to a YAML list of {selector: {label: value}, version: ..., "
+     "flavour: ...} entries", abs_path),
+)
 
 
 def timeout(value: str) -> float:
@@ -54,7 +65,12 @@ def max_unavailable(value: str) -> str:
 
 
 def check(config: Config) -> None:
-    """Evicting needs the Kubernetes API, so the node must be named."""
+    """Evicting, and choosing by the Node's labels, need the Kubernetes API, so the node
+    must be named."""
+    if config.driver_version_map is not None and not config.node_name:
+        raise ConfigError("DRIVER_VERSION_MAP needs this node's name to read its labels",
+                          remedy="set NODE_NAME (the downward API's spec.nodeName) or "
+                                 "--node-name, or unset DRIVER_VERSION_MAP")
     if config.upgrade_policy != "refuse" and not config.node_name:
         raise ConfigError(f"UPGRADE_POLICY={config.upgrade_policy} needs this node's name",
                           remedy="set NODE_NAME (the downward API's spec.nodeName) or "

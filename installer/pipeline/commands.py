@@ -7,10 +7,12 @@ interleaves with another run.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from installer.context import Context
 from installer.installdir import ownership
@@ -52,14 +54,38 @@ def detect(ctx: Context) -> NodeInfo:
 
 
 def fetch(ctx: Context) -> Package:
+    from installer.upgrade import versionmap
+
+    versionmap.apply(ctx)
     with locked(ctx):
         return runner.fetch(ctx)
 
 
-def versions(ctx: Context) -> Versions:
+def versions(ctx: Context) -> ChosenVersions:
+    """What each source offers, for the version DRIVER_VERSION_MAP (or the setting) chooses."""
     from installer.stages.fetch import available
+    from installer.upgrade import versionmap
 
-    return runner.run_stage(ctx, "versions", available)
+    choice = versionmap.apply(ctx)
+    return ChosenVersions(runner.run_stage(ctx, "versions", available), choice.to_dict())
+
+
+@dataclass(frozen=True)
+class ChosenVersions:
+    """`versions`' report with the rule that chose the requested version."""
+
+    versions: Versions
+    rule: dict[str, str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.versions.to_dict(), "rule": self.rule}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    def to_text(self) -> str:
+        return (f"{self.versions.to_text()}\nchosen by {self.rule['reason']}"
+                f" (flavour {self.rule['flavour']})")
 
 
 def load(ctx: Context) -> LoadResult:
