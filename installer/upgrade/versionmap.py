@@ -84,12 +84,12 @@ class Choice:
 
 def parse(data: bytes | str, name: str = "DRIVER_VERSION_MAP") -> tuple[Entry, ...]:
     """The entries of a map file, or ConfigError naming the entry and what is wrong."""
+    import yaml  # type: ignore[import-untyped]
+
     try:
         documents = read_yaml(data, name=name, error=ConfigError)
-    except Exception as exc:  # noqa: BLE001 - YAML syntax and constructor errors alike
-        if isinstance(exc, ConfigError):
-            raise
-        where = str(exc).replace("\n", " ")[:200]
+    except (yaml.YAMLError, ValueError, TypeError, OverflowError) as exc:  # read_yaml's
+        where = " ".join(str(exc).split())[:200]
         raise ConfigError(f"{name} is not valid YAML: {where}", remedy=_REMEDY) from None
     if len(documents) > 1:
         raise ConfigError(f"{name} holds {len(documents)} YAML documents, not one list",
@@ -129,6 +129,8 @@ def _entry(item: Any, number: int, name: str) -> Entry:
 
 
 def _version(value: Any, where: str) -> str:
+    if value is None:
+        raise _bad(where, "has no version")
     if isinstance(value, bool) or not isinstance(value, str | int):
         raise _bad(where, f"version {quote(value, 40)} is not a branch or version (quote it)")
     try:
