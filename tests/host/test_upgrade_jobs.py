@@ -131,3 +131,26 @@ class TestWaitForJobs:
         assert WAIT in cluster.states()
         assert "DriverUpgradeWaitingForJobs" not in reasons(cluster)
         assert {name for name, _ in evictions(cluster)} == {"train", "job-1"}
+
+
+class TestSelector:
+    """The selector's terms against a pod's labels and phase (no node needed)."""
+
+    def test_terms_and_phases(self) -> None:
+        from installer.config.upgrade import pod_selector
+        from installer.upgrade.jobs import running
+
+        def pod(name: str, labels: dict[str, str], phase: str) -> dict[str, object]:
+            return {"metadata": {"name": name, "namespace": "ml", "labels": labels},
+                    "status": {"phase": phase}}
+
+        pods = [pod("a", {"app": "batch"}, "Running"), pod("b", {"app": "batch"}, "Pending"),
+                pod("c", {"app": "batch"}, "Succeeded"), pod("d", {"app": "batch"}, "Failed"),
+                pod("e", {"app": "web"}, "Running"),
+                pod("f", {"app": "batch", "spot": "y"}, "Running")]
+        assert running(pods, pod_selector("app=batch")) == ["ml/a", "ml/b", "ml/f"]
+        assert running(pods, pod_selector("app=batch,!spot")) == ["ml/a", "ml/b"]
+        assert running(pods, pod_selector("app!=batch")) == ["ml/e"]
+        assert running(pods, pod_selector("spot")) == ["ml/f"]
+        assert running(pods, pod_selector("app==web")) == ["ml/e"]
+        assert running([{"metadata": None, "status": "x"}], pod_selector("app")) == []

@@ -235,3 +235,34 @@ class TestPoolEntryChange:
         assert cluster.nodes["b-1"]["metadata"]["labels"][RULE] == "map-2"
         assert STATE not in cluster.nodes["b-1"]["metadata"]["labels"]
         assert cluster.errors == []
+
+
+class TestOrder:
+    """The documented order, on parsed maps (no node needed)."""
+
+    MAP = (f"- {{selector: {{{POOL}: h200-pool, tier: prod}}, version: '570', "
+           "flavour: open}\n"
+           f"- {{selector: {{{POOL}: h200-pool}}, version: '560'}}\n"
+           "- {selector: {tier: prod}, version: 535.261.03}\n")
+
+    def choose(self, labels: dict[str, str]) -> tuple[str, str, str]:
+        from installer.config import Config
+        from installer.upgrade.versionmap import parse, resolve
+
+        config = Config(driver_version="550", flavour="proprietary", node_name="n")
+        choice = resolve(config, parse(self.MAP), labels)
+        return choice.version, choice.flavour, choice.rule
+
+    def test_first_matching_entry_wins_in_file_order(self) -> None:
+        assert self.choose({POOL: "h200-pool", "tier": "prod"}) == ("570", "open", "map-1")
+        assert self.choose({POOL: "h200-pool"}) == ("560", "proprietary", "map-2")
+        assert self.choose({"tier": "prod", POOL: "a100"}) == (V1, "proprietary", "map-3")
+
+    def test_every_selector_label_must_match(self) -> None:
+        assert self.choose({POOL: "h200-pool", "tier": "dev"}) == ("560", "proprietary",
+                                                                   "map-2")
+        assert self.choose({}) == ("550", "proprietary", "setting")
+
+    def test_the_override_label_comes_first(self) -> None:
+        labels = {POOL: "h200-pool", "tier": "prod", OVERRIDE: V2}
+        assert self.choose(labels) == (V2, "proprietary", "label")
