@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from installer.stages.signal import SignalResult
     from installer.stages.stage import RollbackResult, StageResult
     from installer.stages.verify import VerifyResult
+    from installer.upgrade.versionmap import Choice
 
 
 @contextmanager
@@ -54,9 +55,7 @@ def detect(ctx: Context) -> NodeInfo:
 
 
 def fetch(ctx: Context) -> Package:
-    from installer.upgrade import versionmap
-
-    versionmap.apply(ctx)
+    _choose_version(ctx)
     with locked(ctx):
         return runner.fetch(ctx)
 
@@ -64,10 +63,17 @@ def fetch(ctx: Context) -> Package:
 def versions(ctx: Context) -> ChosenVersions:
     """What each source offers, for the version DRIVER_VERSION_MAP (or the setting) chooses."""
     from installer.stages.fetch import available
+
+    choice = _choose_version(ctx)
+    return ChosenVersions(runner.run_stage(ctx, "versions", available), choice.to_dict())
+
+
+def _choose_version(ctx: Context) -> Choice:
+    """The commands that fetch a package take the version DRIVER_VERSION_MAP chooses for
+    this node (a bad map: exit 2 before the lock), as `install` does."""
     from installer.upgrade import versionmap
 
-    choice = versionmap.apply(ctx)
-    return ChosenVersions(runner.run_stage(ctx, "versions", available), choice.to_dict())
+    return versionmap.apply(ctx)
 
 
 @dataclass(frozen=True)
@@ -89,6 +95,7 @@ class ChosenVersions:
 
 
 def load(ctx: Context) -> LoadResult:
+    _choose_version(ctx)
     with locked(ctx):
         runner.fetch(ctx)
         return runner.load(ctx)
@@ -102,6 +109,7 @@ def unload(ctx: Context) -> UnloadResult:
 
 
 def stage(ctx: Context) -> StageResult:
+    _choose_version(ctx)
     with locked(ctx):
         runner.detect(ctx)
         runner.fetch(ctx)

@@ -121,3 +121,16 @@ def test_a_good_map_without_an_api_is_refused_not_guessed(arena: Arena) -> None:
     path = _map(arena, f"- {{selector: {{{POOL}: a}}, version: '570'}}\n")
     refused_untouched(arena, lambda: _install(arena, path), 2,
                       "DRIVER_VERSION_MAP needs the Kubernetes API", allowed=SIMULATED)
+
+
+@pytest.mark.parametrize("command", ["fetch", "versions", "load", "stage"])
+def test_every_command_that_fetches_refuses_a_bad_map(arena: Arena, command: str) -> None:
+    path = _map(arena, f"- {{selector: {{{POOL}: a}}, version: '570', pool: a}}\n")
+
+    def run() -> Result:
+        return arena.run(command, *arena.args(), "--mirror", f"file://{arena.scene.repo}",
+                         "--node-name", NODE, "--driver-version-map", str(path),
+                         env={"TERMINATION_LOG": str(arena.termination_log)})
+
+    refused_untouched(arena, run, 2, "DRIVER_VERSION_MAP entry 1 has unknown key 'pool'",
+                      allowed=SIMULATED)
