@@ -41,7 +41,12 @@ GKE_ACCELERATOR = "cloud.google.com/gke-accelerator"
 # facts, so the signal stage's stale-label cleanup leaves them alone.
 UPGRADE_STATE = f"{OWN_PREFIX}/upgrade-state"
 UPGRADE_SKIP = f"{OWN_PREFIX}/upgrade.skip"
-UPGRADE_KEYS = (UPGRADE_STATE, UPGRADE_SKIP)
+# DRIVER_VERSION_MAP: the operator's per-node version (kept), and the rule that chose the
+# version, written after each successful install while the map is in use (so removed as
+# stale once it is not)
+VERSION_OVERRIDE = f"{OWN_PREFIX}/driver-version.override"
+VERSION_RULE = f"{OWN_PREFIX}/driver-version.rule"
+UPGRADE_KEYS = (UPGRADE_STATE, UPGRADE_SKIP, VERSION_OVERRIDE)
 # MIG: the partition stage's progress, as mig-parted's mig.config.state says it
 MIG_STATE = f"{OWN_PREFIX}/mig.config.state"
 MODEL_SUFFIX = "gpu.model."  # gpu-node-installer/gpu.model.<product>=<count>, one per model

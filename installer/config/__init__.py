@@ -71,6 +71,7 @@ SETTINGS: tuple[Setting, ...] = (
             "version like '535.261.03'", values.parse_driver_version),
     Setting("flavour", "--flavour", "NVIDIA_DRIVER_FLAVOUR", "auto",
             "kernel module flavour", "one of auto, open, proprietary", values.choice(*FLAVOURS)),
+    *(Setting(*row) for row in upgrade.MAP_ROWS),  # per-pool versions: config/upgrade.py
     Setting("log_format", "--log-format", "LOG_FORMAT", "auto",
             "log format (auto: JSON unless stderr is a terminal)",
             "one of auto, json, console", values.choice(*LOG_FORMATS)),
@@ -216,6 +217,7 @@ SETTINGS: tuple[Setting, ...] = (
             "this node waits while that many other nodes of the installer's are cordoned, "
             "NotReady or mid-upgrade, for any reason",
             "a whole number >= 1 or a percentage from 1% to 100%", upgrade.max_unavailable),
+    *(Setting(*row) for row in upgrade.JOB_ROWS),  # wait for Jobs: config/upgrade.py
     # the driver's daemons: who runs Fabric Manager on an NVSwitch/NVLink5 node
     Setting("fabric_manager", "--fabric-manager", "FABRIC_MANAGER", "package",
             "who runs Fabric Manager (and NVLSM) on an NVSwitch or NVLink5 node: package "
@@ -260,6 +262,7 @@ class Config(mig.MigSettings):
     install_dir: PurePosixPath = PurePosixPath("/home/kubernetes/bin/nvidia")
     driver_version: str = "default"
     flavour: str = "auto"
+    driver_version_map: Path | None = None
     log_format: str = "auto"
     log_level: str = "info"
     termination_log: Path = Path("/dev/termination-log")
@@ -300,6 +303,8 @@ class Config(mig.MigSettings):
     upgrade_delete_emptydir_data: bool = False
     upgrade_pause_operator: bool = False
     upgrade_max_unavailable: str = "1"
+    upgrade_wait_for_jobs: tuple[tuple[str, str, str], ...] = ()
+    upgrade_wait_for_jobs_timeout: float = 0.0
     fabric_manager: str = "package"
     persistence_mode: str = "on"
     uvm_persistence_mode: str = "auto"

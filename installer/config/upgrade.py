@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from installer.config.values import Invalid, decimal, integer
+from installer.config.values import Invalid, abs_path, decimal, integer
 from installer.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -22,6 +22,72 @@ MAX_TIMEOUT_S = 86400.0  # a day: beyond that a stuck upgrade is forgotten, not 
 MAX_GRACE_S = 86400
 _PERCENT = re.compile(r"[0-9]{1,3}%")
 
+# Rows of the SETTINGS table (installer.config): one DaemonSet, a driver per node pool.
+MAP_ROWS = (
+    ("driver_version_map", "--driver-version-map", "DRIVER_VERSION_MAP", None,
+     "file (a mounted ConfigMap) mapping node selectors to a driver version or branch and "
+     "optionally a flavour, read at start: the node label "
+     "gpu-node-installer/driver-version.override, then the first entry whose selector "
+     "matches the Node's labels, then NVIDIA_DRIVER_VERSION (needs --node-name and the API)",
+     "an absolute path to a YAML list of {selector: {label: value}, version: ..., "
+     "flavour: ...} entries", abs_path),
+)
+
+
+MAX_JOBS_WAIT_S = 7 * 86400.0
+_KEY = re.compile(r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+                  r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
+_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
+_TERM = re.compile(r"(!?)([^=!]+)(?:(==|=|!=)(.*))?")
+
+
+def pod_selector(value: str) -> tuple[tuple[str, str, str], ...]:
+    """Equality-based label selector terms (key, op, value): op is `=`, `!=`, `exists` or
+    `!exists`, as the API's labelSelector; an empty text selects nothing (no wait)."""
+    terms = []
+    for raw in (t.strip() for t in value.split(",")):
+        if not raw:
+            continue
+        match = _TERM.fullmatch(raw)
+        if match is None:
+            raise Invalid(value, f"{raw!r} is not a selector term")
+        bang, key, op, text = match.groups()
+        key = key.strip()
+        if not _KEY.fullmatch(key) or len(key.rpartition("/")[2]) > 63:
+            raise Invalid(value, f"{key!r} is not a label key")
+        if op is None:
+            terms.append((key, "!exists" if bang else "exists", ""))
+            continue
+        text = text.strip()
+        if bang or not _VALUE.fullmatch(text) or len(text) > 63:
+            raise Invalid(value, f"{raw!r} is not a selector term")
+        terms.append((key, "!=" if op == "!=" else "=", text))
+    return tuple(terms)
+
+
+def jobs_timeout(value: str) -> float:
+    """Seconds, 0 (no limit of its own) to a week."""
+    number = decimal(value)
+    if not 0 <= number <= MAX_JOBS_WAIT_S:
+        raise Invalid(value)
+    return number
+
+
+# Rows of the SETTINGS table: wait for batch Jobs before the eviction step (operator-libs'
+# waitForCompletion: a pod selector and a timeout, 0 for none of its own).
+JOB_ROWS = (
+    ("upgrade_wait_for_jobs", "--upgrade-wait-for-jobs", "UPGRADE_WAIT_FOR_JOBS", None,
+     "pods on this node matching this label selector (batch Jobs) are waited for, not "
+     "evicted, after the cordon and before the eviction step, until they are no longer "
+     "Running or Pending (state label wait-for-jobs-required)",
+     "a label selector: key=value, key!=value, key or !key, separated by commas",
+     pod_selector),
+    ("upgrade_wait_for_jobs_timeout", "--upgrade-wait-for-jobs-timeout",
+     "UPGRADE_WAIT_FOR_JOBS_TIMEOUT", "0",
+     "seconds to wait for the pods of --upgrade-wait-for-jobs; then the eviction step goes "
+     "on with them (0: wait as long as they run); not counted in UPGRADE_TIMEOUT",
+     "a number of seconds from 0 to 604800", jobs_timeout),
+)
 
 def timeout(value: str) -> float:
     """Seconds, more than zero and at most a day."""
@@ -54,7 +120,12 @@ def max_unavailable(value: str) -> str:
 
 
 def check(config: Config) -> None:
-    """Evicting needs the Kubernetes API, so the node must be named."""
+    """Evicting, and choosing by the Node's labels, need the Kubernetes API, so the node
+    must be named."""
+    if config.driver_version_map is not None and not config.node_name:
+        raise ConfigError("DRIVER_VERSION_MAP needs this node's name to read its labels",
+                          remedy="set NODE_NAME (the downward API's spec.nodeName) or "
+                                 "--node-name, or unset DRIVER_VERSION_MAP")
     if config.upgrade_policy != "refuse" and not config.node_name:
         raise ConfigError(f"UPGRADE_POLICY={config.upgrade_policy} needs this node's name",
                           remedy="set NODE_NAME (the downward API's spec.nodeName) or "

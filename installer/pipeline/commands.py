@@ -7,10 +7,12 @@ interleaves with another run.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from installer.context import Context
 from installer.errors import ConfigError
@@ -32,6 +34,7 @@ if TYPE_CHECKING:
     from installer.stages.signal import SignalResult
     from installer.stages.stage import RollbackResult, StageResult
     from installer.stages.verify import VerifyResult
+    from installer.upgrade.versionmap import Choice
 
 
 @contextmanager
@@ -53,17 +56,47 @@ def detect(ctx: Context) -> NodeInfo:
 
 
 def fetch(ctx: Context) -> Package:
+    _choose_version(ctx)
     with locked(ctx):
         return runner.fetch(ctx)
 
 
-def versions(ctx: Context) -> Versions:
+def versions(ctx: Context) -> ChosenVersions:
+    """What each source offers, for the version DRIVER_VERSION_MAP (or the setting) chooses."""
     from installer.stages.fetch import available
 
-    return runner.run_stage(ctx, "versions", available)
+    choice = _choose_version(ctx)
+    return ChosenVersions(runner.run_stage(ctx, "versions", available), choice.to_dict())
+
+
+def _choose_version(ctx: Context) -> Choice:
+    """The commands that fetch a package take the version DRIVER_VERSION_MAP chooses for
+    this node (a bad map: exit 2 before the lock), as `install` does."""
+    from installer.upgrade import versionmap
+
+    return versionmap.apply(ctx)
+
+
+@dataclass(frozen=True)
+class ChosenVersions:
+    """`versions`' report with the rule that chose the requested version."""
+
+    versions: Versions
+    rule: dict[str, str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.versions.to_dict(), "rule": self.rule}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    def to_text(self) -> str:
+        return (f"{self.versions.to_text()}\nchosen by {self.rule['reason']}"
+                f" (flavour {self.rule['flavour']})")
 
 
 def load(ctx: Context) -> LoadResult:
+    _choose_version(ctx)
     with locked(ctx):
         runner.fetch(ctx)
         return runner.load(ctx)
@@ -77,6 +110,7 @@ def unload(ctx: Context) -> UnloadResult:
 
 
 def stage(ctx: Context) -> StageResult:
+    _choose_version(ctx)
     with locked(ctx):
         runner.detect(ctx)
         runner.fetch(ctx)

@@ -29,6 +29,7 @@ from installer.stages.detect import require_gpus
 
 if TYPE_CHECKING:
     from installer.upgrade.skip import Skipped
+    from installer.upgrade.versionmap import Choice
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,7 @@ def install(ctx: Context, *, paranoid: bool = False) -> InstallResult:
     skip label and the live upgrade's plan said go) and written last; on failure the previous
     version, when it is still what is staged and loaded, is declared ready again.
     """
+    choice = _choose_version(ctx)  # DRIVER_VERSION_MAP: a bad map is refused before any write
     require_gpus(runner.detect(ctx))  # read-only: a GPU-less node gets nothing written
 
     def waiting(pid: int | None) -> None:
@@ -94,7 +96,21 @@ def install(ctx: Context, *, paranoid: bool = False) -> InstallResult:
             raise
         write_last_install(ctx.install_root, LastInstall(
             0, fast_path=result.fast_path, timings_ms=dict(result.timings_ms)))
-        return result
+    if choice is not None and result.skipped is None:
+        from installer.upgrade import versionmap
+
+        versionmap.label(ctx, choice)
+    return result
+
+
+def _choose_version(ctx: Context) -> Choice | None:
+    """The map's choice made this run's requested version (installer.upgrade.versionmap,
+    imported only with a map: the fast path of a node without one needs no API)."""
+    if ctx.config.driver_version_map is None:
+        return None
+    from installer.upgrade import versionmap
+
+    return versionmap.apply(ctx)
 
 
 def _install_locked(ctx: Context, previous: InstallState | None, *,

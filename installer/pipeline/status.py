@@ -38,13 +38,14 @@ class StatusReport:
     agent: dict[str, Any] | None = None  # the node agent's view (.agent.json), if it runs
     cdi: dict[str, Any] | None = None  # our CDI spec: path, version, intact
     mig: dict[str, Any] | None = None  # the partition stage's record (.mig.json)
+    requested: dict[str, str] | None = None  # the version chosen now, and by which rule
 
     def to_dict(self) -> dict[str, Any]:
         return {"node": self.node.to_dict(), "install_dir": self.install_dir,
                 "cache": self.cache, "loaded_modules": self.modules, "staged": self.staged,
                 "readiness": self.readiness, "upgrade": self.upgrade,
                 "last_run": self.last_run, "agent": self.agent, "cdi": self.cdi,
-                "mig": self.mig,
+                "mig": self.mig, "requested": self.requested,
                 "cuda": compat.cuda_support(self._driver())}
 
     def _driver(self) -> str | None:
@@ -66,6 +67,9 @@ class StatusReport:
                  f"{', '.join(self.cache['packages']) or 'none'}",
                  f"Ready:           {'yes' if self.readiness['ready'] else 'no'}: "
                  f"{self.readiness['reason']}"]
+        if self.requested:
+            lines.append(f"Requested:       {self.requested['version']} "
+                         f"({self.requested['reason']})")
         if self.upgrade:
             lines.append(f"Upgrade:         wanted {self.upgrade['wanted']}, serving "
                          f"{self.upgrade['serving']}, skipped by label "
@@ -100,7 +104,21 @@ def collect(ctx: Context) -> StatusReport:
         agent=_agent(ctx),
         cdi=cdifile.describe(ctx.config, ctx.host.roots),
         mig=migrecord.read(root),
+        requested=_requested(ctx),
     )
+
+
+def _requested(ctx: Context) -> dict[str, str]:
+    """The version DRIVER_VERSION_MAP (or the setting) chooses now; a map that cannot be
+    applied is reported, not raised."""
+    from installer.errors import InstallerError
+    from installer.upgrade import versionmap
+
+    try:
+        return versionmap.choose(ctx.config).to_dict()
+    except InstallerError as exc:
+        return {"version": ctx.config.driver_version, "flavour": ctx.config.flavour,
+                "rule": "error", "reason": f"map not applied: {exc.message}"}
 
 
 def cdi_line(cdi: dict[str, Any] | None) -> str:

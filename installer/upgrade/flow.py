@@ -17,7 +17,7 @@ import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from installer.compat.nodelabels import UPGRADE_SKIP, UPGRADE_STATE
@@ -34,7 +34,7 @@ from installer.node.daemons import stop_all as stop_daemons
 from installer.node.holders import Holder, find_holders
 from installer.packages.manifest import Package
 from installer.stages import load
-from installer.upgrade import daemonsets, evictions, lease, rollout, selection
+from installer.upgrade import daemonsets, evictions, jobs, lease, rollout, selection
 
 CORDONED_BY = rollout.CORDONED_BY  # annotation: this installer cordoned the node
 REQUIRED, CORDON, POD_DELETION = "upgrade-required", "cordon-required", "pod-deletion-required"
@@ -153,6 +153,8 @@ def _free(upgrade: Upgrade, package: Package, other: load.OtherVersion) -> None:
     with _step(ctx, CORDON):
         upgrade.state(CORDON)
         cordon(upgrade)
+    if config.upgrade_wait_for_jobs:  # its own limit: the eviction's deadline starts after
+        deadline += _wait_for_jobs(upgrade)
     plan = _plan(upgrade, other)  # again: a pod may have started before the cordon held
     with _step(ctx, POD_DELETION, pods=len(plan.going)):
         upgrade.state(POD_DELETION)
@@ -170,6 +172,25 @@ def _free(upgrade: Upgrade, package: Package, other: load.OtherVersion) -> None:
     upgrade.event("DriverUpgradeGpusFreed", "no process holds /dev/nvidia* any more; "
                   f"unloading {_loaded(other)} and installing {wanted}")
     upgrade.state(VALIDATION)
+
+
+def _wait_for_jobs(upgrade: Upgrade) -> float:
+    """The selected Jobs' pods finish (or their timeout passes) before the eviction. The
+    wait has its own limit: UPGRADE_TIMEOUT, for every call after it, counts from its end."""
+    ctx, config = upgrade.ctx, upgrade.ctx.config
+    bound, start = upgrade.api, time.monotonic()
+    upgrade.api = replace(bound, until=None)  # its calls and Events have their own deadlines
+    try:
+        with _step(ctx, jobs.WAIT_FOR_JOBS):
+            upgrade.state(jobs.WAIT_FOR_JOBS)
+            jobs.wait(config, upgrade.api, upgrade.node,
+                      interval=poll_interval(config.upgrade_timeout), event=upgrade.event,
+                      log=ctx.log)
+    finally:
+        waited = time.monotonic() - start
+        upgrade.api = bound if bound.until is None else bound.bounded(
+            bound.until + waited, bound.until_name)
+    return waited
 
 
 def _plan(upgrade: Upgrade, other: load.OtherVersion) -> selection.Plan:

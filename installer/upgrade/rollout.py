@@ -29,8 +29,8 @@ from installer.node import kube
 from installer.upgrade import lease
 
 FAILED = "upgrade-failed"
-BUSY_STATES = ("cordon-required", "pod-deletion-required", "validation-required",
-               "uncordon-required", FAILED)
+BUSY_STATES = ("cordon-required", "wait-for-jobs-required", "pod-deletion-required",
+               "validation-required", "uncordon-required", FAILED)
 MANAGED_LABEL = f"{OWN_PREFIX}/driver-version"  # every node this installer has served
 CORDONED_BY = f"{OWN_PREFIX}/cordoned-by"  # annotation: this installer cordoned the node
 
