@@ -201,10 +201,10 @@ def versions(ctx: Context, output: str) -> None:
     (exit 5 when nothing would be: the report is printed all the same)."""
     found = run.versions(ctx)
     emit(found, output)
-    if found.resolved is None:
+    if found.versions.resolved is None:
         from installer.errors import PackageNotFoundError
 
-        error = PackageNotFoundError(f"nothing for this node: {found.problem}")
+        error = PackageNotFoundError(f"nothing for this node: {found.versions.problem}")
         click.echo(error.one_line(), err=True)
         raise click.exceptions.Exit(error.code)
 
