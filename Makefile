@@ -50,7 +50,7 @@ lint: venv ## ruff, strict mypy and the import contracts (docs/architecture.md)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-demo: venv deps ## the whole install on Debian's kernel under qemu, no GPU needed (~3 min warm); ARCH=arm64: on its arm64 kernel
+demo: venv deps ## the whole install on Debian's kernel under qemu, no GPU needed (~10 min the first time, 1-2 min after); ARCH=arm64: on its arm64 kernel
 	$(BIN)/python scripts/demo.py $(if $(ARCH),--arch $(ARCH))
 
 sample: venv ## run `detect` on a sample node shipped with the project (no GPU needed)

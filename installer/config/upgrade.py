@@ -1,7 +1,7 @@
 """The settings of a driver upgrade on a live node: policy, timeout, grace period, DaemonSets.
 
 `refuse` (the default) keeps the old behaviour: a driver in use is never replaced. `evict`
-and `drain` free the GPUs through the Kubernetes API first (docs/deploy.md, the upgrade
+and `drain` free the GPUs through the Kubernetes API first (docs/evictions.md, the
 runbook), so they need this node's name; that is checked with the rest, before any I/O.
 The settings themselves are rows of the one table in `installer.config`.
 """

@@ -162,7 +162,7 @@ def _kept_result(ctx: Context, package: Package, kept: Skipped) -> InstallResult
 
 def _live_upgrade(ctx: Context, package: Package) -> None:
     """UPGRADE_POLICY evict/drain: free the GPUs first, then install, then uncordon
-    (docs/deploy.md). Imported only here: the Kubernetes client, which the
+    (docs/upgrading.md). Imported only here: the Kubernetes client, which the
     reboot fast path of a `refuse` node never needs."""
     from installer.upgrade import flow as upgrade
 

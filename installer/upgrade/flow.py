@@ -370,7 +370,7 @@ def _api(call: Callable[[], T]) -> T:
                                          "(a proxy or load balancer in its place?)") from exc
     except kube.KubeError as exc:
         raise UpgradeBlockedError(f"Kubernetes API: {exc}",
-                                  remedy="check the installer's RBAC (docs/deploy.md, the "
+                                  remedy="check the installer's RBAC (docs/upgrading.md, the "
                                          "live-upgrade overlay) and the API server") from exc
 
 

@@ -2,7 +2,7 @@
 imported as a local base image, and the project's Dockerfile built on it with podman.
 
 No registry is reachable here, so nothing is pulled: the base is imported, builds run with
-`--pull=never`. Flags this machine needs (see docs/deploy.md, "Building the image"): chroot
+`--pull=never`. Flags this machine needs (see docs/image.md): chroot
 isolation for RUN steps, cgroupfs and file events (no systemd), runc, and rlimits within the
 session's own hard limits (podman's default RLIMIT_NPROC is above them and runc then fails).
 """

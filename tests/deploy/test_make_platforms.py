@@ -1,5 +1,5 @@
 """`make image PLATFORMS=...`: the build it starts, dry-run (`make -n`), for podman
-(one manifest list, made afresh) and docker (buildx), and deploy.md's documented line.
+(one manifest list, made afresh) and docker (buildx), and image.md's documented line.
 The real build is tests/deploy/test_image_multiarch.py (image tier)."""
 
 from __future__ import annotations
@@ -64,8 +64,8 @@ def test_without_platforms_the_build_is_the_native_one() -> None:
 
 
 def test_the_documented_multiarch_command() -> None:
-    """deploy.md's line under its marker builds the list it names."""
-    text = (REPO / "docs" / "deploy.md").read_text(encoding="utf-8")
+    """image.md's line under its marker builds the list it names."""
+    text = (REPO / "docs" / "image.md").read_text(encoding="utf-8")
     block = text.split(MARK + "test_the_documented_multiarch_command\n", 1)[1]
     line = block.split("\n```", 1)[0].replace("\\\n", " ").split("#", 1)[0]
     words = line.split()

@@ -157,10 +157,10 @@ def test_the_checks_catch_a_broken_rule(change: Callable[[Doc], object], schema_
         assert bool(_cel_violations(doc)) is cel_error
 
 
-# --- docs/deploy.md ------------------------------------------------------------------------
+# --- docs/agent.md -------------------------------------------------------------------------
 
 def _section() -> str:
-    text = (REPO / "docs" / "deploy.md").read_text(encoding="utf-8")
+    text = (REPO / "docs" / "agent.md").read_text(encoding="utf-8")
     start = text.index("## Scheduling only on ready GPU nodes: the startup taint")
     return text[start:text.index("\n## ", start + 1)]
 

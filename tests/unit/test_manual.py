@@ -29,7 +29,7 @@ REFERENCE = DOCS / "reference.md"
 PAGES = [README, *sorted(DOCS.glob("*.md"))]
 # The pages a newcomer follows first: their shell blocks must be run by a test or say that
 # they need a cluster.
-GETTING_STARTED = [README, DOCS / "deploy.md"]
+GETTING_STARTED = [README, DOCS / "deploy.md", DOCS / "image.md"]
 SHELL_LANGS = {"sh", "bash", "console", "shell"}
 NEEDS_A_CLUSTER = "# needs a cluster"
 TESTED = re.compile(r"^# tested(?: [^:]*)?: (\S+)$")
@@ -275,7 +275,7 @@ def test_make_sample_detects_the_sample_node() -> None:
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
 def test_the_documented_make_image_commands() -> None:
-    """deploy.md's `make image` lines, dry-run (`make -n`): the build they would start."""
+    """image.md's `make image` lines, dry-run (`make -n`): the build they would start."""
     documented = _covered("tests/unit/test_manual.py::test_the_documented_make_image_commands")
     assert documented[0] == "make image" and len(documented) == 2
     for command in documented:
