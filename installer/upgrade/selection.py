@@ -2,8 +2,9 @@
 
 Selected: the pod of every holder the /proc scan finds (PIDs with /dev/nvidia* open, matched
 by UID), every pod that asks for a GPU even while idle (a container's or init container's
-`nvidia.com/gpu*` or `nvidia.com/mig-*` request or limit, or any DRA `resourceClaims`), and
-with `drain` every other pod. Pods that have finished (Succeeded, Failed) are ignored.
+`nvidia.com/gpu*` or `nvidia.com/mig-*` request or limit, or any DRA `resourceClaims`), every
+pod that holds the driver without asking for a GPU (`holds_driver`), and with `drain` every
+other pod. Pods that have finished (Succeeded, Failed) are ignored.
 
 Each selected pod then meets kubectl drain's refusals, all decided before anything is touched
 (exit 15 naming every refused pod with its reason and the setting that would allow it):
@@ -13,9 +14,9 @@ Each selected pod then meets kubectl drain's refusals, all decided before anythi
   whichever way it would go (evicted, deleted as a DaemonSet pod, or taken away by the
   operator pause) and under every policy;
 - a static (mirror) pod, a holder outside any pod or unknown to the API: never;
-- a live DaemonSet's pod: deleted when it holds the GPUs and UPGRADE_RESTART_DAEMONSETS
-  allows it (else it blocks), otherwise left alone, as `kubectl drain --ignore-daemonsets`
-  and NVIDIA's upgrade controller leave DaemonSet pods.
+- a live DaemonSet's pod: deleted when it holds the GPUs or the driver and
+  UPGRADE_RESTART_DAEMONSETS allows it (else it blocks), otherwise left alone, as `kubectl
+  drain --ignore-daemonsets` and NVIDIA's upgrade controller leave DaemonSet pods.
 A pod already terminating (someone else deleted it) is only waited for, never refused.
 """
 
@@ -32,6 +33,14 @@ from installer.node.holders import Holder
 _STATIC_UID_ANNOTATIONS = ("kubernetes.io/config.mirror", "kubernetes.io/config.hash")
 _DONE_PHASES = ("Succeeded", "Failed")
 GPU_RESOURCE_PREFIXES = ("nvidia.com/gpu", "nvidia.com/mig-")
+NVIDIA_RUNTIME_CLASS = "nvidia"  # the toolkit's runtime: it mounts the driver's libraries
+# NVIDIA's k8s-dra-driver-gpu chart labels its kubelet-plugin pods so
+# (deployments/helm/dra-driver-nvidia-gpu/templates/kubeletplugin.yaml @ 22407113785e)
+DRA_PLUGIN_LABEL, DRA_PLUGIN = "nvidia-dra-driver-gpu-component", "kubelet-plugin"
+# gpu-operator sets this node label for third-party GPU clients to select on
+# (controllers/state_manager.go, gpuStateLabels @ a22dbf671f2e); a client carries it as a
+# nodeSelector or as a label of its own
+GPU_CLIENT_LABEL = "nvidia.com/gpu.deploy.client"
 FORCE, EMPTYDIR = "UPGRADE_FORCE=true", "UPGRADE_DELETE_EMPTYDIR_DATA=true"
 RESTART_DAEMONSETS = "UPGRADE_RESTART_DAEMONSETS=true"
 
@@ -51,6 +60,7 @@ class Pod:
     empty_dirs: tuple[str, ...] = ()
     terminating: bool = False  # metadata.deletionTimestamp is set
     node_owned: bool = False  # an ownerReference to the Node: kubelet's mirror pod
+    driver: str | None = None  # why it holds the driver without asking for a GPU
 
     @property
     def ref(self) -> str:
@@ -85,7 +95,8 @@ def pod_from_api(obj: dict[str, Any]) -> Pod:
                owner_name=str(controller.get("name", "")), gpu=gpu_request(spec),
                empty_dirs=tuple(str(v.get("name", "?")) for v in volumes if "emptyDir" in v),
                terminating=bool(meta.get("deletionTimestamp")),
-               node_owned=any(o.get("kind") == "Node" for o in owners))
+               node_owned=any(o.get("kind") == "Node" for o in owners),
+               driver=holds_driver(meta, spec))
 
 
 def gpu_request(spec: dict[str, Any]) -> str | None:
@@ -99,6 +110,21 @@ def gpu_request(spec: dict[str, Any]) -> str | None:
                 if str(name).startswith(GPU_RESOURCE_PREFIXES):
                     return str(name)
     return "a DRA resourceClaim" if spec.get("resourceClaims") else None
+
+
+def holds_driver(meta: dict[str, Any], spec: dict[str, Any]) -> str | None:
+    """Why a pod holds the driver though it asks for no GPU, or None: the nvidia runtime
+    class (its containers get the loaded driver's libraries and device nodes), NVIDIA's DRA
+    kubelet plugin (it serves CDI specs of the loaded driver until it restarts), or a
+    third-party GPU client by gpu-operator's `nvidia.com/gpu.deploy.client` convention."""
+    labels = _obj(meta.get("labels"))
+    if spec.get("runtimeClassName") == NVIDIA_RUNTIME_CLASS:
+        return f"runtimeClassName {NVIDIA_RUNTIME_CLASS}"
+    if labels.get(DRA_PLUGIN_LABEL) == DRA_PLUGIN:
+        return "NVIDIA's DRA kubelet plugin, serving CDI specs of the loaded driver"
+    if GPU_CLIENT_LABEL in labels or GPU_CLIENT_LABEL in _obj(spec.get("nodeSelector")):
+        return f"a GPU client ({GPU_CLIENT_LABEL})"
+    return None
 
 
 def _obj(value: object) -> dict[str, Any]:
@@ -142,18 +168,22 @@ def plan(holders: Sequence[Holder], pods: Sequence[Pod], *, node: str, rules: Ru
     operator pause takes away (not planned here, but held to the emptyDir rule)."""
     result = Plan()
     chosen, blocked = _holders_pods(holders, pods, node, result.holders)
+    away = {pod.uid for pod in paused}
     for pod in paused:  # the pause removes them: the emptyDir rule holds there too
         blocked += [f"DaemonSet pod {pod.ref} (its DaemonSet is paused on this node) {why}"
                     for why in emptydir_refusals(pod, rules, "the pause", "pause")]
     for pod in pods:
-        if pod.ref in chosen or pod.done:
+        if pod.ref in chosen or pod.done or pod.uid in away:
             continue
         if pod.gpu:
             chosen[pod.ref] = (pod, f"asks for {pod.gpu}")
+        elif pod.driver:
+            chosen[pod.ref] = (pod, pod.driver)
         elif rules.policy == "drain":
             chosen[pod.ref] = (pod, "UPGRADE_POLICY=drain")
     for pod, why in chosen.values():
-        action, refusals = _decide(pod, held=pod.ref in result.holders, rules=rules,
+        held = pod.ref in result.holders or pod.driver is not None
+        action, refusals = _decide(pod, held=held, rules=rules,
                                    daemonset_exists=daemonset_exists)
         if refusals:
             kind = "static pod" if pod.mirror else "DaemonSet pod" if action == "delete" \

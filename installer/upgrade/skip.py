@@ -8,6 +8,7 @@ versions, leaves `.skipped.json` for `status` and, with a live-upgrade policy, s
 state label to `upgrade-skipped` (under `refuse` nothing else writes that label, so nothing
 would move it on). Without a Node name there is no label to read; without a reachable API
 the label cannot be read: a warning says so and the run goes on as if it were absent.
+Under `refuse`, a busy node then reports `upgrade-required` and waits (`required`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from installer.installdir import skipped
 from installer.node import kmod, kube
 from installer.packages.manifest import Package
 from installer.stages import load
+from installer.upgrade import required
 
 SKIPPED = "upgrade-skipped"
 
@@ -51,7 +53,10 @@ def check(ctx: Context, package: Package) -> Skipped | None:
                         "service-account token); the driver is replaced as without it")
         return None
     labels = _node_labels(ctx, api, node)
-    if labels is None or labels.get(UPGRADE_SKIP) != "true":
+    if labels is None:
+        return None
+    if labels.get(UPGRADE_SKIP) != "true":
+        required.check(ctx, api, node, package, labels)  # refuse: report and wait
         return None
     manifest = package.manifest
     result = Skipped(_name(manifest.driver_version, manifest.flavour, serving.version),
