@@ -1,8 +1,9 @@
 """The `gpu-node-installer` command line: parse, build Config and Host, call a stage, render.
 
-Commands hold no logic. Every node-facing command takes the same settings (see
-`installer.config.SETTINGS`); failures are `InstallerError`s, which `installer.cli.failures`
-turns into one line, the termination log and the class's exit code.
+Commands hold no logic. Every node-facing command accepts the same settings (see
+`installer.config.SETTINGS`; its help shows those it reads: `installer.cli.settings`);
+failures are `InstallerError`s, which `installer.cli.failures` turns into one line, the
+termination log and the class's exit code.
 """
 
 from __future__ import annotations

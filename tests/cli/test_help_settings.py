@@ -15,7 +15,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import click
 import pytest
 from click.shell_completion import ShellComplete
 from click.testing import CliRunner
@@ -73,7 +72,8 @@ def _runs(root: Path, tmp: Path) -> dict[str, list[list[str]]]:
     mapped = ["--driver-version-map", str(pools), "--node-name", "n1"]
     return {
         "detect": [[]], "status": [[], mapped], "unload": [[]], "verify": [[]], "signal": [[]],
-        "cdi": [[]], "uninstall": [["--keep-cache"], []], "agent": [["--probe"]],
+        "cdi": [[]], "uninstall": [["--keep-cache"], []],
+        "agent": [["--probe"], ["--once", "--metrics-port", "0"]],
         "compat": [["--cuda", "12.4"]], "check-pod": [[str(pod), "--here"]],
         "partition": [["--dry-run"], []], "wait-ready": [["--timeout", "0.1"]],
         "versions": [fetching, [*fetching, *mapped]], "fetch": [fetching], "load": [fetching],
@@ -194,4 +194,3 @@ def test_top_level_exit_codes_keep_one_line_each() -> None:
 
 def test_every_setting_has_readers() -> None:
     assert all(s.commands and s.commands <= NODE for s in SETTINGS)
-    assert isinstance(click.Choice, type)
