@@ -18,8 +18,8 @@ from installer.config.values import CHOICES, RANGES, Bounds
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-# Above this many shown settings a command's help packs the flags (its help stays a screen).
-ONE_LINE_EACH = 30
+# A command's help stays within this many lines: past it, the settings' flags are packed.
+HELP_LINES = 60
 
 
 class _AsGiven:
@@ -100,14 +100,16 @@ class NodeCommand(click.Command):
             with formatter.section("Options"):
                 formatter.write_dl(own)
         if settings:
+            room = HELP_LINES - "".join(formatter.buffer).count("\n") - 3  # heading, epilog
             with formatter.section("Settings (flag, env var; full text: docs/reference.md)"):
-                for line in _setting_lines(settings, formatter.width - formatter.current_indent):
+                width = formatter.width - formatter.current_indent
+                for line in _setting_lines(settings, width, packed=len(settings) > room):
                     formatter.write(f"{'':>{formatter.current_indent}}{line}\n")
 
 
-def _setting_lines(settings: list[tuple[str, str]], width: int) -> list[str]:
+def _setting_lines(settings: list[tuple[str, str]], width: int, *, packed: bool) -> list[str]:
     """One line per setting (cut to the width), or the flags packed when there are many."""
-    if len(settings) > ONE_LINE_EACH:
+    if packed:
         lines, line = [], ""
         for flag, _ in settings:
             token = flag.replace(" ", "=", 1)

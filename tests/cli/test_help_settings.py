@@ -141,11 +141,11 @@ def test_a_setting_not_shown_is_still_accepted(make_node: NodeMaker) -> None:
 
 
 def test_help_shows_a_choice_and_a_range() -> None:
-    packed, one_each = _help("fetch"), _help("verify")
+    packed, one_each = _help("install"), _help("fetch")
     assert "--flavour=auto|open|proprietary" in packed
     assert "--cache-keep=1..100" in packed and "--download-parallel=1..32" in packed
     assert re.search(r"--log-level debug\|info\|warning\|error +\$LOG_LEVEL", one_each)
-    assert re.search(r"--persistence-mode on\|off +\$PERSISTENCE_MODE", one_each)
+    assert re.search(r"--cache-keep 1\.\.100 +\$DRIVER_CACHE_KEEP packages kept", one_each)
 
 
 def test_the_settings_table_still_validates_a_typed_flag(make_node: NodeMaker) -> None:
