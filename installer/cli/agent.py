@@ -8,12 +8,13 @@ from typing import TYPE_CHECKING
 import click
 
 from installer.cli.commands import emit, node_options, output_option
+from installer.cli.settings import NodeCommand
 
 if TYPE_CHECKING:  # types only: the command loads the node context when it runs
     from installer.context import Context
 
 
-@click.command()
+@click.command(cls=NodeCommand)
 @click.option("--once", is_flag=True,
               help="one round: start what the node needs, wait (up to FABRIC_TIMEOUT on "
                    "fabric nodes) until ready, stop what it started; exit 0 ready, 12 not")

@@ -1,8 +1,9 @@
 """The `gpu-node-installer` command line: parse, build Config and Host, call a stage, render.
 
-Commands hold no logic. Every node-facing command takes the same settings (see
-`installer.config.SETTINGS`); failures are `InstallerError`s, which `installer.cli.failures`
-turns into one line, the termination log and the class's exit code.
+Commands hold no logic. Every node-facing command accepts the same settings (see
+`installer.config.SETTINGS`; its help shows those it reads: `installer.cli.settings`);
+failures are `InstallerError`s, which `installer.cli.failures` turns into one line, the
+termination log and the class's exit code.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import functools
 import importlib.util
 import os
 import sys
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -21,6 +23,7 @@ import click
 from installer import __version__
 from installer.cli import logs
 from installer.cli.failures import InstallerGroup
+from installer.cli.settings import NodeCommand, add_settings
 from installer.config import SETTINGS, load_config
 from installer.errors import error_table
 
@@ -55,29 +58,24 @@ if not TYPE_CHECKING:
 
 
 def _epilog() -> str:
-    rows = "\n".join(f"  {cls.code:>3}  {cls.summary}" for cls in error_table())
-    return f"Exit codes:\n\b\n  0  success\n{rows}"
-
-
+    """The exit-code table, one code a line: `\b` keeps click from rewrapping it."""
+    rows = [(0, "success"), *((cls.code, cls.summary) for cls in error_table())]
+    lines = []
+    for code, summary in rows:
+        lines.extend(textwrap.wrap(summary, 70, initial_indent=f"  {code:>3}  ",
+                                   subsequent_indent=" " * 7))
+    return "Exit codes:\n\n\b\n" + "\n".join(lines)
 
 
 def node_options(fn: F) -> F:
-    """Add every setting as an option; hand the command a ready `Context` instead."""
+    """Add the settings as options; hand the command a ready `Context` instead."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         flags = {setting.name: kwargs.pop(setting.name) for setting in SETTINGS}
         return fn(make_context(flags), *args, **kwargs)
 
-    decorated: Any = wrapper
-    for setting in reversed(SETTINGS):
-        env = f" [env: {setting.envvar}]" if setting.envvar else ""
-        default = f" [default: {setting.default}]" if setting.default else ""
-        decorated = click.option(
-            setting.flag, setting.name, is_flag=setting.is_flag,
-            default=None, multiple=setting.multiple, help=f"{setting.help}{env}{default}",
-        )(decorated)
-    return decorated  # type: ignore[no-any-return]
+    return add_settings(wrapper)  # type: ignore[return-value]
 
 
 def make_context(flags: dict[str, Any]) -> Context:
@@ -86,6 +84,8 @@ def make_context(flags: dict[str, Any]) -> Context:
     obj = click_ctx.find_root().ensure_object(dict)
     obj["termination_log_flag"] = flags.get("termination_log") is not None
     config = load_config(flags, os.environ)
+    if "config_view" in obj:  # tests: a Config that records which settings are read
+        config = obj["config_view"](config)
     obj["config"] = config
     logs.configure(config.log_format, config.log_level)
     from installer.context import Context
@@ -126,7 +126,7 @@ def cli() -> None:
     """Install a matching NVIDIA kernel module and user-mode driver on this node."""
 
 
-@cli.command()
+@cli.command(cls=NodeCommand)
 @node_options
 @output_option
 def detect(ctx: Context, output: str) -> None:
@@ -144,16 +144,10 @@ def lazy_node_options(fn: F) -> F:
         flags = {setting.name: kwargs.pop(setting.name) for setting in SETTINGS}
         return fn(functools.partial(make_context, flags), *args, **kwargs)
 
-    decorated: Any = wrapper
-    for setting in reversed(SETTINGS):
-        env = f" [env: {setting.envvar}]" if setting.envvar else ""
-        decorated = click.option(
-            setting.flag, setting.name, is_flag=setting.is_flag, default=None,
-            multiple=setting.multiple, help=f"{setting.help}{env}")(decorated)
-    return decorated  # type: ignore[no-any-return]
+    return add_settings(wrapper)  # type: ignore[return-value]
 
 
-@cli.command()
+@cli.command(cls=NodeCommand)
 @click.option("--cuda", "cuda", required=True, metavar="X.Y[.Z]",
               help="CUDA toolkit version the application was built with, e.g. 12.4")
 @click.option("--driver", "driver", default=None, metavar="VERSION",
@@ -169,7 +163,7 @@ def compat(node: Callable[[], Context], cuda: str, driver: str | None, output: s
     raise_if_incompatible(verdict)
 
 
-@cli.command()
+@cli.command(cls=NodeCommand)
 @node_options
 @output_option
 def load(ctx: Context, output: str) -> None:
@@ -177,7 +171,7 @@ def load(ctx: Context, output: str) -> None:
     emit(run.load(ctx), output)
 
 
-@cli.command()
+@cli.command(cls=NodeCommand)
 @node_options
 @output_option
 def unload(ctx: Context, output: str) -> None:
@@ -185,7 +179,7 @@ def unload(ctx: Context, output: str) -> None:
     emit(run.unload(ctx), output)
 
 
-@cli.command()
+@cli.command(cls=NodeCommand)
 @node_options
 @output_option
 def fetch(ctx: Context, output: str) -> None:
@@ -193,7 +187,7 @@ def fetch(ctx: Context, output: str) -> None:
     emit(run.fetch(ctx), output)
 
 
-@cli.command()
+@cli.command(cls=NodeCommand)
 @node_options
 @output_option
 def versions(ctx: Context, output: str) -> None:
@@ -209,7 +203,7 @@ def versions(ctx: Context, output: str) -> None:
         raise click.exceptions.Exit(error.code)
 
 
-@cli.command()
+@cli.command(cls=NodeCommand)
 @click.option("--rollback", is_flag=True,
               help="switch back to the previously staged version instead of staging")
 @node_options
@@ -219,7 +213,7 @@ def stage(ctx: Context, output: str, rollback: bool) -> None:
     emit(run.rollback(ctx) if rollback else run.stage(ctx), output)
 
 
-@cli.command()
+@cli.command(cls=NodeCommand)
 @click.option("--cuda-smoke", is_flag=True,
               help="also run a vector add on every GPU through the CUDA driver API")
 @click.option("--lib-dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
@@ -236,7 +230,7 @@ def verify(ctx: Context, output: str, cuda_smoke: bool, lib_dir: Path | None,
          output)
 
 
-@cli.command(name="signal")
+@cli.command(cls=NodeCommand, name="signal")
 @node_options
 @output_option
 def signal_command(ctx: Context, output: str) -> None:
@@ -244,7 +238,7 @@ def signal_command(ctx: Context, output: str) -> None:
     emit(run.signal(ctx), output)
 
 
-@cli.command(name="cdi")
+@cli.command(cls=NodeCommand, name="cdi")
 @node_options
 @click.option("-o", "--output", "output", type=click.Choice(["json", "yaml"]), default="json",
               show_default=True, callback=remember_output,
@@ -254,7 +248,7 @@ def cdi_command(ctx: Context, output: str) -> None:
     click.echo(run.cdi_spec(ctx).render(output))
 
 
-@cli.command()
+@cli.command(cls=NodeCommand)
 @click.option("--dry-run", is_flag=True,
               help="show what would change on each GPU and change nothing")
 @node_options
@@ -271,7 +265,7 @@ def partition(ctx: Context, output: str, dry_run: bool) -> None:
         emit(stage.command(ctx, dry_run=False), output)
 
 
-@cli.command()
+@cli.command(cls=NodeCommand)
 @node_options
 @output_option
 def status(ctx: Context, output: str) -> None:
@@ -279,7 +273,7 @@ def status(ctx: Context, output: str) -> None:
     emit(run.status(ctx), output)
 
 
-@cli.command(name="wait-ready")
+@cli.command(cls=NodeCommand, name="wait-ready")
 @click.option("--timeout", type=click.FloatRange(min=0), default=600.0, show_default=True,
               help="seconds to wait before failing (exit 12)")
 @click.option("--interval", type=click.FloatRange(min=0.05), default=2.0, show_default=True,
@@ -291,7 +285,7 @@ def wait_ready(ctx: Context, output: str, timeout: float, interval: float) -> No
     emit(run.wait_ready(ctx, timeout=timeout, interval=interval), output)
 
 
-@cli.command()
+@cli.command(cls=NodeCommand)
 @click.option("--paranoid", is_flag=True,
               help="on the fast path, rehash every cached and staged file instead of sizes")
 @node_options
@@ -303,7 +297,7 @@ def install(ctx: Context, output: str, paranoid: bool) -> None:
     emit(install_pipeline(ctx, paranoid=paranoid), output)
 
 
-@cli.command()
+@cli.command(cls=NodeCommand)
 @click.option("--keep-cache", is_flag=True, help="keep downloaded packages for a reinstall")
 @node_options
 @output_option

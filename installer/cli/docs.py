@@ -10,6 +10,7 @@ from __future__ import annotations
 import click
 
 from installer.config import SETTINGS
+from installer.config.readers import NODE
 from installer.errors import error_table
 
 _SETTING_FLAGS = frozenset(s.flag for s in SETTINGS)
@@ -69,7 +70,7 @@ def commands_table() -> str:
             "|---|---|---|---|"]
     for path, command in commands():
         params = _cell(" ".join(_name(p) for p in own_params(command))) or "none"
-        settings = "all" if takes_settings(command) else "none"
+        settings = f"{_reads(path)} of {len(SETTINGS)}" if takes_settings(command) else "none"
         rows.append(f"| `{path}` | {params} | {settings} | {_summary(command)} |")
     return "\n".join(rows) + "\n"
 
@@ -119,13 +120,22 @@ def command_options_table() -> str:
     return "\n".join(rows) + "\n"
 
 
+def _reads(command: str) -> int:
+    """How many settings `command` reads (and its `--help` shows)."""
+    return sum(command in s.commands for s in SETTINGS)
+
+
+def _readers(commands: frozenset[str]) -> str:
+    return "all" if commands == NODE else ", ".join(f"`{c}`" for c in sorted(commands))
+
+
 def settings_table() -> str:
-    """Flag, environment variable, default and accepted values of every setting."""
-    rows = ["| flag | env | default | accepted | what |", "|---|---|---|---|---|"]
+    """Flag, environment variable, default, accepted values and readers of every setting."""
+    rows = ["| flag | env | default | accepted | read by | what |", "|---|---|---|---|---|---|"]
     for s in SETTINGS:
         default = f"`{s.default}`" if s.default else "derived"
         rows.append(f"| `{s.flag}` | `{s.envvar or ''}` | {default} | {_cell(s.accepted)} "
-                    f"| {_cell(s.help)} |")
+                    f"| {_readers(s.commands)} | {_cell(s.help)} |")
     return "\n".join(rows) + "\n"
 
 

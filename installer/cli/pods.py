@@ -13,12 +13,13 @@ from typing import TYPE_CHECKING
 import click
 
 from installer.cli.commands import emit, lazy_node_options, output_option
+from installer.cli.settings import NodeCommand
 
 if TYPE_CHECKING:  # types only: the command loads the node context when it runs
     from installer.context import Context
 
 
-@click.command(name="check-pod")
+@click.command(cls=NodeCommand, name="check-pod")
 @click.argument("source", metavar="FILE|-")
 @click.option("--resource", "resources", multiple=True, metavar="NAME",
               help="another extended resource to check like nvidia.com/gpu (NVIDIA's, MIG, "

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from installer.config import agent, checks, health, mig, taint, upgrade, values
+from installer.config import agent, checks, health, mig, readers, taint, upgrade, values
 from installer.config.modparams import ModuleParam as ModuleParam
 from installer.config.modparams import parse_module_param as parse_module_param
 from installer.config.modparams import read_params_file
@@ -41,6 +41,7 @@ class Setting:
     help: str
     accepted: str
     parse: Callable[[str], Any]
+    commands: frozenset[str]  # the commands that read it: the only ones whose help shows it
     is_flag: bool = False
     multiple: bool = False
 
@@ -54,169 +55,181 @@ _FILE_CHECKS: dict[str, Callable[[Path], object]] = {
 SETTINGS: tuple[Setting, ...] = (
     Setting("host_root", "--host-root", "HOST_ROOT", "/host",
             "where the node's / is mounted", "an absolute path to an existing directory",
-            values.abs_path),
+            values.abs_path, readers.NODE),
     Setting("proc_root", "--proc-root", "PROC_ROOT", "/proc",
             "the node's /proc (the container shares the node's kernel)",
-            "an absolute path to an existing directory", values.abs_path),
+            "an absolute path to an existing directory", values.abs_path, readers.NODE),
     Setting("sys_root", "--sys-root", "SYS_ROOT", "/sys", "the node's /sys",
-            "an absolute path to an existing directory", values.abs_path),
+            "an absolute path to an existing directory", values.abs_path, readers.NODE),
     Setting("dev_root", "--dev-root", "DEV_ROOT", None,
-            "the node's /dev (default: <host root>/dev)", "an absolute path", values.abs_path),
+            "the node's /dev (default: <host root>/dev)", "an absolute path", values.abs_path,
+            readers.NODE),
     Setting("install_dir", "--install-dir", "NVIDIA_INSTALL_DIR_HOST",
             "/home/kubernetes/bin/nvidia",
             "install directory, as a path on the node",
-            "an absolute path on the node without '..'", values.host_abs_path),
+            "an absolute path on the node without '..'", values.host_abs_path, readers.INSTALL_DIR),
     Setting("driver_version", "--driver-version", "NVIDIA_DRIVER_VERSION", "default",
             "driver to install", "'default', 'latest', a branch like '535' or an exact "
-            "version like '535.261.03'", values.parse_driver_version),
+            "version like '535.261.03'", values.parse_driver_version, readers.RESOLVING),
     Setting("flavour", "--flavour", "NVIDIA_DRIVER_FLAVOUR", "auto",
-            "kernel module flavour", "one of auto, open, proprietary", values.choice(*FLAVOURS)),
+            "kernel module flavour", "one of auto, open, proprietary", values.choice(*FLAVOURS),
+            readers.RESOLVING),
     *(Setting(*row) for row in upgrade.MAP_ROWS),  # per-pool versions: config/upgrade.py
     Setting("log_format", "--log-format", "LOG_FORMAT", "auto",
             "log format (auto: JSON unless stderr is a terminal)",
-            "one of auto, json, console", values.choice(*LOG_FORMATS)),
+            "one of auto, json, console", values.choice(*LOG_FORMATS), readers.NODE),
     Setting("log_level", "--log-level", "LOG_LEVEL", "info", "lowest level logged",
-            "one of debug, info, warning, error", values.choice(*LOG_LEVELS)),
+            "one of debug, info, warning, error", values.choice(*LOG_LEVELS), readers.NODE),
     Setting("termination_log", "--termination-log", "TERMINATION_LOG",
             "/dev/termination-log", "where the failure message is also written",
-            "an absolute path", values.abs_path),
+            "an absolute path", values.abs_path, readers.NODE),
     Setting("lock_timeout", "--lock-timeout", "LOCK_TIMEOUT", "300",
             "seconds to wait for another run's lock", "a positive number of seconds",
-            values.positive_float),
+            values.positive_float, readers.LOCKED),
     Setting("debug", "--debug", "DEBUG", "false",
-            "show tracebacks of unexpected errors", "true or false", values.boolean, is_flag=True),
+            "show tracebacks of unexpected errors", "true or false", values.boolean,
+            readers.NODE, is_flag=True),
     # driver sources and downloads (fetch stage)
     Setting("mirrors", "--mirror", "DRIVER_MIRRORS", None,
             "driver repository base URL, tried in order (flag repeatable; env: "
             "comma-separated)", "https://, http:// (with --allow-http) or file:// URLs",
-            values.mirror_url, multiple=True),
+            values.mirror_url, readers.FETCHING, multiple=True),
     Setting("preloaded_dir", "--preloaded-dir", "DRIVER_PRELOADED_DIR", None,
             "directory of packages baked into the image, tried first (never the network)",
-            "an absolute path", values.abs_path),
+            "an absolute path", values.abs_path, readers.FETCHING),
     Setting("cache_dir", "--cache-dir", "DRIVER_CACHE_DIR", None,
             "package cache, as a path on the node (default: <install dir>/.cache)",
-            "an absolute path on the node without '..'", values.host_abs_path),
+            "an absolute path on the node without '..'", values.host_abs_path, readers.CACHE),
     Setting("cache_keep", "--cache-keep", "DRIVER_CACHE_KEEP", "2",
             "packages kept in the cache (older ones not in use are pruned)",
-            "an integer from 1 to 100", values.int_range(1, 100)),
+            "an integer from 1 to 100", values.int_range(1, 100), readers.FETCHING),
     Setting("ca_bundle", "--ca-bundle", "DRIVER_CA_BUNDLE", None,
             "CA certificates (PEM) to verify https:// mirrors with",
             "an absolute path to a readable PEM file with at least one certificate",
-            values.abs_path),
+            values.abs_path, readers.FETCHING),
     Setting("allow_http", "--allow-http", "DRIVER_ALLOW_HTTP", "false",
             "allow plain http:// mirrors (file hashes still checked; index and manifest are "
-            "not protected in transit)", "true or false", values.boolean, is_flag=True),
+            "not protected in transit)", "true or false", values.boolean,
+            readers.FETCHING, is_flag=True),
     Setting("cos_source", "--cos-source", "COS_SOURCE", "auto",
             "on COS nodes, assemble the package from Google's signed COS GPU artifacts "
-            "(auto) or never", "one of auto, never", values.choice("auto", "never")),
+            "(auto) or never", "one of auto, never", values.choice("auto", "never"),
+            readers.FETCHING),
     Setting("cos_tools_url", "--cos-tools-url", "COS_TOOLS_URL", None,
             "base URL of the cos-tools bucket or a mirror of its layout (default: "
             "storage.googleapis.com/cos-tools, the copy nearest --node-zone)",
-            "an https:// URL (http:// with --allow-http)", values.api_url),
+            "an https:// URL (http:// with --allow-http)", values.api_url, readers.FETCHING),
     Setting("nvidia_runfile_url", "--nvidia-runfile-url", "NVIDIA_RUNFILE_URL", None,
             "base URL of NVIDIA's runfile bucket for COS (default: storage.googleapis.com/"
             "nvidia-drivers-<us|eu|asia>-public by --node-zone)",
-            "an https:// URL (http:// with --allow-http)", values.api_url),
+            "an https:// URL (http:// with --allow-http)", values.api_url, readers.FETCHING),
     Setting("node_zone", "--node-zone", "NODE_ZONE", None,
             "this node's cloud zone, e.g. us-central1-a: picks the nearest copy of the COS "
-            "and NVIDIA buckets", "a zone name like us-central1-a", values.zone),
+            "and NVIDIA buckets", "a zone name like us-central1-a", values.zone, readers.FETCHING),
     Setting("connect_timeout", "--connect-timeout", "DOWNLOAD_CONNECT_TIMEOUT", "10",
             "seconds to wait for a mirror connection", "a positive number of seconds",
-            values.positive_float),
+            values.positive_float, readers.FETCHING),
     Setting("read_timeout", "--read-timeout", "DOWNLOAD_READ_TIMEOUT", "30",
             "seconds per window in which a mirror must send 64 KiB, else the request is "
             "retried",
-            "a positive number of seconds", values.positive_float),
+            "a positive number of seconds", values.positive_float, readers.FETCHING),
     Setting("download_deadline", "--download-deadline", "DOWNLOAD_DEADLINE", "1800",
             "total seconds allowed for all downloads of one run, retries included",
-            "a positive number of seconds", values.positive_float),
+            "a positive number of seconds", values.positive_float, readers.FETCHING),
     Setting("download_retries", "--download-retries", "DOWNLOAD_RETRIES", "6",
             "attempts per file and mirror (connection errors, timeouts, 429, 5xx)",
-            "an integer from 1 to 100", values.int_range(1, 100)),
+            "an integer from 1 to 100", values.int_range(1, 100), readers.FETCHING),
     Setting("download_parallel", "--download-parallel", "DOWNLOAD_PARALLEL", "4",
-            "files downloaded at once", "an integer from 1 to 32", values.int_range(1, 32)),
+            "files downloaded at once", "an integer from 1 to 32", values.int_range(1, 32),
+            readers.FETCHING),
     Setting("node_name", "--node-name", "NODE_NAME", None,
             "this node's Kubernetes name (labels and an Event are posted only when set)",
-            "a Kubernetes node name (lower-case letters, digits, '-' and '.')", values.node_name),
+            "a Kubernetes node name (lower-case letters, digits, '-' and '.')", values.node_name,
+            readers.KUBE),
     Setting("kube_api", "--kube-api", "KUBE_API_URL", None,
             "Kubernetes API server URL (default: https://$KUBERNETES_SERVICE_HOST:"
-            "$KUBERNETES_SERVICE_PORT)", "an http:// or https:// URL", values.api_url),
+            "$KUBERNETES_SERVICE_PORT)", "an http:// or https:// URL", values.api_url,
+            readers.KUBE),
     Setting("kube_api_proxy", "--kube-api-proxy", "KUBE_API_PROXY", None, "HTTP proxy to the "
-            "API server (not HTTPS_PROXY)", "http://[user:password@]host:port", values.proxy_url),
+            "API server (not HTTPS_PROXY)", "http://[user:password@]host:port", values.proxy_url,
+            readers.KUBE),
     Setting("service_account_dir", "--service-account-dir", "SERVICE_ACCOUNT_DIR",
             "/var/run/secrets/kubernetes.io/serviceaccount",
             "where this pod's service-account token, ca.crt and namespace are",
-            "an absolute path", values.abs_path),
+            "an absolute path", values.abs_path, readers.KUBE),
     Setting("gpu_label_prefix", "--gpu-label-prefix", "GPU_LABEL_PREFIX", "gpu-node-installer",
             "prefix of the GPU labels named as gpu-feature-discovery names them (gpu.product, "
             "gpu.count, ...); nvidia.com for clusters without gpu-feature-discovery",
             "one of gpu-node-installer, nvidia.com",
-            values.choice("gpu-node-installer", "nvidia.com")),
+            values.choice("gpu-node-installer", "nvidia.com"), readers.LABELS),
     Setting("driver_root_layout", "--driver-root-layout", "DRIVER_ROOT_LAYOUT", "false",
             "also expose usr/lib/<arch>-linux-gnu and usr/bin in the install dir "
-            "(gpu-operator driver-root layout)", "true or false", values.boolean, is_flag=True),
+            "(gpu-operator driver-root layout)", "true or false", values.boolean,
+            readers.STAGING, is_flag=True),
     # kernel modules (load stage)
     Setting("module_params", "--module-param", "NVIDIA_MODULE_PARAMS", None,
             "kernel module parameter, overriding the package default (flag repeatable; "
             "env: separated by spaces or commas)",
             "module.key=value naming a module of the package, e.g. nvidia.NVreg_EnableMSI=0 "
             "(value: printable ASCII without spaces or quotes)",
-            parse_module_param, multiple=True),
+            parse_module_param, readers.LOADING, multiple=True),
     Setting("module_params_file", "--module-params-file", "NVIDIA_MODULE_PARAMS_FILE", None,
             "file of module.key=value lines ('#' starts a comment), applied before "
             "--module-param", "an absolute path to a file of module.key=value lines",
-            values.abs_path),
+            values.abs_path, readers.LOADING),
     Setting("force_load", "--force-load", "FORCE_MODULE_LOAD", "false",
             "load even when preflight predicts a refusal (signature enforcement, GPU bound "
             "to nouveau/vfio-pci, package built for another kernel)", "true or false",
-            values.boolean, is_flag=True),
+            values.boolean, readers.LOADING, is_flag=True),
     # on-node build when no package exists for the kernel (fetch stage)
     Setting("build_fallback", "--build-fallback", "BUILD_FALLBACK", "never",
             "when no package exists for the running kernel: build one on the node from a "
             "source package and the node's headers (auto) or fail (never)",
-            "one of auto, never", values.choice("auto", "never")),
+            "one of auto, never", values.choice("auto", "never"), readers.FETCHING),
     Setting("build_sign_key", "--build-sign-key", "BUILD_SIGN_KEY", None,
             "private key (PEM) that signs modules built on the node", "an absolute path",
-            values.abs_path),
+            values.abs_path, readers.FETCHING),
     Setting("build_sign_cert", "--build-sign-cert", "BUILD_SIGN_CERT", None,
             "certificate (PEM or DER) of --build-sign-key, enrolled in the node's keyring",
-            "an absolute path", values.abs_path),
+            "an absolute path", values.abs_path, readers.FETCHING),
     # driver upgrades on a live node (parsers in config/upgrade.py)
     Setting("upgrade_policy", "--upgrade-policy", "UPGRADE_POLICY", "refuse",
             "when another driver version is loaded and in use: refuse (exit 10), evict the "
             "pods holding the GPUs, or drain every non-DaemonSet pod (needs --node-name)",
-            "one of refuse, evict, drain", values.choice(*upgrade.POLICIES)),
+            "one of refuse, evict, drain", values.choice(*upgrade.POLICIES), readers.UPGRADE),
     Setting("upgrade_timeout", "--upgrade-timeout", "UPGRADE_TIMEOUT", "900",
             "seconds allowed to free the GPUs (evictions refused by a PodDisruptionBudget "
             "are retried until then)", "a number of seconds above 0, at most 86400",
-            upgrade.timeout),
+            upgrade.timeout, readers.UPGRADE),
     Setting("upgrade_grace_period", "--upgrade-grace-period", "UPGRADE_GRACE_PERIOD", "pod",
             "grace period given to evicted pods", "whole seconds from 0 to 86400, or 'pod' "
-            "(each pod's terminationGracePeriodSeconds)", upgrade.grace_period),
+            "(each pod's terminationGracePeriodSeconds)", upgrade.grace_period, readers.UPGRADE),
     Setting("upgrade_restart_daemonsets", "--upgrade-restart-daemonsets",
             "UPGRADE_RESTART_DAEMONSETS", "false",
             "delete DaemonSet pods that hold the GPUs (device plugin, exporters) during an "
-            "upgrade; otherwise they block it", "true or false", values.boolean, is_flag=True),
+            "upgrade; otherwise they block it", "true or false", values.boolean,
+            readers.UPGRADE, is_flag=True),
     Setting("upgrade_force", "--upgrade-force", "UPGRADE_FORCE", "false",
             "evict pods that no controller recreates (bare pods, pods whose DaemonSet is "
             "gone) when the upgrade must move them, as kubectl drain --force; otherwise they "
-            "block it", "true or false", values.boolean, is_flag=True),
+            "block it", "true or false", values.boolean, readers.UPGRADE, is_flag=True),
     Setting("upgrade_delete_emptydir_data", "--upgrade-delete-emptydir-data",
             "UPGRADE_DELETE_EMPTYDIR_DATA", "false",
             "evict pods with emptyDir volumes (their data is lost) when the upgrade must "
             "move them, as kubectl drain --delete-emptydir-data; otherwise they block it",
-            "true or false", values.boolean, is_flag=True),
+            "true or false", values.boolean, readers.UPGRADE, is_flag=True),
     Setting("upgrade_pause_operator", "--upgrade-pause-operator", "UPGRADE_PAUSE_OPERATOR",
             "false", "beside gpu-operator: pause its GPU DaemonSets on this node during an "
             "upgrade (each nvidia.com/gpu.deploy.* label that is true becomes "
             "paused-for-driver-upgrade until the new driver is verified)", "true or false",
-            values.boolean, is_flag=True),
+            values.boolean, readers.UPGRADE, is_flag=True),
     Setting("upgrade_max_unavailable", "--upgrade-max-unavailable",
             "UPGRADE_MAX_UNAVAILABLE", "1",
             "nodes that may be unavailable at once: the rollout overlay's maxUnavailable; "
             "this node waits while that many other nodes of the installer's are cordoned, "
             "NotReady or mid-upgrade, for any reason",
-            "a whole number >= 1 or a percentage from 1% to 100%", upgrade.max_unavailable),
+            "a whole number >= 1 or a percentage from 1% to 100%", upgrade.max_unavailable,
+            readers.UPGRADE),
     *(Setting(*row) for row in upgrade.JOB_ROWS),  # wait for Jobs: config/upgrade.py
     # the driver's daemons: who runs Fabric Manager on an NVSwitch/NVLink5 node
     Setting("fabric_manager", "--fabric-manager", "FABRIC_MANAGER", "package",
@@ -224,14 +237,14 @@ SETTINGS: tuple[Setting, ...] = (
             "(the agent, from the driver package; a package without them is refused) or "
             "host (the node's OS or hypervisor; the agent starts neither but still withholds "
             "readiness until the fabric completes)", "one of package, host",
-            values.choice("package", "host")),
+            values.choice("package", "host"), readers.DAEMONS),
     *(Setting(*row) for row in agent.ROWS),  # the node agent: config/agent.py
     Setting("cdi", "--cdi", "CDI", "on", "write a CDI spec (kind nvidia.com/gpu) for the staged "
             "driver, read by containerd 2.x, CRI-O and Podman without NVIDIA's toolkit; off "
-            "removes ours", "one of on, off", values.choice("on", "off")),
+            "removes ours", "one of on, off", values.choice("on", "off"), readers.CDI),
     Setting("cdi_spec_dir", "--cdi-spec-dir", "CDI_SPEC_DIR", "/var/run/cdi", "where the CDI "
             "spec goes on the node (/etc/cdi persists)", "an absolute path on the node without "
-            "'..'", values.host_abs_path),
+            "'..'", values.host_abs_path, readers.CDI),
     *(Setting(*row) for row in mig.ROWS),  # MIG partitioning: config/mig.py
     *(Setting(*row) for row in agent.METRICS_ROWS),  # the agent's /metrics
     # GPU health in the node agent (parser in config/health.py)
@@ -239,12 +252,12 @@ SETTINGS: tuple[Setting, ...] = (
             "Xids that set the node condition gpu-node-installer/XidCriticalError and post "
             "an XIDError Event (48 always; default: GKE's set)",
             "Xid numbers separated by commas or spaces, none of NVIDIA's application errors "
-            "13, 31, 43, 45, 68, 109", health.xid_list),
+            "13, 31, 43, 45, 68, 109", health.xid_list, readers.AGENT),
     # the agent's metrics: per-container GPUs from the kubelet
     Setting("pod_resources_dir", "--pod-resources-dir", "POD_RESOURCES_DIR",
             agent.POD_RESOURCES_DIR, "the container's read-only mount of the host's kubelet "
             "pod-resources directory (its kubelet.sock labels GPU metrics per container)",
-            "an absolute path", values.abs_path),
+            "an absolute path", values.abs_path, readers.AGENT),
     *(Setting(*row) for row in taint.ROWS),  # the agent's startup taint: config/taint.py
 )
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import ipaddress
 
-from installer.config.values import Invalid, boolean, choice, decimal
+from installer.config.readers import AGENT, DAEMONS, SIGNALLING, VERIFYING
+from installer.config.values import Invalid, boolean, choice, decimal, ranged
 
 PERSISTENCE = ("on", "off")
 UVM_PERSISTENCE = ("auto", "on", "off")
@@ -23,6 +24,7 @@ UVM_PERSISTENCE_MAJOR = 550  # `--uvm-persistence-mode` came with the R550 branc
 POD_RESOURCES_DIR = "/var/lib/kubelet/pod-resources"
 
 
+@ranged(MIN_INTERVAL_S, MAX_INTERVAL_S)
 def interval(value: str) -> float:
     """Seconds between the agent's rounds: 5 to 10."""
     number = decimal(value)
@@ -31,6 +33,7 @@ def interval(value: str) -> float:
     return number
 
 
+@ranged(0, MAX_SECONDS, low_open=True)
 def deadline(value: str) -> float:
     """Seconds a wait may last: more than 0, at most a day."""
     number = decimal(value)
@@ -39,6 +42,7 @@ def deadline(value: str) -> float:
     return number
 
 
+@ranged(0, MAX_SECONDS)
 def wait(value: str) -> float:
     """Seconds a wait may last, 0 meaning none: at most a day."""
     number = decimal(value)
@@ -58,6 +62,7 @@ def uvm_persistence(setting: str, driver_version: str) -> bool:
 METRICS_INTERVAL_S = (1.0, 60.0)  # one NVML pass per interval: never per scrape
 
 
+@ranged(0, 65535, integer=True)
 def metrics_port(value: str) -> int:
     """The /metrics port: 1-65535, or 0 for no metrics server at all."""
     text = value.strip()
@@ -74,6 +79,7 @@ def metrics_address(value: str) -> str:
         raise Invalid(value) from None
 
 
+@ranged(*METRICS_INTERVAL_S)
 def metrics_interval(value: str) -> float:
     """Seconds between the metrics' collections: 1 to 60."""
     number = decimal(value)
@@ -87,17 +93,17 @@ def metrics_interval(value: str) -> float:
 METRICS_ROWS = (
     ("metrics_port", "--metrics-port", "METRICS_PORT", "9420",
      "port of the agent's Prometheus /metrics and /healthz (0: no metrics server)",
-     "an integer from 0 to 65535", metrics_port),
+     "an integer from 0 to 65535", metrics_port, AGENT),
     ("metrics_address", "--metrics-address", "METRICS_ADDRESS", "0.0.0.0",  # noqa: S104
      "address the metrics server binds (:: for IPv6)", "an IPv4 or IPv6 address",
-     metrics_address),
+     metrics_address, AGENT),
     ("metrics_interval", "--metrics-interval", "METRICS_INTERVAL", "5",
      "seconds between the metrics' collections (NVML, PodResources); a scrape only reads the "
-     "latest", "a number of seconds from 1 to 60", metrics_interval),
+     "latest", "a number of seconds from 1 to 60", metrics_interval, AGENT),
     ("metrics_dcgm_names", "--metrics-dcgm-names", "METRICS_DCGM_NAMES", "false",
      "also serve the GPUs' readings under dcgm-exporter's names, types, units and labels "
      "(DCGM_FI_DEV_GPU_UTIL, DCGM_FI_DEV_FB_USED, ...), for dashboards and rules written for "
-     "it", "true or false", boolean, True),
+     "it", "true or false", boolean, AGENT, True),
 )
 
 
@@ -106,21 +112,21 @@ METRICS_ROWS = (
 ROWS = (
     ("persistence_mode", "--persistence-mode", "PERSISTENCE_MODE", "on",
      "the agent runs nvidia-persistenced --persistence-mode from the package",
-     "one of on, off", choice(*PERSISTENCE)),
+     "one of on, off", choice(*PERSISTENCE), VERIFYING),
     ("uvm_persistence_mode", "--uvm-persistence-mode", "UVM_PERSISTENCE_MODE", "auto",
      "also --uvm-persistence-mode (auto: drivers R550 and later, which have it)",
-     "one of auto, on, off", choice(*UVM_PERSISTENCE)),
+     "one of auto, on, off", choice(*UVM_PERSISTENCE), VERIFYING),
     ("fabric_timeout", "--fabric-timeout", "FABRIC_TIMEOUT", "600",
      "seconds for every GPU's fabric (NVLink5: first mlx5_core, ib_umad) before an "
-     "Event says why the node is not ready", SECONDS, deadline),
+     "Event says why the node is not ready", SECONDS, deadline, AGENT),
     ("fabric_wait", "--fabric-wait", "FABRIC_WAIT", "0",
      "on a node with an NVLink fabric, seconds `install`/`signal` wait for every "
      "GPU's fabric to complete before publishing readiness themselves (0: never wait; "
      "the agent publishes it once the fabric completes); past it, exit 12",
-     "a number of seconds from 0 to 86400", wait),
+     "a number of seconds from 0 to 86400", wait, SIGNALLING),
     ("agent_interval", "--agent-interval", "AGENT_INTERVAL", "5",
      "seconds between the agent's rounds (also woken by GPU events)",
-     "a number of seconds from 5 to 10", interval),
+     "a number of seconds from 5 to 10", interval, AGENT),
     ("daemon_stop_timeout", "--daemon-stop-timeout", "DAEMON_STOP_TIMEOUT", "10",
-     "seconds a daemon has after SIGTERM before SIGKILL", SECONDS, deadline),
+     "seconds a daemon has after SIGTERM before SIGKILL", SECONDS, deadline, DAEMONS),
 )

@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from installer.config.readers import MIG, SIGNALLING
 from installer.config.values import Invalid, abs_path, choice, int_range
 
 STRATEGIES = ("single", "mixed")
@@ -54,23 +55,23 @@ class MigSettings:
 ROWS = (
     ("mig_config_file", "--mig-config-file", "MIG_CONFIG_FILE", None,
      "a mig-parted config file (version: v1, mig-configs) to partition the GPUs by; "
-     "GKE's /etc/nvidia/gpu_config.json on the node wins", "an absolute path", abs_path),
+     "GKE's /etc/nvidia/gpu_config.json on the node wins", "an absolute path", abs_path, MIG),
     ("mig_config", "--mig-config", "MIG_CONFIG", None,
      "which config of --mig-config-file applies (default: the node's nvidia.com/mig.config "
-     "label)", "a config name of that file", config_name),
+     "label)", "a config name of that file", config_name, MIG),
     ("mig_profile", "--mig-profile", "MIG_PROFILE", None,
      "partition every GPU into as many instances of this MIG profile as fit (when neither "
      "gpu_config.json nor --mig-config-file is there)", "a MIG profile name like 1g.10gb",
-     profile),
+     profile, MIG),
     ("mig_strategy", "--mig-strategy", "MIG_STRATEGY", "single",
      "how the GPU labels name MIG slices (gpu-feature-discovery's strategies): single "
      "(gpu.product=<model>-MIG-<profile>) or mixed (mig-<profile>.count)",
-     "one of single, mixed", choice(*STRATEGIES)),
+     "one of single, mixed", choice(*STRATEGIES), MIG | SIGNALLING),
     ("mig_reboot", "--mig-reboot", "MIG_REBOOT", "refuse",
      "when a MIG mode change waits for a node reboot (a GPU reset did not apply it): "
-     "refuse (exit 15) or reboot the node", "one of refuse, reboot", choice(*REBOOT)),
+     "refuse (exit 15) or reboot the node", "one of refuse, reboot", choice(*REBOOT), MIG),
     ("mig_reboot_limit", "--mig-reboot-limit", "MIG_REBOOT_LIMIT", "1",
      "MIG_REBOOT=reboot: the most reboot signals sent in one boot (counted per boot ID in "
      "the install dir); a mode still pending after a reboot is `failed`, never rebooted "
-     "again", "an integer from 1 to 10", int_range(1, 10)),
+     "again", "an integer from 1 to 10", int_range(1, 10), MIG),
 )

@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from installer.config.readers import AGENT
 from installer.config.values import Invalid, visible
 
 DEFAULT = "gpu-node-installer/driver-not-ready:NoSchedule"
@@ -92,8 +93,8 @@ def restore(text: str) -> bool:
 ROWS = (
     ("startup_taint", "--startup-taint", "STARTUP_TAINT", DEFAULT,
      "the taint node pools register GPU nodes with; the agent removes it when the node is "
-     "ready (empty: none)", ACCEPTED, parse),
+     "ready (empty: none)", ACCEPTED, parse, AGENT),
     ("startup_taint_restore", "--startup-taint-restore", "STARTUP_TAINT_RESTORE", "off",
      "put the startup taint back when the agent withdraws readiness (new pods wait; running "
-     "ones stay)", "one of on, off", restore),
+     "ones stay)", "one of on, off", restore, AGENT),
 )

@@ -11,7 +11,8 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from installer.config.values import Invalid, abs_path, decimal, integer
+from installer.config.readers import RESOLVING, UPGRADE
+from installer.config.values import Invalid, abs_path, decimal, integer, ranged
 from installer.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -30,7 +31,7 @@ MAP_ROWS = (
      "gpu-node-installer/driver-version.override, then the first entry whose selector "
      "matches the Node's labels, then NVIDIA_DRIVER_VERSION (needs --node-name and the API)",
      "an absolute path to a YAML list of {selector: {label: value}, version: ..., "
-     "flavour: ...} entries", abs_path),
+     "flavour: ...} entries", abs_path, RESOLVING),
 )
 
 
@@ -65,6 +66,7 @@ def pod_selector(value: str) -> tuple[tuple[str, str, str], ...]:
     return tuple(terms)
 
 
+@ranged(0, MAX_JOBS_WAIT_S)
 def jobs_timeout(value: str) -> float:
     """Seconds, 0 (no limit of its own) to a week."""
     number = decimal(value)
@@ -81,14 +83,15 @@ JOB_ROWS = (
      "evicted, after the cordon and before the eviction step, until they are no longer "
      "Running or Pending (state label wait-for-jobs-required)",
      "a label selector: key=value, key!=value, key or !key, separated by commas",
-     pod_selector),
+     pod_selector, UPGRADE),
     ("upgrade_wait_for_jobs_timeout", "--upgrade-wait-for-jobs-timeout",
      "UPGRADE_WAIT_FOR_JOBS_TIMEOUT", "0",
      "seconds to wait for the pods of --upgrade-wait-for-jobs; then the eviction step goes "
      "on with them (0: wait as long as they run); not counted in UPGRADE_TIMEOUT",
-     "a number of seconds from 0 to 604800", jobs_timeout),
+     "a number of seconds from 0 to 604800", jobs_timeout, UPGRADE),
 )
 
+@ranged(0, MAX_TIMEOUT_S, low_open=True)
 def timeout(value: str) -> float:
     """Seconds, more than zero and at most a day."""
     number = decimal(value)

@@ -15,7 +15,9 @@ import ipaddress  # already loaded by pathlib (urllib.parse)
 import re
 import unicodedata
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import Any, TypeVar
 
 # Cc: C0, DEL and C1 controls; Cf: format (bidi overrides, zero-width); Cs: lone surrogates
 # (non-UTF-8 bytes in the environment); Zl, Zp: line and paragraph separators.
@@ -161,6 +163,33 @@ def host_abs_path(value: str) -> PurePosixPath:
     return path
 
 
+@dataclass(frozen=True)
+class Bounds:
+    """The range a numeric parser accepts, for the CLI's help and completion (the parser
+    alone validates)."""
+
+    low: float | None
+    high: float | None
+    integer: bool = False
+    low_open: bool = False
+
+
+# What the CLI may show of a parser: its fixed values or its range (never used to validate).
+CHOICES: dict[Callable[[str], Any], tuple[str, ...]] = {}
+RANGES: dict[Callable[[str], Any], Bounds] = {}
+P = TypeVar("P", bound=Callable[[str], Any])
+
+
+def ranged(low: float | None, high: float | None, *, integer: bool = False,
+           low_open: bool = False) -> Callable[[P], P]:
+    """Note the range a parser accepts, so the CLI can type its option."""
+    def mark(parse: P) -> P:
+        RANGES[parse] = Bounds(low, high, integer, low_open)
+        return parse
+
+    return mark
+
+
 def choice(*choices: str) -> Callable[[str], str]:
     def parse(value: str) -> str:
         lowered = value.strip().lower()
@@ -168,6 +197,7 @@ def choice(*choices: str) -> Callable[[str], str]:
             raise Invalid(value)
         return lowered
 
+    CHOICES[parse] = choices
     return parse
 
 
@@ -190,6 +220,7 @@ def boolean(value: str) -> bool:
     raise Invalid(value)
 
 
+@ranged(0, None, low_open=True)
 def positive_float(value: str) -> float:
     number = decimal(value)
     if not number > 0:
@@ -232,6 +263,7 @@ def int_range(low: int, high: int) -> Callable[[str], int]:
             raise Invalid(value)
         return number
 
+    RANGES[parse] = Bounds(low, high, integer=True)
     return parse
 
 

@@ -317,3 +317,35 @@ def test_every_command_option_setting_and_exit_code_is_in_the_reference() -> Non
         assert f"`{setting.flag}`" in text and f"`{setting.envvar}`" in text, setting.flag
     for cls in error_table():
         assert f"| {cls.code} | `{cls.slug}` |" in text, cls.slug
+
+
+def _settings_rows(text: str) -> dict[str, list[str]]:
+    block = text.split("<!-- settings-table:begin -->", 1)[1].split("<!-- settings-table:end", 1)[0]
+    header, _, *rows = [line for line in block.splitlines() if line.startswith("|")]
+    assert "read by" in header
+    cells = [[c.strip() for c in re.split(r"(?<!\\)\|", row)[1:-1]] for row in rows]
+    return {row[0].strip("`"): row for row in cells}
+
+
+def test_the_settings_table_names_the_commands_that_read_each_setting() -> None:
+    from installer.config.readers import NODE
+
+    rows = _settings_rows(REFERENCE.read_text(encoding="utf-8"))
+    assert set(rows) == {s.flag for s in SETTINGS}, "every setting, once"
+    for setting in SETTINGS:
+        readers = rows[setting.flag][4]
+        named = NODE if readers == "all" else set(re.findall(r"`([a-z-]+)`", readers))
+        assert named == setting.commands, setting.flag
+
+
+def test_the_documented_shell_completion_works() -> None:
+    text = REFERENCE.read_text(encoding="utf-8")
+    assert "_GPU_NODE_INSTALLER_COMPLETE=bash_source gpu-node-installer" in text
+    tool = REPO / ".venv" / "bin" / "gpu-node-installer"
+    env = {"PATH": "/usr/bin:/bin", "_GPU_NODE_INSTALLER_COMPLETE": "bash_source"}
+    source = subprocess.run([tool], env=env, capture_output=True, text=True, timeout=5)
+    assert source.returncode == 0 and "complete -o nosort -F" in source.stdout
+    env |= {"_GPU_NODE_INSTALLER_COMPLETE": "bash_complete", "COMP_CWORD": "3",
+            "COMP_WORDS": "gpu-node-installer install --upgrade-policy "}
+    done = subprocess.run([tool], env=env, capture_output=True, text=True, timeout=5)
+    assert done.stdout.split() == ["plain,refuse", "plain,evict", "plain,drain"]
