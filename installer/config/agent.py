@@ -83,6 +83,18 @@ def metrics_interval(value: str) -> float:
     return number
 
 
+METRICS_GPM_INTERVAL_S = (0.1, 10.0)  # nvml.h: GPM samples need more than 100 ms between
+
+
+def metrics_gpm_interval(value: str) -> float:
+    """Seconds between a GPU's two GPM samples in each collection: 0 (GPM off) or 0.1-10."""
+    number = decimal(value)
+    low, high = METRICS_GPM_INTERVAL_S
+    if number != 0 and not low <= number <= high:
+        raise Invalid(value)
+    return number
+
+
 # the agent's /metrics: rows of config.SETTINGS
 METRICS_ROWS = (
     ("metrics_port", "--metrics-port", "METRICS_PORT", "9420",
@@ -98,6 +110,11 @@ METRICS_ROWS = (
      "also serve the GPUs' readings under dcgm-exporter's names, types, units and labels "
      "(DCGM_FI_DEV_GPU_UTIL, DCGM_FI_DEV_FB_USED, ...), for dashboards and rules written for "
      "it", "true or false", boolean, True),
+    ("metrics_gpm_interval", "--metrics-gpm-interval", "METRICS_GPM_INTERVAL", "1",
+     "seconds between the two GPM samples each collection takes of a Hopper or later GPU "
+     "(SM activity, SM occupancy, tensor and DRAM activity over that interval; the "
+     "collection takes this much longer, a scrape does not); 0: GPM off",
+     "0, or a number of seconds from 0.1 to 10", metrics_gpm_interval),
 )
 
 

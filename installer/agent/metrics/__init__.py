@@ -27,8 +27,8 @@ def serving(agent: AgentView) -> Iterator[None]:
         return
     from installer.agent.metrics import collect, server
 
-    collector = collect.Collector(agent)
     stop = threading.Event()
+    collector = collect.Collector(agent, wait=stop.wait)
     app = server.make_app(lambda: collector.latest, config.metrics_interval, log,
                           dcgm_names=config.metrics_dcgm_names)
     try:
