@@ -138,13 +138,13 @@ def _gpus(snap: Snapshot) -> Iterator[Metric]:
     yield from (duty, used, total, temp, power, ecc, rows, unreadable)
 
 
-# GPM's metrics (gpm.METRICS) as ratios: name -> what dcgm-exporter calls it and means
+# GPM's metrics (gpm.METRICS) as ratios: name -> DCGM's field (DCGM_FI_PROF_...), meaning
 GPM = {
-    "sm_active": ("DCGM_FI_PROF_SM_ACTIVE", "SMs with at least one warp assigned"),
-    "sm_occupancy": ("DCGM_FI_PROF_SM_OCCUPANCY", "warps resident on the SMs, of the most "
+    "sm_active": ("PROF_SM_ACTIVE", "SMs with at least one warp assigned"),
+    "sm_occupancy": ("PROF_SM_OCCUPANCY", "warps resident on the SMs, of the most "
                      "they hold"),
-    "tensor_active": ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "cycles any tensor pipe was busy"),
-    "dram_active": ("DCGM_FI_PROF_DRAM_ACTIVE", "DRAM bandwidth used, of its peak"),
+    "tensor_active": ("PROF_PIPE_TENSOR_ACTIVE", "cycles any tensor pipe was busy"),
+    "dram_active": ("PROF_DRAM_ACTIVE", "DRAM bandwidth used, of its peak"),
 }
 CONTAINER_LABELS = ["namespace", "pod", "container", "gpu", "uuid"]
 
@@ -156,7 +156,7 @@ def _gpm(snap: Snapshot) -> Iterator[Metric]:
                        "Monitoring reads the GPU (Hopper and later), 0 with the reason if not "
                        "(its SM activity series are absent)", [*GPU_LABELS, "reason"])
     per_gpu = {name: _gauge(f"{PREFIX}gpu_{name}_ratio", f"Fraction of {doc} over the GPM "
-                            f"interval (NVML GPM; dcgm-exporter's {dcgm}), 0..1", GPU_LABELS)
+                            f"interval (NVML GPM; DCGM field {dcgm}), 0..1", GPU_LABELS)
                for name, (dcgm, doc) in GPM.items()}
     per_container = {name: _gauge(f"{PREFIX}container_gpu_{name}_ratio", f"The GPU's "
                                   f"{name.replace('_', ' ')} ratio for the container holding "
@@ -287,7 +287,7 @@ def _add(family: GaugeMetricFamily, labels: list[str], value: float | None) -> N
 
 def _collection(snap: Snapshot, now: float) -> Iterator[Metric]:
     errors = CounterMetricFamily(PREFIX + "collection_errors", "Failed reads since the agent "
-                                 "started, by source (nvml, nvml_gpu, podresources, install)",
+                                 "started, by source (nvml, nvml_gpu, gpm, podresources, install)",
                                  labels=["source"])
     for source, count in snap.errors:
         errors.add_metric([source], count)
