@@ -22,6 +22,7 @@ from installer.config.values import VERSION_ALIASES as VERSION_ALIASES
 from installer.config.values import Invalid as _Invalid
 from installer.config.values import parse_driver_version as parse_driver_version
 from installer.config.values import pem_bundle
+from installer.config.webconfig import WebConfig
 from installer.errors import ConfigError
 
 FLAVOURS = ("auto", "open", "proprietary")
@@ -317,6 +318,7 @@ class Config(mig.MigSettings):
     metrics_interval: float = 5.0
     metrics_dcgm_names: bool = False
     metrics_gpm_interval: float = 1.0
+    metrics_web_config_file: WebConfig | None = None
     xid_critical: tuple[int, ...] = health.GKE_CRITICAL
     cdi: str = "on"
     cdi_spec_dir: PurePosixPath = PurePosixPath("/var/run/cdi")

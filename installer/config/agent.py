@@ -11,6 +11,7 @@ from __future__ import annotations
 import ipaddress
 
 from installer.config.values import Invalid, boolean, choice, decimal
+from installer.config.webconfig import web_config_file
 
 PERSISTENCE = ("on", "off")
 UVM_PERSISTENCE = ("auto", "on", "off")
@@ -115,6 +116,11 @@ METRICS_ROWS = (
      "(SM activity, SM occupancy, tensor and DRAM activity over that interval; the "
      "collection takes this much longer, a scrape does not); 0: GPM off",
      "0, or a number of seconds from 0.1 to 10", metrics_gpm_interval),
+    ("metrics_web_config_file", "--metrics-web-config-file", "METRICS_WEB_CONFIG_FILE", "",
+     "TLS and basic auth for /metrics: a Prometheus exporter-toolkit web config file "
+     "(tls_server_config cert_file/key_file, basic_auth_users with bcrypt hashes), read when "
+     "the agent starts; empty: plain HTTP, no authentication",
+     "the path of a readable web config file, or empty", web_config_file),
 )
 
 
