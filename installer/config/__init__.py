@@ -22,7 +22,6 @@ from installer.config.values import VERSION_ALIASES as VERSION_ALIASES
 from installer.config.values import Invalid as _Invalid
 from installer.config.values import parse_driver_version as parse_driver_version
 from installer.config.values import pem_bundle
-from installer.config.webconfig import WebConfig
 from installer.errors import ConfigError
 
 FLAVOURS = ("auto", "open", "proprietary")
@@ -318,7 +317,7 @@ class Config(mig.MigSettings):
     metrics_interval: float = 5.0
     metrics_dcgm_names: bool = False
     metrics_gpm_interval: float = 1.0
-    metrics_web_config_file: WebConfig | None = None
+    metrics_web_config_file: str = ""  # a path, read by the agent (config.webconfig.load)
     xid_critical: tuple[int, ...] = health.GKE_CRITICAL
     cdi: str = "on"
     cdi_spec_dir: PurePosixPath = PurePosixPath("/var/run/cdi")

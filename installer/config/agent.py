@@ -11,7 +11,7 @@ from __future__ import annotations
 import ipaddress
 
 from installer.config.values import Invalid, boolean, choice, decimal
-from installer.config.webconfig import web_config_file
+from installer.config.webconfig import web_config_path
 
 PERSISTENCE = ("on", "off")
 UVM_PERSISTENCE = ("auto", "on", "off")
@@ -119,8 +119,8 @@ METRICS_ROWS = (
     ("metrics_web_config_file", "--metrics-web-config-file", "METRICS_WEB_CONFIG_FILE", "",
      "TLS and basic auth for /metrics: a Prometheus exporter-toolkit web config file "
      "(tls_server_config cert_file/key_file, basic_auth_users with bcrypt hashes), read when "
-     "the agent starts; empty: plain HTTP, no authentication",
-     "the path of a readable web config file, or empty", web_config_file),
+     "the agent starts serving; empty: plain HTTP, no authentication",
+     "the path of a web config file, or empty", web_config_path),
 )
 
 

@@ -8,8 +8,10 @@ Provenance: prometheus/exporter-toolkit `docs/web-configuration.md` at
 (user name -> bcrypt hash). The toolkit reads the file strictly (an unknown key is an
 error); so do we, and a key of the format this agent does not implement (inline `cert`,
 `cipher_suites`, `http_server_config`, `rate_limit`, ...) is refused by name rather than
-silently ignored, since each one changes who may connect or how. The file is the
-container's (a mounted Secret), read once when the agent starts.
+silently ignored, since each one changes who may connect or how. The file is the agent
+container's (a mounted Secret), read once when the agent starts serving: the setting holds
+only its path, so the install container, which shares the settings but not the Secret,
+never reads it.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from installer.config.values import Invalid
+from installer.config.values import Invalid, visible
+from installer.errors import ConfigError
 
 if TYPE_CHECKING:  # ssl and yaml load only where a file is named (every CLI run imports this)
     import ssl
@@ -59,6 +62,22 @@ class WebConfig:
             context.verify_mode = ssl.CERT_REQUIRED
             context.load_verify_locations(self.client_ca_file)
         return context
+
+
+def web_config_path(value: str) -> str:
+    """The setting: a path ("" : none), read later by `load` (the agent only)."""
+    return visible(value).strip()
+
+
+def load(path: str) -> WebConfig | None:
+    """The agent's web config (None: plain HTTP, no auth); ConfigError, one line naming the
+    setting and the cause, when the file does not hold a config this agent implements."""
+    try:
+        return web_config_file(path)
+    except Invalid as exc:
+        raise ConfigError(f"METRICS_WEB_CONFIG_FILE={path!r} is invalid: {exc.reason}",
+                          remedy="correct the web config file (docs/metrics.md, 'TLS and "
+                                 "basic auth') or unset METRICS_WEB_CONFIG_FILE") from None
 
 
 def web_config_file(value: str) -> WebConfig | None:

@@ -10,6 +10,7 @@ import base64
 import datetime
 import ipaddress
 import ssl
+import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -30,7 +31,7 @@ from installer.agent.metrics.server import make_app, serve
 from installer.agent.metrics.snapshot import GpuReading, Snapshot
 from installer.config import load_config
 from installer.config.values import Invalid
-from installer.config.webconfig import web_config_file
+from installer.config.webconfig import load, web_config_file
 from installer.errors import ConfigError
 from installer.packages.manifest import Package
 
@@ -194,19 +195,23 @@ class TestFile:
             web_config_file(str(folder / "web-config.yml"))
         assert cause in str(caught.value.reason)
 
-    def test_setting_names_itself_and_the_cause(self, tmp_path: Path) -> None:
+    def test_setting_is_a_path_the_agent_loads(self, tmp_path: Path) -> None:
+        """The setting holds the path only: the install container, which shares the
+        settings but not the Secret, never reads it; the agent's load refuses."""
         roots = {"HOST_ROOT": str(tmp_path), "PROC_ROOT": str(tmp_path),
                  "SYS_ROOT": str(tmp_path)}
-        assert load_config({}, roots).metrics_web_config_file is None
+        assert load_config({}, roots).metrics_web_config_file == ""
+        assert load("") is None
+        absent = str(tmp_path / "absent.yml")
+        config = load_config({}, {**roots, "METRICS_WEB_CONFIG_FILE": absent})
         with pytest.raises(ConfigError) as caught:
-            load_config({}, {**roots, "METRICS_WEB_CONFIG_FILE": str(tmp_path / "absent.yml")})
-        assert "METRICS_WEB_CONFIG_FILE" in str(caught.value)
-        assert "cannot be read" in str(caught.value)
+            load(config.metrics_web_config_file)
+        assert str(caught.value).startswith(f"METRICS_WEB_CONFIG_FILE={absent!r} is invalid: "
+                                            "it cannot be read")
         assert caught.value.code == 2
-        good = web_config(make_tls(tmp_path / "tls"), tls=False)
-        config = load_config({}, {**roots, "METRICS_WEB_CONFIG_FILE": str(good)})
-        assert config.metrics_web_config_file is not None
-        assert list(config.metrics_web_config_file.users) == ["prometheus"]
+        good = load(str(web_config(make_tls(tmp_path / "tls"), tls=False)))
+        assert good is not None and list(good.users) == ["prometheus"]
+        assert good.ssl_context() is None  # basic auth over plain HTTP
 
 
 def test_the_agent_serves_https_with_basic_auth(tmp_path: Path, package: Package) -> None:
@@ -229,3 +234,19 @@ def test_the_agent_serves_https_with_basic_auth(tmp_path: Path, package: Package
     assert answer[0] == 200 and "duty_cycle_gpu_node{" in answer[2], node.log()[-2000:]
     assert unauthorized == 401
     assert '"tls": true' in node.log() or "tls=True" in node.log(), node.log()[-2000:]
+
+
+def test_the_agent_refuses_a_bad_file_in_one_line(tmp_path: Path, package: Package) -> None:
+    folder = make_tls(tmp_path / "tls")
+    bad = web_config(folder, extra="rate_limit:\n  interval: 1s\n  burst: 2\n")
+    node, _ = metrics_node(tmp_path, package, [gpu_line(0)], METRICS_WEB_CONFIG_FILE=str(bad))
+    done = subprocess.run(node.command("agent"), env=node.env, capture_output=True, text=True,
+                          timeout=60, check=False, cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 2, done.stdout + done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error(")]
+    assert errors == [f"error(config): METRICS_WEB_CONFIG_FILE={str(bad)!r} is invalid: it sets "
+                      "rate_limit, which this agent does not implement (it serves "
+                      "tls_server_config and basic_auth_users); fix: correct the web config "
+                      "file (docs/metrics.md, 'TLS and basic auth') or unset "
+                      "METRICS_WEB_CONFIG_FILE"], done.stderr
+    assert "Traceback" not in done.stderr

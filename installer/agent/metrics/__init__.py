@@ -26,12 +26,13 @@ def serving(agent: AgentView) -> Iterator[None]:
         yield
         return
     from installer.agent.metrics import collect, server
+    from installer.config import webconfig
 
     stop = threading.Event()
     collector = collect.Collector(agent, wait=stop.wait)
     app = server.make_app(lambda: collector.latest, config.metrics_interval, log,
                           dcgm_names=config.metrics_dcgm_names)
-    web = config.metrics_web_config_file
+    web = webconfig.load(config.metrics_web_config_file)  # ConfigError: the agent stops, exit 2
     if web is not None and web.users:
         from installer.agent.metrics.auth import basic_auth
 
