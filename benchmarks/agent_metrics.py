@@ -6,13 +6,16 @@ against the same agent with metrics off and a bare pynvml loop reading the same 
 Two real `gpu-node-installer agent` processes run on two host-tier 8-GPU NVSwitch nodes
 (tests/agentnode.py, as benchmarks/agent_idle.py sets them up: the stand-in driver made
 ready by the real `signal`, daemon stand-ins, a silent /dev/kmsg FIFO, the strict fake API
-for NODE_NAME), one with METRICS_PORT on 127.0.0.1 and METRICS_INTERVAL=5, one with
+for NODE_NAME), one with METRICS_PORT on 127.0.0.1 and METRICS_INTERVAL=5 (GPM on, its
+default METRICS_GPM_INTERVAL=1), one the same with METRICS_GPM_INTERVAL=0 (GPM off), one with
 METRICS_PORT=0. The NVML stand-in reports per-GPU readings set here
-(FAKE_NVML_METRICS_FILE). The baseline is a bare Python process that loads the same
-staged libnvidia-ml and reads, every 5 s, the fields the collector reads (utilisation
-samples, memory, temperature, power, ECC, remapped rows, UUID, name, PCI id) for 8 GPUs.
+(FAKE_NVML_METRICS_FILE), SM, tensor and DRAM activity (GPM) included. The baseline is a
+bare Python process that loads the same staged libnvidia-ml and reads, every 5 s, the
+fields the collector reads (utilisation samples, memory, temperature, power, ECC, remapped
+rows, UUID, name, PCI id) for 8 GPUs.
   scrape   wall time of `--scrapes` sequential GETs of /metrics (a new connection each, as a
-           Prometheus without keep-alive), p50/p99/max in ms; target <= 50 ms
+           Prometheus without keep-alive), p50/p99/max in ms; target <= 50 ms (GPM on:
+           p99 <= 10 ms); the agents with GPM on and off are scraped in turn, in one run
   RSS      VmRSS max over `--seconds` (sampled every second) and PSS at the end, MB (10^6 B);
            target: the agent with metrics on <= 60 MB
   pass     the baseline's own time for one 8-GPU pass, ms (what NVML costs, not the server)
@@ -88,7 +91,9 @@ def node_for(work: Path, package: object, env: dict[str, str], sockets: Path) ->
     readings = work / "nvml-metrics"
     work.mkdir(parents=True)
     readings.write_text("".join(f"util={10 * i},{10 * i + 5} mem_used_mib={2048 * i} temp=5{i} "
-                                f"power_mw={250000 + i} ecc_corrected={i}\n" for i in range(GPUS)))
+                                f"power_mw={250000 + i} ecc_corrected={i} sm_active={5 * i} "
+                                f"sm_occupancy={4 * i} tensor_active={3 * i} dram_active={i}\n"
+                                for i in range(GPUS)))
     node = make_node(work, package, gpus=GPUS,  # type: ignore[arg-type]
                      env={"FAKE_NVML_METRICS_FILE": str(readings), "METRICS_INTERVAL": "5",
                           "POD_RESOURCES_DIR": str(sockets), **env})
@@ -126,6 +131,14 @@ def wait_served(url: str, want: bytes, deadline_s: float = 120) -> bool:
     return False
 
 
+def summary(latencies: list[float]) -> dict[str, float]:
+    """p50, p99 and max of scrape times in ms."""
+    ordered = sorted(latencies)
+    return {"p50": round(statistics.median(ordered), 2),
+            "p99": round(ordered[int(0.99 * (len(ordered) - 1))], 2),
+            "max": round(ordered[-1], 2)}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--scrapes", type=int, default=500)
@@ -154,8 +167,9 @@ def main() -> int:
 
 def measure(args: argparse.Namespace, sockets: Path) -> int:
     """Start the agents and the baseline, scrape, sample RSS, report."""
-    port = free_port()
+    port, port_gpm_off = free_port(), free_port()
     url = f"http://127.0.0.1:{port}/metrics"
+    url_gpm_off = f"http://127.0.0.1:{port_gpm_off}/metrics"
     processes: dict[str, subprocess.Popen[bytes]] = {}
     writers: list[int] = []
     with tempfile.TemporaryDirectory(prefix="agent-metrics-") as tmp:
@@ -163,14 +177,18 @@ def measure(args: argparse.Namespace, sockets: Path) -> int:
         package = daemon_package(work / "pkg")
         on = node_for(work / "on", package, {"METRICS_PORT": str(port),
                                              "METRICS_ADDRESS": "127.0.0.1"}, sockets)
+        gpm_off = node_for(work / "gpm-off", package, {
+            "METRICS_PORT": str(port_gpm_off), "METRICS_ADDRESS": "127.0.0.1",
+            "METRICS_GPM_INTERVAL": "0"}, sockets)
         off = node_for(work / "off", package, {"METRICS_PORT": "0"}, sockets)
-        writers = [silent_kmsg(on), silent_kmsg(off)]
+        writers = [silent_kmsg(on), silent_kmsg(gpm_off), silent_kmsg(off)]
         cluster = kubefake.Cluster(nodes={NODE: kubefake.node_doc(NODE)})
         launcher = [sys.executable, "-c", "import sys; sys.modules['rich'] = None; "
                     "from installer.cli import main; sys.argv[0] = 'gpu-node-installer'; main()"]
         try:
             with kubefake.serve(cluster) as api:
-                for name, node in (("agent", on), ("agent-metrics-off", off)):
+                for name, node in (("agent", on), ("agent-gpm-off", gpm_off),
+                                   ("agent-metrics-off", off)):
                     log = open(node.root / "agent.log", "w")  # noqa: SIM115 (process's)
                     processes[name] = subprocess.Popen(
                         launcher + node.command("agent", api=api)[3:], env=node.env,
@@ -179,11 +197,15 @@ def measure(args: argparse.Namespace, sockets: Path) -> int:
                 processes["pynvml-loop"] = subprocess.Popen(
                     [sys.executable, "-c", BASELINE, str(library)], env=on.env,
                     stdout=subprocess.PIPE)
-                if not wait_served(url, b"duty_cycle{" if args.kubelet
-                                   else b"duty_cycle_gpu_node{"):
-                    print(on.log()[-3000:], file=sys.stderr)
+                want = b"duty_cycle{" if args.kubelet else b"duty_cycle_gpu_node{"
+                if not (wait_served(url, want) and wait_served(url_gpm_off, want)
+                        and wait_served(url, b"gpu_node_installer_gpu_sm_active_ratio{")):
+                    print(on.log()[-3000:], gpm_off.log()[-3000:], file=sys.stderr)
                     return 1
-                latencies = [scrape_ms(url) for _ in range(args.scrapes)]
+                latencies, latencies_gpm_off = [], []
+                for _ in range(args.scrapes):  # in turn: both see the same load
+                    latencies.append(scrape_ms(url))
+                    latencies_gpm_off.append(scrape_ms(url_gpm_off))
                 peak = {name: rss_mb(p.pid) for name, p in processes.items()}
                 begin = time.monotonic()
                 while time.monotonic() - begin < args.seconds:
@@ -205,13 +227,10 @@ def measure(args: argparse.Namespace, sockets: Path) -> int:
                 os.close(fd)
         baseline_out = processes["pynvml-loop"].stdout
         passes = baseline_out.read().decode().split() if baseline_out else []
-    latencies.sort()
     report = {
         "gpus": GPUS, "scrapes": args.scrapes, "kubelet": args.kubelet,
         "load_average": os.getloadavg(),
-        "scrape_ms": {"p50": round(statistics.median(latencies), 2),
-                      "p99": round(latencies[int(0.99 * (len(latencies) - 1))], 2),
-                      "max": round(latencies[-1], 2)},
+        "scrape_ms": summary(latencies), "scrape_ms_gpm_off": summary(latencies_gpm_off),
         "rss_max_mb": {k: round(v, 1) for k, v in peak.items()}, "pss_mb": pss,
         "baseline_pass_ms_median": float(passes[-1]) if passes else None,
         "grpcio_loaded": grpcio_loaded}
@@ -222,6 +241,8 @@ def measure(args: argparse.Namespace, sockets: Path) -> int:
     print(f"{GPUS} GPUs, kubelet PodResources: {args.kubelet}, {args.scrapes} scrapes "
           f"(load average {os.getloadavg()[0]:.2f}): "
           f"p50 {s['p50']} ms, p99 {s['p99']} ms, max {s['max']} ms")  # type: ignore[index]
+    off = summary(latencies_gpm_off)
+    print(f"GPM off, same run: p50 {off['p50']} ms, p99 {off['p99']} ms, max {off['max']} ms")
     for name in processes:
         print(f"{name:<18} RSS max {peak[name]:6.1f} MB  PSS {pss[name]:6.1f} MB")
     print(f"baseline: one 8-GPU pynvml pass, median {report['baseline_pass_ms_median']} ms; "

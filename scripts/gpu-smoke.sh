@@ -114,3 +114,32 @@ persistence = (f"on for {sum(known)} of {count} GPUs" if known
                else "not reported by NVML")
 print(f"agent view: fabric {fabric}; persistence mode {persistence}")
 PY
+# SM activity without DCGM: each GPU's GPM reading (Hopper and later) through the agent's own
+# reader, over one 1 s interval, or why the GPU has none. Read-only.
+PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}" "$python" - "$lib_dir" <<'PY'
+import ctypes, sys
+ctypes.CDLL(f"{sys.argv[1]}/libnvidia-ml.so.1")
+import pynvml
+from installer.agent.metrics.gpm import GpmReader
+
+class Log:
+    def __getattr__(self, level):
+        return lambda *args, **fields: None
+
+pynvml.nvmlInit()
+try:
+    handles = [(str(i), pynvml.nvmlDeviceGetHandleByIndex(i))
+               for i in range(pynvml.nvmlDeviceGetCount())]
+    found, errors = GpmReader(Log(), 1.0).read(handles)
+finally:
+    pynvml.nvmlShutdown()
+for index, _ in handles:
+    gpm = found[index]
+    if not gpm.supported:
+        print(f"GPM GPU {index}: not supported ({gpm.reason})")
+        continue
+    values = " ".join(f"{name} {value:.1f}%" for name, value in gpm.values.items())
+    print(f"GPM GPU {index}: {values or 'no values'}")
+for error in errors:
+    print(f"GPM error: {error}")
+PY

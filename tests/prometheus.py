@@ -113,27 +113,30 @@ def _scraped_after(target: Mapping[str, Any], after: float | None) -> bool:
 
 
 def config(targets: list[str], *, honor_labels: bool = True,
-           target_labels: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """prometheus.yml: one job scraping the targets every second."""
+           target_labels: Mapping[str, str] | None = None,
+           scrape: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """prometheus.yml: one job scraping the targets every second (`scrape`: more of the
+    job's settings, e.g. scheme, basic_auth, tls_config)."""
     static: dict[str, Any] = {"targets": targets}
     if target_labels:
         static["labels"] = dict(target_labels)
     return {"global": {"scrape_interval": "1s", "scrape_timeout": "1s",
                        "evaluation_interval": "1s"},
             "scrape_configs": [{"job_name": JOB, "honor_labels": honor_labels,
-                                "static_configs": [static]}]}
+                                "static_configs": [static], **(scrape or {})}]}
 
 
 @contextmanager
 def running(targets: list[str], workdir: Path, *, honor_labels: bool = True,
-            target_labels: Mapping[str, str] | None = None) -> Iterator[Prometheus]:
+            target_labels: Mapping[str, str] | None = None,
+            scrape: Mapping[str, Any] | None = None) -> Iterator[Prometheus]:
     """Prometheus on 127.0.0.1:<free port> scraping the targets, its data in workdir, once
     it has scraped every target successfully."""
     exe = binary()
     workdir.mkdir(parents=True, exist_ok=True)
     config_file = workdir / "prometheus.yml"
     config_file.write_text(yaml.safe_dump(config(targets, honor_labels=honor_labels,
-                                                 target_labels=target_labels)))
+                                                 target_labels=target_labels, scrape=scrape)))
     check = subprocess.run([binary("promtool"), "check", "config", str(config_file)],
                            capture_output=True, text=True, timeout=60, check=False)
     assert check.returncode == 0, check.stdout + check.stderr

@@ -329,6 +329,8 @@ class Config(mig.MigSettings):
     metrics_address: str = "0.0.0.0"  # noqa: S104 - Prometheus scrapes the pod IP
     metrics_interval: float = 5.0
     metrics_dcgm_names: bool = False
+    metrics_gpm_interval: float = 1.0
+    metrics_web_config_file: str = ""  # a path, read by the agent (config.webconfig.load)
     xid_critical: tuple[int, ...] = health.GKE_CRITICAL
     cdi: str = "on"
     cdi_spec_dir: PurePosixPath = PurePosixPath("/var/run/cdi")

@@ -12,6 +12,7 @@ import ipaddress
 
 from installer.config.readers import AGENT, DAEMONS, SIGNALLING, VERIFYING
 from installer.config.values import Invalid, boolean, choice, decimal, ranged
+from installer.config.webconfig import web_config_path
 
 PERSISTENCE = ("on", "off")
 UVM_PERSISTENCE = ("auto", "on", "off")
@@ -89,6 +90,19 @@ def metrics_interval(value: str) -> float:
     return number
 
 
+METRICS_GPM_INTERVAL_S = (0.1, 10.0)  # nvml.h: GPM samples need more than 100 ms between
+
+
+@ranged(0, 10)
+def metrics_gpm_interval(value: str) -> float:
+    """Seconds between a GPU's two GPM samples in each collection: 0 (GPM off) or 0.1-10."""
+    number = decimal(value)
+    low, high = METRICS_GPM_INTERVAL_S
+    if number != 0 and not low <= number <= high:
+        raise Invalid(value)
+    return number
+
+
 # the agent's /metrics: rows of config.SETTINGS
 METRICS_ROWS = (
     ("metrics_port", "--metrics-port", "METRICS_PORT", "9420",
@@ -104,6 +118,16 @@ METRICS_ROWS = (
      "also serve the GPUs' readings under dcgm-exporter's names, types, units and labels "
      "(DCGM_FI_DEV_GPU_UTIL, DCGM_FI_DEV_FB_USED, ...), for dashboards and rules written for "
      "it", "true or false", boolean, AGENT, True),
+    ("metrics_gpm_interval", "--metrics-gpm-interval", "METRICS_GPM_INTERVAL", "1",
+     "seconds between the two GPM samples each collection takes of a Hopper or later GPU "
+     "(SM activity, SM occupancy, tensor and DRAM activity over that interval; the "
+     "collection takes this much longer, a scrape does not); 0: GPM off",
+     "0, or a number of seconds from 0.1 to 10", metrics_gpm_interval, AGENT),
+    ("metrics_web_config_file", "--metrics-web-config-file", "METRICS_WEB_CONFIG_FILE", "",
+     "TLS and basic auth for /metrics: a Prometheus exporter-toolkit web config file "
+     "(tls_server_config cert_file/key_file, basic_auth_users with bcrypt hashes), read when "
+     "the agent starts serving; empty: plain HTTP, no authentication",
+     "the path of a web config file, or empty", web_config_path, AGENT),
 )
 
 

@@ -21,4 +21,7 @@ def test_gpu_smoke_script_on_the_real_driver() -> None:
                           check=False)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert lines and all(line.endswith("vector-add ok") for line in lines), done.stdout
+    gpus = [line for line in lines if line.startswith("GPU ")]
+    assert gpus and all(line.endswith("vector-add ok") for line in gpus), done.stdout
+    gpm = [line for line in lines if line.startswith("GPM GPU ")]
+    assert len(gpm) == len(gpus), done.stdout  # a reading or why none, per GPU

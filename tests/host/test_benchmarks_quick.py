@@ -119,8 +119,9 @@ def test_agent_idle(tmp_path: Path) -> None:
 def test_agent_metrics(tmp_path: Path) -> None:
     out = _quick("agent_metrics", tmp_path, 180)
     _has(out, rf"10 scrapes .*: p50 {NUM} ms, p99 {NUM} ms, max {NUM} ms",
+         rf"^GPM off, same run: p50 {NUM} ms, p99 {NUM} ms, max {NUM} ms",
          rf"one 8-GPU pynvml pass, median {NUM} ms; grpcio loaded in the agent: False")
-    for process in ("agent", "agent-metrics-off", "pynvml-loop"):
+    for process in ("agent", "agent-gpm-off", "agent-metrics-off", "pynvml-loop"):
         _has(out, rf"^{process} +RSS max +{NUM} MB +PSS +{NUM} MB")
 
 

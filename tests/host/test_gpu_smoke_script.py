@@ -25,16 +25,22 @@ def smoke(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
                           timeout=120, check=False, env={**clean, **env})
 
 
-def test_one_line_per_gpu(standins: Path) -> None:
+def test_one_line_per_gpu(standins: Path, tmp_path: Path) -> None:
+    readings = tmp_path / "readings"
+    readings.write_text("sm_active=42.5 sm_occupancy=10 tensor_active=3 dram_active=7\n"
+                        "gpm=unsupported\n")
     done = smoke("--lib-dir", str(standins), "--expect-gpus", "2", FAKE_NVML_GPUS="2",
-                 FAKE_CUDA_DEVICES="2",
+                 FAKE_CUDA_DEVICES="2", FAKE_NVML_METRICS_FILE=str(readings),
                  FAKE_NVML_BUS_IDS="00000000:10:00.0,00000000:11:00.0")
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert len(lines) == 3
+    assert len(lines) == 5
     assert lines[1].startswith("GPU 1 00000000:11:00.0 NVIDIA A100-SXM4-40GB GPU-")
     assert lines[1].endswith("driver 535.261.03 CUDA 12.2 vector-add ok")
     assert lines[2].startswith("agent view: fabric 2 GPUs")
+    assert lines[3] == ("GPM GPU 0: sm_active 42.5% sm_occupancy 10.0% tensor_active 3.0% "
+                        "dram_active 7.0%")
+    assert lines[4] == "GPM GPU 1: not supported (the GPU has no GPM (Hopper and later have it))"
 
 
 def test_the_agent_view_reports_fabric_and_persistence(standins: Path, tmp_path: Path) -> None:
@@ -46,7 +52,7 @@ def test_the_agent_view_reports_fabric_and_persistence(standins: Path, tmp_path:
                  FAKE_CUDA_DEVICES="8", FAKE_NVML_FABRIC_FILE=str(fabric),
                  FAKE_NVML_PERSISTENCE_FILE=str(persistence))
     assert done.returncode == 0, done.stderr
-    last = done.stdout.splitlines()[-1]
+    last = [line for line in done.stdout.splitlines() if line.startswith("agent view")][-1]
     assert last == ("agent view: fabric 8 GPUs: 6 completed, 2 in-progress; "
                     "persistence mode on for 8 of 8 GPUs"), last
 

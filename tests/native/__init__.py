@@ -11,7 +11,7 @@ NVML_SONAME = "libnvidia-ml.so.1"
 CUDA_SONAME = "libcuda.so.1"
 NVML_SOURCES = ("nvml_standin.c", "nvml_standin_fabric.c", "nvml_standin_metrics.c",
                 "nvml_standin_mig.c", "nvml_standin_mig_instances.c",
-                "nvml_standin_mig_devices.c", "nvml_standin_mig_models.c")
+                "nvml_standin_mig_devices.c", "nvml_standin_mig_models.c", "nvml_standin_gpm.c")
 
 
 def compile_library(source: str | tuple[str, ...], dest: Path, soname: str,

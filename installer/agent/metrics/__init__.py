@@ -26,14 +26,21 @@ def serving(agent: AgentView) -> Iterator[None]:
         yield
         return
     from installer.agent.metrics import collect, server
+    from installer.config import webconfig
 
-    collector = collect.Collector(agent)
     stop = threading.Event()
+    collector = collect.Collector(agent, wait=stop.wait)
     app = server.make_app(lambda: collector.latest, config.metrics_interval, log,
                           dcgm_names=config.metrics_dcgm_names)
+    web = webconfig.load(config.metrics_web_config_file)  # ConfigError: the agent stops, exit 2
+    if web is not None and web.users:
+        from installer.agent.metrics.auth import basic_auth
+
+        app = basic_auth(app, web.users)
     try:
-        httpd, _ = server.serve(config.metrics_address, config.metrics_port, app)
-    except OSError as exc:  # the agent's readiness matters more than its metrics
+        tls = web.ssl_context() if web is not None else None
+        httpd, _ = server.serve(config.metrics_address, config.metrics_port, app, tls=tls)
+    except OSError as exc:  # SSLError too; the agent's readiness matters more than metrics
         log.error("metrics not served", address=config.metrics_address,
                   port=config.metrics_port, reason=exc.strerror or str(exc))
         yield
@@ -42,7 +49,8 @@ def serving(agent: AgentView) -> Iterator[None]:
                               args=(collector, stop, config.metrics_interval, log))
     thread.start()
     log.info("metrics served", address=config.metrics_address, port=config.metrics_port,
-             interval_s=config.metrics_interval)
+             interval_s=config.metrics_interval, tls=tls is not None,
+             basic_auth=bool(web is not None and web.users))
     try:
         yield
     finally:

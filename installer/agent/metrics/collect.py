@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from installer.agent.daemons import RUNNING
+from installer.agent.metrics.gpm import GpmReader
 from installer.agent.metrics.nvml import NvmlReader, PassResult
 from installer.agent.metrics.snapshot import InstallFacts, Snapshot
 from installer.agent.metrics.source import AgentView
@@ -26,9 +27,13 @@ from installer.node.podresources import Assignment, PodResourcesUnavailable, lis
 class Collector:
     """Builds snapshots; `latest` is swapped in one assignment (readers need no lock)."""
 
-    def __init__(self, agent: AgentView, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, agent: AgentView, clock: Callable[[], float] = time.time,
+                 wait: Callable[[float], object] = time.sleep) -> None:
+        """`wait` sleeps between a GPU's two GPM samples (the agent's stop event's wait)."""
         self.agent, self.clock = agent, clock
-        self.nvml = NvmlReader(agent.log, clock)
+        interval = agent.config.metrics_gpm_interval
+        gpm = GpmReader(agent.log, interval, wait) if interval > 0 else None
+        self.nvml = NvmlReader(agent.log, clock, gpm)
         self.errors: Counter[str] = Counter()
         self.pod_reason: str | None = None  # the last "why no per-container view", logged
         self.latest = Snapshot(taken_at=clock(), node_name=agent.config.node_name or "")

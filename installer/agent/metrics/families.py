@@ -15,6 +15,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from installer.agent.metrics import dcgm, gke
 from installer.agent.metrics.attribution import (
+    EXACT,
     SHARED,
     Attributed,
     claim_device,
@@ -42,7 +43,8 @@ def sections(snap: Snapshot, now: float, *, dcgm_names: bool = False
     `dcgm_names` adds dcgm-exporter's family."""
     found = [lambda: list(_install(snap)), lambda: list(_agent(snap)),
              lambda: list(_gpus(snap)), lambda: list(_gke_node(snap)),
-             lambda: list(_gke_containers(snap)), lambda: list(_collection(snap, now))]
+             lambda: list(_gke_containers(snap)), lambda: list(_gpm(snap)),
+             lambda: list(_collection(snap, now))]
     if dcgm_names:
         found.append(lambda: list(dcgm.families(snap, gpu_holders(snap))))
     return found
@@ -134,6 +136,51 @@ def _gpus(snap: Snapshot) -> Iterator[Metric]:
         for cause, count in sorted(gpu.remapped.items()):
             rows.add_metric([*labels, cause], count)
     yield from (duty, used, total, temp, power, ecc, rows, unreadable)
+
+
+# GPM's metrics (gpm.METRICS) as ratios: name -> DCGM's field (DCGM_FI_PROF_...), meaning
+GPM = {
+    "sm_active": ("PROF_SM_ACTIVE", "SMs with at least one warp assigned"),
+    "sm_occupancy": ("PROF_SM_OCCUPANCY", "warps resident on the SMs, of the most "
+                     "they hold"),
+    "tensor_active": ("PROF_PIPE_TENSOR_ACTIVE", "cycles any tensor pipe was busy"),
+    "dram_active": ("PROF_DRAM_ACTIVE", "DRAM bandwidth used, of its peak"),
+}
+CONTAINER_LABELS = ["namespace", "pod", "container", "gpu", "uuid"]
+
+
+def _gpm(snap: Snapshot) -> Iterator[Metric]:
+    """GPM per GPU, and per container for the GPUs a container holds alone (a shared GPU's
+    activity is its holders' together: no per-container value)."""
+    supported = _gauge(PREFIX + "gpu_gpm_supported", "1 if NVML's GPU Performance "
+                       "Monitoring reads the GPU (Hopper and later), 0 with the reason if not "
+                       "(its SM activity series are absent)", [*GPU_LABELS, "reason"])
+    per_gpu = {name: _gauge(f"{PREFIX}gpu_{name}_ratio", f"Fraction of {doc} over the GPM "
+                            f"interval (NVML GPM; DCGM field {dcgm}), 0..1", GPU_LABELS)
+               for name, (dcgm, doc) in GPM.items()}
+    per_container = {name: _gauge(f"{PREFIX}container_gpu_{name}_ratio", f"The GPU's "
+                                  f"{name.replace('_', ' ')} ratio for the container holding "
+                                  "it alone (exact attribution)", CONTAINER_LABELS)
+                     for name in GPM}
+    for gpu in snap.gpus:
+        if gpu.gpm is None:
+            continue
+        supported.add_metric([*_gpu_labels(gpu, gpu.index), gpu.gpm.reason],
+                             int(gpu.gpm.supported))
+        for name, percent in gpu.gpm.values.items():
+            if name in per_gpu:
+                per_gpu[name].add_metric(_gpu_labels(gpu, gpu.index), percent / 100.0)
+    for (namespace, pod, container), gpus in sorted(holdings(snap).items()):
+        for gpu, attribution in gpus.values():
+            if attribution != EXACT or gpu.gpm is None:
+                continue
+            for name, percent in gpu.gpm.values.items():
+                if name in per_container:
+                    per_container[name].add_metric(
+                        [namespace, pod, container, str(gpu.index), gpu.uuid], percent / 100.0)
+    yield supported
+    yield from per_gpu.values()
+    yield from per_container.values()
 
 
 def _gke(name: str, *extra: str) -> GaugeMetricFamily:
@@ -240,7 +287,7 @@ def _add(family: GaugeMetricFamily, labels: list[str], value: float | None) -> N
 
 def _collection(snap: Snapshot, now: float) -> Iterator[Metric]:
     errors = CounterMetricFamily(PREFIX + "collection_errors", "Failed reads since the agent "
-                                 "started, by source (nvml, nvml_gpu, podresources, install)",
+                                 "started, by source (nvml, nvml_gpu, gpm, podresources, install)",
                                  labels=["source"])
     for source, count in snap.errors:
         errors.add_metric([source], count)

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 import pynvml  # type: ignore[import-untyped]
 
+from installer.agent.metrics.gpm import GpmReader
 from installer.agent.metrics.snapshot import GpuReading
 
 WINDOW_S = 10.0  # the first pass looks back this far (GKE: 10 s)
@@ -45,8 +46,9 @@ class PassResult:
 class NvmlReader:
     """Reads every GPU; remembers each GPU's last utilisation sample between passes."""
 
-    def __init__(self, log: Any, clock: Callable[[], float] = time.time) -> None:
-        self.log, self.clock = log, clock
+    def __init__(self, log: Any, clock: Callable[[], float] = time.time,
+                 gpm: GpmReader | None = None) -> None:
+        self.log, self.clock, self.gpm = log, clock, gpm  # gpm None: GPM off
         self.last_seen: dict[str, int] = {}  # UUID -> last sample's timestamp (us)
         self.duty: dict[str, float] = {}  # UUID -> last duty cycle (no new samples: kept)
         self.no_samples_logged: set[str] = set()
@@ -80,7 +82,21 @@ class NvmlReader:
             if gpu is not None:
                 result.gpus.append(gpu)
             result.failures += [("nvml_gpu", f"GPU {index}: {e}") for e in errors[:1]]
+        if self.gpm is not None and result.gpus:
+            self._gpm(self.gpm, result)
         return result
+
+    def _gpm(self, gpm: GpmReader, result: PassResult) -> None:
+        """Every GPU read this pass gains its GPM reading (one wait for all of them)."""
+        handles = []
+        for gpu in result.gpus:
+            try:
+                handles.append((gpu.uuid, pynvml.nvmlDeviceGetHandleByIndex(gpu.index)))
+            except pynvml.NVMLError as exc:
+                result.failures.append(("gpm", f"GPU {gpu.index}: {exc}"))
+        found, errors = gpm.read(handles)
+        result.failures += [("gpm", error) for error in errors]
+        result.gpus = [replace(gpu, gpm=found.get(gpu.uuid)) for gpu in result.gpus]
 
     def _unreadable(self, index: int, exc: UnicodeDecodeError) -> str:
         """The cause (`name is not UTF-8`), logged once per GPU while it lasts."""

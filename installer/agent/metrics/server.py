@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import gzip
 import socket
+import ssl
 import sys
 import threading
 import time
@@ -98,6 +99,8 @@ class _Server(WSGIServer):
     """wsgiref's server with a deep backlog and a bounded set of handler threads."""
 
     request_queue_size = LISTEN_BACKLOG
+    tls: ssl.SSLContext | None = None  # set: each connection's TLS handshake, on its thread
+    handshake_timeout_s = READ_TIMEOUT_S
 
     def __init__(self, address: tuple[str, int], handler: type[WSGIRequestHandler], *,
                  max_threads: int, deadline_s: float) -> None:
@@ -123,14 +126,20 @@ class _Server(WSGIServer):
             raise
 
     def _work(self, request: socket.socket, client_address: Any) -> None:
-        self._reaper.add(request)
+        conn = request
+        self._reaper.add(conn)
         try:
-            self.finish_request(request, client_address)
+            if self.tls is not None:  # the handshake bounded like a read, off the accept loop
+                request.settimeout(self.handshake_timeout_s)
+                conn = self.tls.wrap_socket(request, server_side=True)
+                self._reaper.remove(request)
+                self._reaper.add(conn)
+            self.finish_request(conn, client_address)
         except Exception:
-            self.handle_error(request, client_address)
+            self.handle_error(conn, client_address)
         finally:
-            self._reaper.remove(request)
-            self.shutdown_request(request)
+            self._reaper.remove(conn)
+            self.shutdown_request(conn)
             self._slots.release()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
@@ -208,14 +217,17 @@ def _dcgm_counters(metrics: Any) -> Any:
 
 
 def serve(address: str, port: int, app: Any, *, read_timeout_s: float = READ_TIMEOUT_S,
-          max_threads: int = MAX_THREADS, deadline_s: float = CONNECTION_DEADLINE_S
-          ) -> tuple[WSGIServer, threading.Thread]:
-    """Bind and serve on a daemon thread; OSError if the port is taken. The limits are
-    the module's (tests pass shorter ones)."""
+          max_threads: int = MAX_THREADS, deadline_s: float = CONNECTION_DEADLINE_S,
+          tls: ssl.SSLContext | None = None) -> tuple[WSGIServer, threading.Thread]:
+    """Bind and serve on a daemon thread (HTTPS with `tls`); OSError if the port is taken.
+    The limits are the module's (tests pass shorter ones)."""
     server_class = _Server6 if ":" in address else _Server
     handler = type("_Handler", (_Quiet,), {"timeout": read_timeout_s})
     httpd = server_class((address, port), handler, max_threads=max_threads,
                          deadline_s=deadline_s)
+    httpd.tls, httpd.handshake_timeout_s = tls, read_timeout_s
+    if tls is not None:
+        httpd.base_environ["wsgi.url_scheme"] = "https"
     httpd.set_app(app)
     thread = threading.Thread(target=httpd.serve_forever, name="metrics-http", daemon=True)
     thread.start()

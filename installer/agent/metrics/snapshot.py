@@ -12,6 +12,16 @@ from installer.node.podresources import Assignment
 
 
 @dataclass(frozen=True)
+class GpmReading:
+    """One GPU's GPM answer: `supported` False with the reason, or the metrics (percent)
+    NVML gave over the last interval (a metric NVML refused is left out)."""
+
+    supported: bool
+    reason: str = ""
+    values: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class GpuReading:
     """One GPU as NVML reported it this pass; a reading NVML refused is None (not shown)."""
 
@@ -31,6 +41,7 @@ class GpuReading:
     ecc: dict[str, int] = field(default_factory=dict)  # corrected|uncorrected, volatile
     remapped: dict[str, int] = field(default_factory=dict)  # correctable|uncorrectable|...
     mig_uuids: tuple[str, ...] = ()  # its MIG devices' UUIDs (MIG mode on)
+    gpm: GpmReading | None = None  # None: GPM off (METRICS_GPM_INTERVAL=0) or not read
 
     @property
     def device_minor(self) -> int:
