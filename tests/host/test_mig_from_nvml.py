@@ -42,7 +42,7 @@ class TestPlannedFromNvml:
     def test_fewer_instances_than_the_table_says(self, tmp_path: Path) -> None:
         """The board's driver offers 1g.10gb x4, the table x7: GKE's fill gives 4, as NVML
         says, and the log names the difference."""
-        node = _h100_mig_on(tmp_path, "0x0:4:10")
+        node = _h100_mig_on(tmp_path, "0x0:4")
         _gke(node, "1g.10gb")
         done = node.install()
         assert done.returncode == 0, done.stderr
@@ -91,7 +91,7 @@ class TestPlannedFromNvml:
         x4 only: the layout is refused there (exit 14) naming NVML's offer, no instance
         made."""
         node = mig_node(tmp_path, H100, 1)
-        node.env["FAKE_NVML_MIG_PROFILES"] = "0x0:4:10"
+        node.env["FAKE_NVML_MIG_PROFILES"] = "0x0:4"
         _gke(node, "1g.10gb")
         done = node.install()
         assert done.returncode == 14, done.stderr

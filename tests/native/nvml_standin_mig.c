@@ -34,10 +34,9 @@
  *                       "DeviceFileMinor: <m>\nDeviceFileMode: 292\nDeviceFileModify: 1\n",
  *                       written when the instance is made and removed when it goes (g: the
  *                       GPU's index, the stand-in's device minor). Unset: none written.
- *   FAKE_NVML_MIG_PROFILES  "<constant>:<count>:<GB>,...": the driver answers these GPU
- *                       instance profiles with another count per GPU and memory (name
- *                       `<slices>g.<GB>gb<suffix>`, memorySizeMB GB*1000) than the table: a
- *                       board whose profiles differ from the published ones.
+ *   FAKE_NVML_MIG_PROFILES  "<constant>:<count>,...": the driver offers another count
+ *                       of these GPU instance profiles per GPU than the table (a board
+ *                       whose profiles differ from the published ones), and enforces it.
  *   FAKE_NVML_MIG_BUSY  comma-separated GPU indexes something holds: a mode change and
  *                       destroying an instance there answer NVML_ERROR_IN_USE (19).
  * Mode changes: an A100 keeps a new mode pending (nvmlDeviceSetMigMode's activation status
@@ -88,21 +87,15 @@ SHARED const model_t *model_of(nvmlDevice_t device) {
     return NULL;
 }
 
-/* FAKE_NVML_MIG_PROFILES ("<constant>:<count>:<GB>,..."): a board whose driver answers
- * other figures than the published table for these profiles (a newer board): how many fit
- * one GPU and the memory its name and memorySizeMB give. NULL: no override of `shape`. */
+/* FAKE_NVML_MIG_PROFILES ("<constant>:<count>,..."): a board whose driver offers another
+ * count of these profiles per GPU than the published table. NULL: no override. */
 static const shape_t *overridden(const shape_t *shape) {
     static shape_t copies[0x12];
-    static char names[0x12][32];
     const char *list = getenv("FAKE_NVML_MIG_PROFILES");
-    int constant, count, gb, used;
-    while (list && sscanf(list, "%i:%i:%i%n", &constant, &count, &gb, &used) == 3) {
+    int constant, count, used;
+    while (list && sscanf(list, "%i:%i%n", &constant, &count, &used) == 2) {
         if (constant == shape->constant && constant >= 0 && constant < 0x12) {
-            const char *suffix = strstr(shape->name, "gb") + 2;
-            snprintf(names[constant], sizeof names[constant], "%dg.%dgb%s", shape->slices, gb,
-                     suffix);
             copies[constant] = *shape;
-            copies[constant].name = names[constant];
             copies[constant].max = count;
             return &copies[constant];
         }

@@ -98,7 +98,7 @@ def _read(index: int) -> GpuNow:
     pci = _call(where, "nvmlDeviceGetPciInfo", pynvml.nvmlDeviceGetPciInfo, handle)
     memory_mib = int(memory.total) // MIB
     current, pending = _mode(handle, where)
-    model = discover(handle, name, memory_mib * MIB, where)
+    model = discover(handle, name, memory_mib * MIB)
     counts: dict[str, int] = {}
     profiles: dict[int, str] = {}  # GI id -> profile name
     if current:
@@ -112,38 +112,38 @@ def _read(index: int) -> GpuNow:
                   nvml_model=model)
 
 
-def discover(handle: Any, name: str, device_bytes: int, where: str) -> MigModel | None:
+def discover(handle: Any, name: str, device_bytes: int) -> MigModel | None:
     """The GPU's MIG profiles as NVML answers them (nvmlDeviceGetGpuInstanceProfileInfoV
     for every profile constant, nvmlDeviceGetGpuInstancePossiblePlacements_v2 for each
-    one offered); None where it answers none (no MIG, or MIG off on a driver that
-    answers only with MIG on, as R535 does): the table plans then. An A30 is planned from
-    the table as mig-parted does, since NVML misreports its counts (pkg/mig/discovery/
-    discovery.go @ bd7160f4, deviceIDA30)."""
+    one offered); None where it answers none (no MIG, MIG off on a driver that answers
+    only with MIG on, as R535 does, a driver without these calls): the table plans then.
+    An A30 is planned from the table as mig-parted does, since NVML misreports its counts
+    (pkg/mig/discovery/discovery.go @ bd7160f4, deviceIDA30)."""
     table = mig_model(name, device_bytes // MIB)
     if table is not None and table.name.startswith("A30"):
         return None
     found = []
-    for constant in range(pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
-        info = _call(where, "nvmlDeviceGetGpuInstanceProfileInfoV", _optional,
-                     pynvml.nvmlDeviceGetGpuInstanceProfileInfo, handle, constant)
-        if info is None or not info.instanceCount:
-            continue
-        found.append(NvmlProfile(constant, int(info.sliceCount), int(info.instanceCount),
-                                 int(info.memorySizeMB), _placements(handle, info.id, where)))
+    try:
+        for constant in range(pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
+            info = _optional(pynvml.nvmlDeviceGetGpuInstanceProfileInfo, handle, constant)
+            if info is None or not info.instanceCount:
+                continue
+            found.append(NvmlProfile(constant, int(info.sliceCount), int(info.instanceCount),
+                                     int(info.memorySizeMB), _placements(handle, info.id)))
+    except pynvml.NVMLError:  # an older driver without the call, no permission: the table
+        return None
     return from_nvml(name, device_bytes, found, table)
 
 
-def _placements(handle: Any, profile_id: int, where: str) -> tuple[tuple[int, int], ...]:
+def _placements(handle: Any, profile_id: int) -> tuple[tuple[int, int], ...]:
     """Every (start, size) NVML accepts for the profile: asked for the count first (a
     NULL array), then filled."""
     count = ctypes.c_uint(0)
-    _call(where, "nvmlDeviceGetGpuInstancePossiblePlacements",
-          pynvml.nvmlDeviceGetGpuInstancePossiblePlacements, handle, profile_id, None,
-          ctypes.byref(count))
+    pynvml.nvmlDeviceGetGpuInstancePossiblePlacements(handle, profile_id, None,
+                                                      ctypes.byref(count))
     array = (pynvml.c_nvmlGpuInstancePlacement_t * max(count.value, 1))()
-    _call(where, "nvmlDeviceGetGpuInstancePossiblePlacements",
-          pynvml.nvmlDeviceGetGpuInstancePossiblePlacements, handle, profile_id, array,
-          ctypes.byref(count))
+    pynvml.nvmlDeviceGetGpuInstancePossiblePlacements(handle, profile_id, array,
+                                                      ctypes.byref(count))
     return tuple((int(array[i].start), int(array[i].size)) for i in range(count.value))
 
 
@@ -264,7 +264,7 @@ def apply(change: GpuChange) -> bool:
         if current != 1:
             return True
     if gpu.nvml_model is None:  # MIG just on: NVML may answer now
-        model = discover(handle, gpu.name, gpu.memory_mib * MIB, where) or model
+        model = discover(handle, gpu.name, gpu.memory_mib * MIB) or model
     _repartition(handle, model, dict(change.want.devices), where)
     return False
 
