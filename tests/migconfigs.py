@@ -145,7 +145,8 @@ all-7g.278gb | * 7g.278gb:1
 """
 
 # One GPU per MIG model: (NVML name, memory MiB NVML reports, PCI device id of mig-parted's
-# filters for it).
+# filters for it). GH200 144G, B300 and GB300: figures whose whole GiB is the 7g size's GB,
+# as go-nvlib's naming of NVML's answer needs of a real board (not read off one).
 MODEL_GPUS = {
     "A100-40GB": ("NVIDIA A100-SXM4-40GB", 40536, "20B0"),
     "A100-80GB": ("NVIDIA A100-SXM4-80GB", 81920, "20B2"),
@@ -153,12 +154,12 @@ MODEL_GPUS = {
     "H100-80GB": ("NVIDIA H100 80GB HBM3", 81559, "2330"),
     "H100-94GB": ("NVIDIA H100 NVL", 95830, "2321"),
     "GH200-96GB": ("NVIDIA GH200 480GB", 97871, "2342"),
-    "GH200-144GB": ("NVIDIA GH200 144G HBM3e", 146000, "2348"),
+    "GH200-144GB": ("NVIDIA GH200 144G HBM3e", 147000, "2348"),
     "H200-141GB": ("NVIDIA H200", 143771, "2335"),
     "B200": ("NVIDIA B200", 183359, "2901"),
     "GB200": ("NVIDIA GB200", 189471, "2941"),
-    "B300": ("NVIDIA B300 SXM6 AC", 270000, "3182"),
-    "GB300": ("NVIDIA GB300", 279000, "31C2"),
+    "B300": ("NVIDIA B300 SXM6 AC", 275040, "3182"),
+    "GB300": ("NVIDIA GB300", 284000, "31C2"),
     "RTX-PRO-6000": ("NVIDIA RTX PRO 6000 Blackwell Server Edition", 97887, "2BB5"),
 }
 

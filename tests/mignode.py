@@ -12,10 +12,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from e2e import NODE, Scene, add_version, make_scene, standin_env
+from e2e import KERNEL, NODE, Scene, make_scene, standin_env
 from httpserver import MirrorServer
+from native import HERE, build_standins
+from native.packages import SMI, standin_tree
 
+from installer.packages.builder import BuildRequest, build
 from installer.testing import SAMPLE_NODES, PciSpec
+from installer.testing.kernel import fake_module_set
 
 V = "535.261.03"
 A100_40 = ("NVIDIA A100-SXM4-40GB", 40960, 0x20B0)
@@ -70,6 +74,26 @@ class MigNode:
         """A simulated reboot: a new boot ID; the stand-in's pending MIG mode stays."""
         (self.scene.root / "proc/sys/kernel/random/boot_id").write_text(boot + "\n")
 
+    def stop_resets(self) -> None:
+        """Every GPU reset reaches nothing: nvidia-smi -r fails (driver loaded) and the PCI
+        sysfs reset file is gone (no driver), so a pending MIG mode stays pending."""
+        self.env["FAKE_NVIDIA_SMI_RESET"] = "refused"
+        for device in (self.scene.root / "sys/bus/pci/devices").iterdir():
+            (device / "reset").unlink(missing_ok=True)
+
+    def restore_resets(self) -> None:
+        """Resets reach the stand-in again (both ways)."""
+        self.env.pop("FAKE_NVIDIA_SMI_RESET", None)
+        for i, address in enumerate(_addresses(self.count)):
+            reset = self.scene.root / "sys/bus/pci/devices" / address / "reset"
+            reset.unlink(missing_ok=True)
+            reset.symlink_to(self.mig_dir / f"reset-gpu{i}")
+
+    def smi_calls(self) -> list[str]:
+        """The stand-in nvidia-smi's argument lists, one a call."""
+        log = self.mig_dir.parent / "nvidia-smi.log"
+        return log.read_text().splitlines() if log.exists() else []
+
     def gis(self, gpu: int) -> list[tuple[int, int]]:
         """The stand-in's GPU instances of one GPU: (GI id, profile constant)."""
         path = self.mig_dir / f"gpu{gpu}"
@@ -97,12 +121,26 @@ def _addresses(count: int) -> list[str]:
     return [f"0000:{0x10 + i:02x}:00.0" for i in range(count)]
 
 
+def _add_version(scene: Scene) -> None:
+    """e2e's package of V, its nvidia-smi the stand-in that resets a GPU through the
+    driver (native/nvml_standin_mig_smi.c: `-r -i <bus id>`)."""
+    work = scene.work / f"{V}-mig"
+    tree = standin_tree(work / "tree", build_standins(work / "built"), V)
+    (tree / SMI).unlink()
+    subprocess.run(["gcc", "-O1", "-Wall", "-Werror", "-o", str(tree / SMI),
+                    str(HERE / "nvml_standin_mig_smi.c")], check=True)
+    fake_module_set(work / "modules", V, kernel_release=KERNEL)
+    build(BuildRequest(trees=(tree,), modules_dir=work / "modules", driver_version=V,
+                       kernel_release=KERNEL, flavour="proprietary", repo=scene.repo,
+                       aliases=("default", "latest"), force=True))
+
+
 def mig_node(base: Path, model: tuple[str, int, int], count: int) -> MigNode:
     name, memory, device = model
     spec = dataclasses.replace(SAMPLE_NODES[NODE], pci=tuple(
         PciSpec(a, device, 0x030200, driver=None) for a in _addresses(count)))
     scene = make_scene(base, spec)
-    add_version(scene, V)
+    _add_version(scene)
     mig_dir = base / "mig"
     mig_dir.mkdir()
     boot = scene.root / "proc/sys/kernel/random/boot_id"
@@ -115,7 +153,8 @@ def mig_node(base: Path, model: tuple[str, int, int], count: int) -> MigNode:
            "FAKE_NVML_MEMORY_MIB": ",".join([str(memory)] * count),
            "FAKE_NVML_BUS_IDS": ",".join(f"0000{a}" for a in _addresses(count)),
            "FAKE_NVML_MIG_DIR": str(mig_dir), "FAKE_NVML_PROC_DIR": str(scene.root / "proc"),
-           "FAKE_KERNEL_GPUS": str(count)}
+           "FAKE_KERNEL_GPUS": str(count),
+           "FAKE_NVIDIA_SMI_LOG": str(base / "nvidia-smi.log")}
     for unset in ("NODE_NAME", "KUBE_API_URL", "KUBERNETES_SERVICE_HOST", "UPGRADE_POLICY",
                   "MIG_CONFIG_FILE", "MIG_CONFIG", "MIG_PROFILE", "GPU_LABEL_PREFIX"):
         env.pop(unset, None)

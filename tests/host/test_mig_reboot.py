@@ -33,8 +33,7 @@ def _waiting_a100(tmp_path: Path) -> MigNode:
     """An installed A100 node whose GPU reset reaches nothing: MIG mode stays pending."""
     node = mig_node(tmp_path, A100_40, 1)
     assert node.install().returncode == 0
-    for device in (node.scene.root / "sys/bus/pci/devices").iterdir():
-        (device / "reset").unlink()
+    node.stop_resets()
     return node
 
 
@@ -124,9 +123,7 @@ class TestRebootLoop:
         signals = tmp_path / "reboots"
         assert _partition(node, signals).returncode == 15
         node.reboot("boot-2")
-        for i, device in enumerate((node.scene.root / "sys/bus/pci/devices").iterdir()):
-            (device / "reset").unlink(missing_ok=True)
-            (device / "reset").symlink_to(node.mig_dir / f"reset-gpu{i}")
+        node.restore_resets()
         done = _partition(node, signals)
         assert done.returncode == 0, done.stderr
         assert signals.read_text() == "0"

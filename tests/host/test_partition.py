@@ -298,8 +298,7 @@ class TestReboot:
 
         node = mig_node(tmp_path, A100_40, 1)
         assert node.install().returncode == 0
-        for device in (node.scene.root / "sys/bus/pci/devices").iterdir():
-            (device / "reset").unlink()  # the reset reaches nothing: the mode stays pending
+        node.stop_resets()  # the reset reaches nothing: the mode stays pending
         refused = node.run("partition", "--mig-profile", "1g.5gb")
         assert refused.returncode == 15, refused.stderr
         assert "MIG_REBOOT" in refused.stderr.splitlines()[-1]

@@ -34,6 +34,9 @@
  *                       "DeviceFileMinor: <m>\nDeviceFileMode: 292\nDeviceFileModify: 1\n",
  *                       written when the instance is made and removed when it goes (g: the
  *                       GPU's index, the stand-in's device minor). Unset: none written.
+ *   FAKE_NVML_MIG_PROFILES  "<constant>:<count>,...": the driver offers another count
+ *                       of these GPU instance profiles per GPU than the table (a board
+ *                       whose profiles differ from the published ones), and enforces it.
  *   FAKE_NVML_MIG_BUSY  comma-separated GPU indexes something holds: a mode change and
  *                       destroying an instance there answer NVML_ERROR_IN_USE (19).
  * Mode changes: an A100 keeps a new mode pending (nvmlDeviceSetMigMode's activation status
@@ -84,11 +87,29 @@ SHARED const model_t *model_of(nvmlDevice_t device) {
     return NULL;
 }
 
+/* FAKE_NVML_MIG_PROFILES ("<constant>:<count>,..."): a board whose driver offers another
+ * count of these profiles per GPU than the published table. NULL: no override. */
+static const shape_t *overridden(const shape_t *shape) {
+    static shape_t copies[0x12];
+    const char *list = getenv("FAKE_NVML_MIG_PROFILES");
+    int constant, count, used;
+    while (list && sscanf(list, "%i:%i%n", &constant, &count, &used) == 2) {
+        if (constant == shape->constant && constant >= 0 && constant < 0x12) {
+            copies[constant] = *shape;
+            copies[constant].max = count;
+            return &copies[constant];
+        }
+        list += used + (list[used] == ',');
+    }
+    return NULL;
+}
+
 SHARED const shape_t *shape_by(const model_t *model, int constant, int id) {
     for (const shape_t *shape = model->shapes; shape->name; shape++) {
         if (constant >= 0 && shape->constant != constant) continue;
         if (id >= 0 && shape->id != id) continue;
-        return shape;
+        const shape_t *other = overridden(shape);
+        return other ? other : shape;
     }
     return NULL;
 }

@@ -27,6 +27,22 @@ _Static_assert(sizeof(gi_profile_v2_t) == 0x98 && __builtin_offsetof(gi_profile_
 _Static_assert(sizeof(ci_profile_v2_t) == 0x88 && __builtin_offsetof(ci_profile_v2_t, name) == 40,
                "nvmlComputeInstanceProfileInfo_v2_t");
 
+typedef struct { unsigned long long total, free, used; } memory_info_t;
+nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, memory_info_t *memory);
+
+/* A profile's memorySizeMB (MiB) as a driver reports it: its memory slots' share of the
+ * device's memory, a little under it (an A100-SXM4-40GB of 40536 MiB answers 4864 for
+ * 1g.5gb, 0.96 of an eighth; an H100 80GB HBM3 of 81559 MiB 9984 for 1g.10gb, 0.98), so
+ * go-nvlib's getMigMemorySizeGB (mig-parted's vendor tree @ bd7160f4, go-nvlib/pkg/nvlib/
+ * device/mig_profile.go) turns it back into the GB of NVIDIA's name. */
+static unsigned long long profile_mib(nvmlDevice_t device, const model_t *m,
+                                      const shape_t *shape) {
+    memory_info_t memory;
+    nvmlDeviceGetMemoryInfo(device, &memory);
+    return (memory.total >> 20) * (unsigned long long)shape->size * 97ULL /
+           ((unsigned long long)m->slots * 100ULL);
+}
+
 static nvmlReturn_t gi_profile(nvmlDevice_t device, unsigned int constant, gi_profile_t *info,
                                char *name, size_t size) {
     const model_t *m;
@@ -43,7 +59,7 @@ static nvmlReturn_t gi_profile(nvmlDevice_t device, unsigned int constant, gi_pr
     info->instanceCount = (unsigned int)shape->max;
     info->multiprocessorCount = 14u * (unsigned int)shape->slices;
     info->copyEngineCount = (unsigned int)shape->slices;
-    info->memorySizeMB = (unsigned long long)memory_gb(shape) * 1000ULL;
+    info->memorySizeMB = profile_mib(device, m, shape);
     if (name) snprintf(name, size, "MIG %s", shape->name);
     return 0;
 }

@@ -5,8 +5,9 @@ Without a config (`config.find` is None) it does nothing at all, no NVML call. O
 read every GPU through NVML, refuse a layout a GPU cannot take before anything changes,
 apply only what differs. A GPU in use is never repartitioned: its holders are named
 (exit 10) or, under UPGRADE_POLICY=evict|drain, freed by the pipeline's eviction callable.
-A mode change that needs a reset (A100) gets a PCI function reset through the seam when
-nothing holds the GPU; if the mode still waits, MIG_REBOOT decides between refusing and a
+A mode change that needs a reset (A100) gets one when nothing holds the GPU, as mig-parted
+resets it (`gpureset`: `nvidia-smi -r` for that GPU with the driver loaded, the PCI sysfs
+reset only without); if the mode still waits, MIG_REBOOT decides between refusing and a
 node reboot, behind mig-manager's guards (`reboots`): never again after a reboot that left
 the mode pending, never without the state recorded. The instances' capability device nodes
 are made last; the Node's `mig.config.state` label follows it (pending, success, failed,
@@ -23,11 +24,14 @@ from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from installer.compat import mignvml
+from installer.compat.mig import mig_model
 from installer.compat.nodelabels import MIG_STATE
 from installer.context import Context
 from installer.errors import InstallerError, MigInUseError, UpgradeBlockedError
 from installer.installdir import migrecord
 from installer.installdir.readiness import clear_readiness
+from installer.node import gpureset
 from installer.node.holders import Holder, find_holders
 from installer.stages.partition import caps, config, plan, reboots
 from installer.stages.partition.plan import GpuChange, GpuNow
@@ -163,6 +167,8 @@ def _read_plan(ctx: Context, source: config.Source) -> tuple[list[GpuNow], list[
     from installer.stages.partition import nvml
 
     gpus = nvml.read_gpus()
+    _log_sources(ctx, gpus)
+
     def skip(gpu: GpuNow) -> None:
         ctx.log.warning("GPU skipped: it has no MIG (devices: all passes over it, as "
                         "mig-parted does)", gpu=gpu.index, name=gpu.name)
@@ -170,6 +176,25 @@ def _read_plan(ctx: Context, source: config.Source) -> tuple[list[GpuNow], list[
     want = source.layouts(gpus, config.pci_ids(ctx), skip)
     plan.validate(want, gpus)
     return gpus, plan.changes(want, gpus)
+
+
+def _log_sources(ctx: Context, gpus: Sequence[GpuNow]) -> None:
+    """Say, per GPU, where its plan comes from: NVML's answer, and how it differs from the
+    table (a newer board), or the table where NVML gave no profiles."""
+    for gpu in gpus:
+        table = mig_model(gpu.name, gpu.memory_mib)
+        if gpu.nvml_model is None:
+            if table is not None:
+                ctx.log.info("MIG profiles from the table (NVML answered none)",
+                             gpu=gpu.index, model=table.name)
+            continue
+        differs = mignvml.differences(gpu.nvml_model, table)
+        if differs:
+            ctx.log.warning("MIG profiles from NVML differ from the table; planned from NVML",
+                            gpu=gpu.index, name=gpu.name, differences="; ".join(differs))
+        else:
+            ctx.log.info("MIG profiles from NVML", gpu=gpu.index,
+                         model=gpu.nvml_model.name)
 
 
 def _apply(ctx: Context, hooks: Hooks, todo: list[GpuChange]) -> list[GpuChange]:
@@ -195,19 +220,21 @@ def _apply(ctx: Context, hooks: Hooks, todo: list[GpuChange]) -> list[GpuChange]
 
 
 def _reset(ctx: Context, hooks: Hooks, waiting: list[GpuChange]) -> tuple[int, ...]:
-    """Reset each GPU whose mode waits (a PCI function reset through the seam, what
-    `nvidia-smi -r` asks of the driver), then make its instances; a mode that still waits
-    goes to MIG_REBOOT."""
+    """Reset each GPU whose mode waits, as mig-parted does (`gpureset`: `nvidia-smi -r` for
+    that GPU while the driver is loaded, the PCI sysfs reset only without it), then make its
+    instances; a mode that still waits goes to MIG_REBOOT."""
     if not waiting:
         return ()
     if _holders(ctx, _device_paths(ctx, [c.gpu for c in waiting])):
         raise MigInUseError("a GPU needs a reset for its MIG mode but is held again",
                             remedy="rerun once the GPU's processes are gone")
     for change in waiting:
-        try:
-            ctx.host.write_sysfs(_reset_path(ctx, change.gpu), "1")
-        except OSError as exc:  # no reset method, or refused: the mode waits for a reboot
-            ctx.log.warning("GPU reset failed", gpu=change.gpu.index, detail=str(exc))
+        done = gpureset.reset_gpu(ctx.host, change.gpu.pci_bus_id, ctx.install_root)
+        if done.error is not None:  # the mode waits for a reboot
+            ctx.log.warning("GPU reset failed", gpu=change.gpu.index, method=done.method,
+                            detail=done.error)
+        else:
+            ctx.log.info("GPU reset", gpu=change.gpu.index, method=done.method)
     from installer.stages.partition import nvml
 
     with hooks.nvml():
@@ -268,17 +295,8 @@ def _device_paths(ctx: Context, gpus: Sequence[GpuNow]) -> list[str]:
     return paths
 
 
-def _reset_path(ctx: Context, gpu: GpuNow) -> Any:
-    return ctx.host.roots.sys / "bus/pci/devices" / _sysfs_address(gpu) / "reset"
-
-
 def _sysfs_address(gpu: GpuNow) -> str:
-    """NVML's `00000000:07:00.0` as sysfs names it: `0000:07:00.0`."""
-    domain, _, rest = gpu.pci_bus_id.strip().lower().partition(":")
-    try:
-        return f"{int(domain, 16):04x}:{rest}"
-    except ValueError:
-        return gpu.pci_bus_id.strip().lower()
+    return gpureset.sysfs_address(gpu.pci_bus_id)
 
 
 def _gpu_rows(gpus: Sequence[GpuNow]) -> tuple[dict[str, Any], ...]:

@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from installer.compat.mig import mig_model
 from installer.context import Context
 from installer.errors import MigConfigError
 from installer.node.documents import quote, read_document, read_yaml
 from installer.node.files import read_regular
+from installer.stages.partition import plan
 from installer.stages.partition.plan import GpuLayout, GpuNow
 
 GKE_CONFIG = PurePosixPath("/etc/nvidia/gpu_config.json")
@@ -68,7 +68,7 @@ class Source:
                 if entry.device_filter and not any(
                         _matches(f, pci_id(gpu) or "") for f in entry.device_filter):
                     continue
-                if entry.devices is None and mig_model(gpu.name, gpu.memory_mib) is None:
+                if entry.devices is None and plan.model_of(gpu) is None:
                     if entry.layout.mig_enabled and skip and gpu.index not in skipped:
                         skip(gpu)
                     skipped.add(gpu.index)
@@ -100,7 +100,7 @@ def _on_this_node(entry: Entry, gpus: list[GpuNow]) -> None:
 def _filled(gpu: GpuNow, profile: str) -> GpuLayout:
     """As many of `profile` as fit this GPU; one where the GPU lacks it, so that the plan's
     validation refuses it naming the sizes the GPU offers."""
-    model = mig_model(gpu.name, gpu.memory_mib)
+    model = plan.model_of(gpu)
     count = model.fill(profile) if model is not None and profile in model.profiles else 1
     return GpuLayout(True, ((profile, count),))
 

@@ -19,9 +19,10 @@ from typing import Any, TypeVar
 import pynvml  # type: ignore[import-untyped]
 
 from installer.compat.mig import MigModel, mig_model
+from installer.compat.mignvml import NvmlProfile, from_nvml
 from installer.compat.nodelabels import MIG_ATTRIBUTES
 from installer.errors import MigInUseError, MigLayoutError, MigNvmlError
-from installer.stages.partition.plan import GpuChange, GpuNow, MigDevice, layout
+from installer.stages.partition.plan import GpuChange, GpuNow, MigDevice, layout, model_of
 
 T = TypeVar("T")
 
@@ -97,16 +98,53 @@ def _read(index: int) -> GpuNow:
     pci = _call(where, "nvmlDeviceGetPciInfo", pynvml.nvmlDeviceGetPciInfo, handle)
     memory_mib = int(memory.total) // MIB
     current, pending = _mode(handle, where)
+    model = discover(handle, name, memory_mib * MIB)
     counts: dict[str, int] = {}
     profiles: dict[int, str] = {}  # GI id -> profile name
     if current:
-        for gi in _instances(handle, mig_model(name, memory_mib), where):
+        for gi in _instances(handle, model or mig_model(name, memory_mib), where):
             counts[gi.label] = counts.get(gi.label, 0) + 1
             profiles[gi.gi_id] = gi.name
     return GpuNow(index=index, uuid=uuid, name=name, memory_mib=memory_mib,
                   pci_bus_id=_text(pci.busId), layout=layout(bool(current), counts),
                   mode_pending=current != pending,
-                  mig_devices=_mig_devices(handle, where, profiles) if current else ())
+                  mig_devices=_mig_devices(handle, where, profiles) if current else (),
+                  nvml_model=model)
+
+
+def discover(handle: Any, name: str, device_bytes: int) -> MigModel | None:
+    """The GPU's MIG profiles as NVML answers them (nvmlDeviceGetGpuInstanceProfileInfoV
+    for every profile constant, nvmlDeviceGetGpuInstancePossiblePlacements_v2 for each
+    one offered); None where it answers none (no MIG, MIG off on a driver that answers
+    only with MIG on, as R535 does, a driver without these calls): the table plans then.
+    An A30 is planned from the table as mig-parted does, since NVML misreports its counts
+    (pkg/mig/discovery/discovery.go @ bd7160f4, deviceIDA30)."""
+    table = mig_model(name, device_bytes // MIB)
+    if table is not None and table.name.startswith("A30"):
+        return None
+    found = []
+    try:
+        for constant in range(pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
+            info = _optional(pynvml.nvmlDeviceGetGpuInstanceProfileInfo, handle, constant)
+            if info is None or not info.instanceCount:
+                continue
+            found.append(NvmlProfile(constant, int(info.sliceCount), int(info.instanceCount),
+                                     int(info.memorySizeMB), _placements(handle, info.id)))
+    except pynvml.NVMLError:  # an older driver without the call, no permission: the table
+        return None
+    return from_nvml(name, device_bytes, found, table)
+
+
+def _placements(handle: Any, profile_id: int) -> tuple[tuple[int, int], ...]:
+    """Every (start, size) NVML accepts for the profile: asked for the count first (a
+    NULL array), then filled."""
+    count = ctypes.c_uint(0)
+    pynvml.nvmlDeviceGetGpuInstancePossiblePlacements(handle, profile_id, None,
+                                                      ctypes.byref(count))
+    array = (pynvml.c_nvmlGpuInstancePlacement_t * max(count.value, 1))()
+    pynvml.nvmlDeviceGetGpuInstancePossiblePlacements(handle, profile_id, array,
+                                                      ctypes.byref(count))
+    return tuple((int(array[i].start), int(array[i].size)) for i in range(count.value))
 
 
 # nvmlDeviceAttributes_t's fields in the order of GFD's names (nodelabels.MIG_ATTRIBUTES)
@@ -214,7 +252,7 @@ def apply(change: GpuChange) -> bool:
     if uuid != gpu.uuid:
         raise MigNvmlError(f"{where}: index {gpu.index} now names {uuid}, not {gpu.uuid}",
                            remedy="rerun: the GPUs are read again")
-    model = mig_model(gpu.name, gpu.memory_mib)
+    model = model_of(gpu)
     if not change.want.mig_enabled:
         return _disable(handle, model, where)
     if model is None:
@@ -225,6 +263,8 @@ def apply(change: GpuChange) -> bool:
         current, _ = _mode(handle, where)
         if current != 1:
             return True
+    if gpu.nvml_model is None:  # MIG just on: NVML may answer now
+        model = discover(handle, gpu.name, gpu.memory_mib * MIB) or model
     _repartition(handle, model, dict(change.want.devices), where)
     return False
 

@@ -1,13 +1,14 @@
 """The MIG plan, pure: is a wanted layout possible on these GPUs, and which GPUs differ.
 
 Nothing here touches a GPU, so a layout is refused before anything changes: every GPU's
-layout is checked against the profile table (`installer.compat.mig`), placements included,
-before the first NVML call that writes.
+layout is checked against its MIG model, placements included, before the first NVML call that
+writes: the model NVML itself reported for the GPU where it did (`GpuNow.nvml_model`), the
+profile table (`installer.compat.mig`) only where NVML gave none.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from installer.compat.mig import PROFILE_NAME, MigModel, known_profile, mig_model, offered_by
 from installer.errors import MigConfigError, MigLayoutError
@@ -49,6 +50,16 @@ class GpuNow:
     layout: GpuLayout
     mode_pending: bool  # MIG mode switched but a reset is pending (A100)
     mig_devices: tuple[MigDevice, ...] = ()  # MIG mode on: what containers may be given
+    # the MIG model from NVML's own answer (`installer.compat.mignvml`); None: NVML gave no
+    # profiles (MIG off on an older driver, a dry run without one): the table's is used
+    nvml_model: MigModel | None = field(default=None, compare=False)
+
+
+def model_of(gpu: GpuNow) -> MigModel | None:
+    """The GPU's MIG model: NVML's answer where it gave one, else the table's (None: no
+    MIG)."""
+    return gpu.nvml_model if gpu.nvml_model is not None else mig_model(gpu.name,
+                                                                         gpu.memory_mib)
 
 
 @dataclass(frozen=True)
@@ -101,9 +112,10 @@ def _well_formed(index: int, wanted: GpuLayout, gpus: dict[int, GpuNow]) -> None
                              f"(its GPUs: {have})",
                              remedy="name only the node's GPU indexes (or `all`)")
     for name, count in wanted.devices:
-        if not isinstance(name, str) or not PROFILE_NAME.match(name) or not known_profile(name):
+        if not isinstance(name, str) or not PROFILE_NAME.match(name) or not (
+                known_profile(name) or name in _offers(gpus[index])):
             gpu = gpus[index]
-            model = mig_model(gpu.name, gpu.memory_mib)
+            model = model_of(gpu)
             where = f"GPU {index} ({gpu.name})"
             if model is None:
                 raise MigConfigError(f"{where}: {quote(name)} is not a MIG profile NVIDIA defines, "
@@ -121,9 +133,14 @@ def _well_formed(index: int, wanted: GpuLayout, gpus: dict[int, GpuNow]) -> None
                              remedy="set mig-enabled true, or drop the instances")
 
 
+def _offers(gpu: GpuNow) -> dict[str, object]:
+    model = model_of(gpu)
+    return dict(model.profiles) if model is not None else {}
+
+
 def _this_models(index: int, gpu: GpuNow, name: str) -> None:
     """Exit 2 for a size NVIDIA defines for other models only, naming those models."""
-    model = mig_model(gpu.name, gpu.memory_mib)
+    model = model_of(gpu)
     if model is None or name in model.profiles:
         return
     raise MigConfigError(f"GPU {index} ({gpu.name}): {name} is a MIG size of "
@@ -137,7 +154,7 @@ def _fits(gpu: GpuNow, wanted: GpuLayout) -> None:
     """Exit 14 for a layout this GPU cannot take."""
     if not wanted.mig_enabled:
         return
-    model = mig_model(gpu.name, gpu.memory_mib)
+    model = model_of(gpu)
     where = f"GPU {gpu.index} ({gpu.name}, {gpu.memory_mib} MiB)"
     if model is None:
         raise MigLayoutError(f"{where} has no MIG; it cannot be partitioned",
