@@ -24,7 +24,8 @@ from installer.stages import load
 INSTALL_DIR_ENTRIES = (*layout.TOP_LINKS, layout.VERSIONS, layout.CURRENT, layout.PREVIOUS,
                        layout.STATE_FILE, layout.LAST_INSTALL_FILE, layout.SKIPPED_FILE,
                        layout.DEVNODES_FILE, layout.DRIVER_ROOT_DIR, layout.AGENT_VIEW,
-                       layout.AGENT_DIR, layout.CDI_RECORD)
+                       layout.AGENT_DIR, layout.CDI_RECORD, layout.MIG_RECORD,
+                       layout.MIG_REBOOT_RECORD)
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """`.last-install.json`: every `install` that took the node lock records how it ended, for
 the agent's metrics (exit code, failed stage, fast path, stage durations); `uninstall`
-removes it. Real CLI over a host tree, real HTTP mirror (tests/e2e.py)."""
+removes it, and the MIG records with it. Real CLI over a host tree, real HTTP mirror
+(tests/e2e.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from e2e import Scene, add_version, make_scene, run_cli, standin_env
 from httpserver import MirrorServer
 
 from installer.errors import DownloadError
-from installer.installdir.layout import LAST_INSTALL_FILE
+from installer.installdir.layout import LAST_INSTALL_FILE, MIG_REBOOT_RECORD, MIG_RECORD
 
 V1 = "535.261.03"
 DEAD = "http://127.0.0.1:9/"  # a closed port: nothing can be fetched
@@ -54,6 +55,10 @@ def test_uninstall_removes_it(tmp_path: Path) -> None:
     with MirrorServer(scene.repo) as server:
         assert install(scene, server.url).returncode == 0
     assert (scene.install_dir / LAST_INSTALL_FILE).is_file()
+    records = [scene.install_dir / name for name in (MIG_RECORD, MIG_REBOOT_RECORD)]
+    for record in records:  # what a partition run leaves (the layout, the reboots asked)
+        record.write_text("{}")
     done = run_cli(["uninstall", *scene.args()], standin_env(V1))
     assert done.returncode == 0, done.stderr
     assert not (scene.install_dir / LAST_INSTALL_FILE).exists()
+    assert not any(record.exists() for record in records)
