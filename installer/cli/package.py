@@ -196,7 +196,7 @@ def _arch(given: str | None, headers: tuple[Path, ...]) -> str:
     where they are read."""
     if given is not None:
         return given
-    from installer.packages.builder.headers import headers_arch
+    from installer.packages.builder.headersarch import headers_arch
 
     return headers_arch(headers) or "x86_64"
 

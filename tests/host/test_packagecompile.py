@@ -121,7 +121,7 @@ def test_the_headers_name_the_arch_when_arch_is_not_given(tmp_path: Path,
                                                     ("amd64", "x86_64"), ("all", None)])
 def test_a_headers_deb_names_its_arch(tmp_path: Path, deb_arch: str,
                                       expected: str | None) -> None:
-    from installer.packages.builder.headers import headers_arch
+    from installer.packages.builder.headersarch import headers_arch
 
     (tmp_path / "root").mkdir()
     deb = make_deb(tmp_path / "root", "linux-headers-6.1.0-57", "6.1.0-57", tmp_path,

@@ -18,7 +18,6 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from installer.node import arches
 from installer.packages.builder.inputs import (
     PackageBuildError,
     deb_control,
@@ -77,24 +76,6 @@ class KernelTree:
         if not found:
             return self.compiler
         return f"{found[1]}-{self.cross_prefix[:-1]}" if self.cross_prefix else found[1]
-
-
-def headers_arch(paths: tuple[Path, ...]) -> str | None:
-    """The arch the given headers name, read without unpacking: a .deb's `Architecture`,
-    a build tree's `.config`; None when none says (tarballs, `all` packages)."""
-    for path in paths:
-        if path.is_dir():
-            config = path / ".config"
-            if config.is_file():
-                text = config.read_text(errors="replace")
-                for line, arch in _CONFIG_ARCHES:
-                    if line in text:
-                        return arch
-        elif path.suffix == ".deb":
-            named = arches.canonical(deb_control(path).get("Architecture", ""))
-            if named is not None:
-                return named
-    return None
 
 
 def group_headers(paths: tuple[Path, ...]) -> dict[str, tuple[Path, ...]]:
