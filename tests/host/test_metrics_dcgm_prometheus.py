@@ -12,19 +12,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from agentnode import A100_BUSES, AgentNode, make_node, wait_for
-from healthkit import record
+from agentnode import A100_BUSES, AgentNode, wait_for
 from host.test_agent_metrics import (
     MIB,
-    free_port,
     gpu_line,
     metrics_node,
-    readings,
-    record_install,
     served,
 )
-from host.test_metrics_prometheus import AGENT_POD, ASSIGNED, GPUS, XID13, by, kubelet, uuid
-from prometheus import Prometheus, check_metrics, running
+from host.test_metrics_prometheus import AGENT_POD, GPUS, by, kubelet, scraped_agent, uuid
+from podresources import Kubelet
+from prometheus import Prometheus, check_metrics
 
 from installer.packages.manifest import Package
 
@@ -44,25 +41,13 @@ DASHBOARD = {
 
 
 @pytest.fixture
-def scraped(tmp_path: Path, package: Package, kubelet: object
+def scraped(tmp_path: Path, package: Package, kubelet: Kubelet
             ) -> Iterator[tuple[AgentNode, Prometheus, str]]:
-    port = free_port()
     lines = [f"{gpu_line(i)} mem_reserved_mib={RESERVED_MIB}" for i in range(GPUS)]
-    node = make_node(tmp_path, package, gpus=GPUS, env={
-        "METRICS_PORT": str(port), "METRICS_ADDRESS": "127.0.0.1", "METRICS_INTERVAL": "1",
-        "METRICS_DCGM_NAMES": "true", "NODE_NAME": AGENT_POD["node"],
-        "FAKE_NVML_METRICS_FILE": str(readings(tmp_path, lines)),
-        "POD_RESOURCES_DIR": str(kubelet.socket.parent)})  # type: ignore[attr-defined]
-    record_install(node, package)
-    (node.root / "dev").mkdir(exist_ok=True)
-    (node.root / "dev/kmsg").write_bytes(record(1, XID13.format(bus=A100_BUSES[2])))
-    target = f"127.0.0.1:{port}"
-    with node.agent(), running([target], tmp_path / "prometheus",
-                               target_labels=AGENT_POD) as prom:
-        wait_for(node.ready, timeout=60)
-        wait_for(lambda: len(prom.query("duty_cycle")) == ASSIGNED + 3
-                 and prom.query('DCGM_FI_DEV_XID_ERRORS{gpu="2"} == 13'), timeout=90, step=0.5)
-        yield node, prom, f"http://{target}"
+    with scraped_agent(tmp_path, package, kubelet, lines,
+                       lambda prom: prom.query('DCGM_FI_DEV_XID_ERRORS{gpu="2"} == 13'),
+                       METRICS_DCGM_NAMES="true", NODE_NAME=AGENT_POD["node"]) as scene:
+        yield scene
 
 
 def per_gpu(prom: Prometheus, promql: str) -> dict[str, float]:

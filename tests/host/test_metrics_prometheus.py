@@ -15,7 +15,8 @@ from __future__ import annotations
 import shutil
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import grpc
@@ -79,15 +80,18 @@ def kubelet() -> Iterator[Kubelet]:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-@pytest.fixture
-def scraped(tmp_path: Path, package: Package, kubelet: Kubelet
-            ) -> Iterator[tuple[AgentNode, Prometheus, str]]:
-    """The agent serving metrics, ready, with a real Prometheus scraping it."""
+@contextmanager
+def scraped_agent(tmp_path: Path, package: Package, kubelet: Kubelet, lines: list[str],
+                  settled: Callable[[Prometheus], object], **env: str
+                  ) -> Iterator[tuple[AgentNode, Prometheus, str]]:
+    """The agent on the 8-GPU node (GPU readings `lines`, an Xid 13 on GPU 2 in the kernel
+    log, `env` added) serving metrics, ready, and a real Prometheus scraping it until
+    `settled(prom)` holds."""
     port = free_port()
     node = make_node(tmp_path, package, gpus=GPUS, env={
         "METRICS_PORT": str(port), "METRICS_ADDRESS": "127.0.0.1", "METRICS_INTERVAL": "1",
-        "FAKE_NVML_METRICS_FILE": str(readings(tmp_path, [gpu_line(i) for i in range(GPUS)])),
-        "POD_RESOURCES_DIR": str(kubelet.socket.parent)})
+        "FAKE_NVML_METRICS_FILE": str(readings(tmp_path, lines)),
+        "POD_RESOURCES_DIR": str(kubelet.socket.parent), **env})
     record_install(node, package)
     (node.root / "dev").mkdir(exist_ok=True)
     (node.root / "dev/kmsg").write_bytes(record(1, XID13.format(bus=A100_BUSES[2])))
@@ -96,10 +100,20 @@ def scraped(tmp_path: Path, package: Package, kubelet: Kubelet
                                target_labels=AGENT_POD) as prom:
         wait_for(node.ready, timeout=60)
         # the first collections may predate the fabric or the kubelet's first answer
-        wait_for(lambda: len(prom.query("duty_cycle")) == ASSIGNED + 3
-                 and prom.query('gpu_node_installer_daemon_up{daemon="nv-fabricmanager"} == 1')
-                 and prom.query("gpu_node_installer_ready == 1"), timeout=90, step=0.5)
+        wait_for(lambda: len(prom.query("duty_cycle")) == ASSIGNED + 3 and settled(prom),
+                 timeout=90, step=0.5)
         yield node, prom, f"http://{target}"
+
+
+@pytest.fixture
+def scraped(tmp_path: Path, package: Package, kubelet: Kubelet
+            ) -> Iterator[tuple[AgentNode, Prometheus, str]]:
+    """The agent serving metrics, ready, with a real Prometheus scraping it."""
+    with scraped_agent(tmp_path, package, kubelet, [gpu_line(i) for i in range(GPUS)],
+                       lambda prom: prom.query(
+                           'gpu_node_installer_daemon_up{daemon="nv-fabricmanager"} == 1')
+                       and prom.query("gpu_node_installer_ready == 1")) as scene:
+        yield scene
 
 
 def by(prom: Prometheus, promql: str, *labels: str) -> dict[tuple[str, ...], float]:
