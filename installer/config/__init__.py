@@ -8,13 +8,12 @@ setting, the value and what is accepted.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from installer.config import agent, checks, health, mig, readers, taint, upgrade, values
+from installer.config import agent, checks, health, mig, raw, readers, taint, upgrade, values
 from installer.config.modparams import ModuleParam as ModuleParam
 from installer.config.modparams import parse_module_param as parse_module_param
 from installer.config.modparams import read_params_file
@@ -27,7 +26,6 @@ from installer.errors import ConfigError
 FLAVOURS = ("auto", "open", "proprietary")
 LOG_FORMATS = ("auto", "json", "console")
 LOG_LEVELS = ("debug", "info", "warning", "error")
-_SPACES = " \t\n\r\x0b\x0c"  # what separates list items in an env var (ASCII only)
 
 
 @dataclass(frozen=True)
@@ -339,33 +337,22 @@ class Config(mig.MigSettings):
     startup_taint_restore: bool = False
 
 
-def _raw_value(setting: Setting, flags: Mapping[str, Any], environ: Mapping[str, str]
-               ) -> tuple[str | None, str]:
-    """The raw text for a setting and where it came from (flag wins over env, env over default)."""
-    flag_value = flags.get(setting.name)
-    if flag_value not in (None, False, ()):
-        return (str(flag_value) if not isinstance(flag_value, bool) else "true"), setting.flag
-    if setting.envvar and setting.envvar in environ:
-        return environ[setting.envvar], setting.envvar
-    return setting.default, f"default of {setting.flag}"
-
-
 def load_config(flags: Mapping[str, Any], environ: Mapping[str, str]) -> Config:
     """Validate every setting and return the frozen Config, or raise ConfigError."""
     values: dict[str, Any] = {}
     for setting in SETTINGS:
         if setting.multiple:
-            values[setting.name] = _parse_many(setting, flags, environ)
+            values[setting.name] = raw.parse_many(setting, flags, environ)
             continue
-        raw, source = _raw_value(setting, flags, environ)
-        if raw is None:
+        text, source = raw.raw_value(setting, flags, environ)
+        if text is None:
             continue
         try:
-            values[setting.name] = setting.parse(raw)
+            values[setting.name] = setting.parse(text)
             if setting.name in _FILE_CHECKS:
                 _FILE_CHECKS[setting.name](values[setting.name])
         except _Invalid as exc:
-            raise _refusal(setting, source, raw, exc) from None
+            raise raw.refusal(setting, source, text, exc) from None
     values.setdefault("dev_root", values["host_root"] / "dev")
     config = Config(**values)
     checks.roots(config, SETTINGS_BY_NAME)
@@ -375,37 +362,3 @@ def load_config(flags: Mapping[str, Any], environ: Mapping[str, str]) -> Config:
         raise ConfigError("--build-sign-key and --build-sign-cert go together",
                           remedy="set both BUILD_SIGN_KEY and BUILD_SIGN_CERT, or neither")
     return config
-
-
-def _parse_many(setting: Setting, flags: Mapping[str, Any], environ: Mapping[str, str]
-                ) -> tuple[Any, ...]:
-    """A repeatable setting: every flag value, else the env var split on commas/whitespace."""
-    flag_values = flags.get(setting.name) or ()
-    if isinstance(flag_values, str):
-        flag_values = (flag_values,)
-    if flag_values:
-        items, source = [str(v) for v in flag_values], setting.flag
-    elif setting.envvar and environ.get(setting.envvar, "").strip(_SPACES):
-        text = environ[setting.envvar].strip(_SPACES)
-        items, source = re.split(r"[,\s]+", text, flags=re.ASCII), setting.envvar
-    else:
-        return ()
-    parsed = []
-    for item in (i for i in items if i):
-        try:
-            parsed.append(setting.parse(item))
-        except _Invalid as exc:
-            raise _refusal(setting, source, item, exc) from None
-    return tuple(parsed)
-
-
-# may carry credentials or tokens: never shown
-_URL_SETTINGS = ("mirrors", "kube_api", "kube_api_proxy", "cos_tools_url", "nvidia_runfile_url")
-
-
-def _refusal(setting: Setting, source: str, raw: str, exc: _Invalid) -> ConfigError:
-    """One line: the flag or env var as given, the value (repr: controls stay visible), why."""
-    why = f": {exc.reason}" if exc.reason else ""
-    shown = values.shown_url(raw) if setting.name in _URL_SETTINGS else raw
-    return ConfigError(f"{source}={shown!r} is invalid{why}",
-                       remedy=f"{setting.flag.lstrip('-')} must be {setting.accepted}")

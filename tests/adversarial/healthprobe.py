@@ -68,10 +68,11 @@ def metrics(root: Path, lib_dir: Path) -> dict[str, Any]:
 
     log = _log()
     agent = SimpleNamespace(
-        log=log, config=SimpleNamespace(node_name="node-1", pod_resources_dir=root / "none"),
+        log=log, config=SimpleNamespace(node_name="node-1", pod_resources_dir=root / "none",
+                                        metrics_gpm_interval=0.0, metrics_dcgm_names=False),
         nvml_ready=lambda: True, state=SimpleNamespace(nvml_error=None, verdict=None),
         ctx=SimpleNamespace(install_root=root / "install"), supervisor=None,
-        health=SimpleNamespace(counts={}))
+        health=SimpleNamespace(counts={}, last={}))
     with nvml_session(lib_dir):
         collector = collect.Collector(agent)  # type: ignore[arg-type]
         collector.collect()
