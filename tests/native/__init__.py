@@ -1,4 +1,10 @@
-"""C stand-ins for NVIDIA's user-mode libraries, compiled by the tests that use them."""
+"""C stand-ins for NVIDIA's user-mode libraries, compiled by the tests that use them.
+
+Each C file follows the real library's own declarations, cited in its header: for NVML,
+`nvml.h` (NVIDIA/go-nvml `gen/nvml/nvml.h` at 2f9e261fe40a7a1c54783d66805e8920564763b4),
+and, for the MIG models, NVIDIA's MIG User Guide and mig-parted
+(nvml_standin_mig_models.c). This module only compiles them with the real
+SONAMEs (`libnvidia-ml.so.1`, `libcuda.so.1`)."""
 
 from __future__ import annotations
 

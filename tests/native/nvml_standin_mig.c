@@ -5,6 +5,14 @@
  * `MIG-...`, GI/CI ids) in nvml_standin_mig_devices.c, the shared types in
  * nvml_standin_mig.h.
  *
+ * The calls, their structs, return codes and activation status follow NVML's own header,
+ * NVIDIA/go-nvml `gen/nvml/nvml.h` at 2f9e261fe40a7a1c54783d66805e8920564763b4
+ * (nvmlDeviceGetMigMode, nvmlDeviceSetMigMode, nvmlDeviceGetGpuInstanceProfileInfo(V),
+ * nvmlDeviceGetGpuInstancePossiblePlacements_v2, nvmlDeviceCreateGpuInstance(WithPlacement),
+ * nvmlGpuInstanceGetComputeInstanceProfileInfo(V), nvmlComputeInstanceDestroy, and the
+ * nvmlReturn_t values); the models' sizes and placements come from NVIDIA's MIG User Guide
+ * and mig-parted, as cited in nvml_standin_mig_models.c.
+ *
  * Which GPUs have MIG, and with which sizes, comes from each GPU's FAKE_NVML_NAME(S) and
  * FAKE_NVML_MEMORY_MIB (see nvml_standin.c) looked up in nvml_standin_mig_models.c (NVIDIA's
  * published tables, transcribed there with their sources); any other GPU answers

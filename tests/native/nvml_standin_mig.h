@@ -1,4 +1,9 @@
-/* What the NVML stand-in's MIG files share (see nvml_standin_mig.c's header). */
+/* What the NVML stand-in's MIG files share (see nvml_standin_mig.c's header). The return
+ * codes are nvmlReturn_t's as NVIDIA/go-nvml `gen/nvml/nvml.h` at
+ * 2f9e261fe40a7a1c54783d66805e8920564763b4 declares them (NVML_ERROR_INVALID_ARGUMENT 2,
+ * NVML_ERROR_NOT_SUPPORTED 3, NVML_ERROR_IN_USE 19, NVML_ERROR_INSUFFICIENT_RESOURCES 23);
+ * GIS and CIS are the id spaces of the slot tree described there (15 GPU instance ids on 8
+ * memory slots, compute instance ids 0..7). */
 #ifndef NVML_STANDIN_MIG_H
 #define NVML_STANDIN_MIG_H
 
