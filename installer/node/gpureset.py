@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from installer.node import kmod
+from installer.node import kmod, pci
 from installer.node.host import Host
 
 SMI_TIMEOUT = 120.0  # nvidia-smi -r waits for the GPU to come back
@@ -32,28 +32,19 @@ def driver_loaded(host: Host) -> bool:
     return any(m.name == "nvidia" for m in modules)
 
 
-def sysfs_address(pci_bus_id: str) -> str:
-    """NVML's `00000000:07:00.0` as sysfs names it: `0000:07:00.0`."""
-    domain, _, rest = pci_bus_id.strip().lower().partition(":")
-    try:
-        return f"{int(domain, 16):04x}:{rest}"
-    except ValueError:
-        return pci_bus_id.strip().lower()
-
-
 def reset_gpu(host: Host, pci_bus_id: str, install_root: Path) -> ResetOutcome:
     """Reset one GPU: through the driver's `nvidia-smi -r -i <bus id>` (the installed one,
     with the installed libraries) where the driver is loaded, else the PCI sysfs reset."""
     if driver_loaded(host):
         smi = install_root / "bin" / "nvidia-smi"
         done = host.run(["env", f"LD_LIBRARY_PATH={install_root / 'lib64'}", str(smi),
-                         "-r", "-i", sysfs_address(pci_bus_id)], timeout=SMI_TIMEOUT)
+                         "-r", "-i", pci.bus_key(pci_bus_id)], timeout=SMI_TIMEOUT)
         if done.returncode == 0:
             return ResetOutcome("nvidia-smi")
         last = (done.stderr or done.stdout).strip().splitlines()
         return ResetOutcome("nvidia-smi", f"exit {done.returncode}: "
                                           f"{last[-1] if last else 'no output'}")
-    path = host.roots.sys / "bus/pci/devices" / sysfs_address(pci_bus_id) / "reset"
+    path = host.roots.sys / "bus/pci/devices" / pci.bus_key(pci_bus_id) / "reset"
     try:
         host.write_sysfs(path, "1")
     except OSError as exc:  # no reset method, or refused

@@ -31,7 +31,7 @@ from installer.context import Context
 from installer.errors import InstallerError, MigInUseError, UpgradeBlockedError
 from installer.installdir import migrecord
 from installer.installdir.readiness import clear_readiness
-from installer.node import gpureset
+from installer.node import gpureset, pci
 from installer.node.holders import Holder, find_holders
 from installer.stages.partition import caps, config, plan, reboots
 from installer.stages.partition.plan import GpuChange, GpuNow
@@ -296,7 +296,7 @@ def _device_paths(ctx: Context, gpus: Sequence[GpuNow]) -> list[str]:
 
 
 def _sysfs_address(gpu: GpuNow) -> str:
-    return gpureset.sysfs_address(gpu.pci_bus_id)
+    return pci.bus_key(gpu.pci_bus_id)
 
 
 def _gpu_rows(gpus: Sequence[GpuNow]) -> tuple[dict[str, Any], ...]:
