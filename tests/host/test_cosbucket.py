@@ -21,16 +21,14 @@ from cosbucket import (
     MODULES,
     PADDED_ALIAS,
     CosBucket,
-    cached_runfile,
     firmware_bytes,
     ima_xattr,
     make_bucket,
     read_tgz,
-    runfile_key,
-    runfile_sources,
     tarball_name,
     xattr_bytes,
 )
+from cosrunfile import cached_runfile, runfile_key, runfile_sources
 from cosserver import CosServer, object_hashes, parse_x_goog_hash
 from httpserver import Fault
 from native import build_standins
