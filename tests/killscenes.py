@@ -24,7 +24,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from cosbucket import RUNFILE_BUCKET, _stage_runfile, cos_node, make_bucket, runfile_name
+from cosbucket import RUNFILE_BUCKET, cos_node, make_bucket
+from cosrunfile import _stage_runfile, runfile_name
 from cosserver import CosServer
 from e2e import standin_env
 from fallbacknode import headers_debs, make_node, unpack_headers

@@ -1,143 +1,38 @@
 """MIG configs that cannot apply to this node: `devices` naming GPUs the node lacks (or not
-GPU indexes at all), profiles NVIDIA does not define (the line lists this GPU's), and
-`device-filter` PCI ids written unquoted (YAML reads `0x20B010DE` as a number: the line
-shows it in hex and says to quote it). Each is exit 2 with one line, before any GPU is
-touched.
+GPU indexes at all), profiles NVIDIA does not define (the line lists this GPU's) and what
+mig-parted refuses (`test_mig_device_filters.py` has the `device-filter` cases). Each is
+exit 2 with one line, before any GPU is touched.
 
 The node: 8 A100-40GB GPUs (the NVML stand-in's MIG state in the arena), the driver
 installed once per module (the real CLI, `tests/fakenode_gpus.py`) and the installed node
-copied into each case's arena. Each case runs `partition` sandboxed as the adversarial suite
-does and asserts the exit code, the one line, that no GPU's MIG state changed and that
-nothing in the arena changed but the readiness a refused partition withdraws.
+copied into each case's arena (`adversarial.migkit`). Each case runs `partition` sandboxed
+as the adversarial suite does and asserts the exit code, the one line, that no GPU's MIG
+state changed and that nothing in the arena changed but the readiness a refused partition
+withdraws.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import shutil
-import subprocess
-import sys
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-from e2e import INSTALL_DIR, NODE, Scene, add_version, standin_env
 
-from adversarial.harness import (
-    KERNEL_STATE,
-    SANDBOX_FAILED,
-    Arena,
-    Result,
-    assert_ok,
-    assert_refused,
-    assert_untouched,
-    sandboxed,
+from adversarial import migkit
+from adversarial.harness import Arena, assert_ok, assert_refused, assert_untouched
+from adversarial.migkit import (
+    A100,
+    A100_SIZES,
+    GPUS,
+    WITHDRAWN,
+    _config,
+    _partition,
+    _refused,
+    _run,
 )
-from installer.testing import SAMPLE_NODES, PciSpec, build_node
 
-V = "535.261.03"
-A100 = ("NVIDIA A100-SXM4-40GB", 40960, 0x20B0)
-GPUS = 8
-A100_SIZES = "1g.5gb, 1g.5gb+me, 1g.10gb, 2g.10gb, 3g.20gb, 4g.20gb, 7g.40gb"
-FAKENODE_GPUS = Path(__file__).resolve().parents[1] / "fakenode_gpus.py"
-TIMEOUT = 5  # seconds per refused run
-# What a refused `partition` may change: the readiness it withdraws (the node is not as
-# configured: the held copy the agent would publish goes too), the installer's own work
-# area, the simulated kernel's and the NVML stand-in's bookkeeping (its lock; a GPU's MIG
-# state is checked on its own).
-WITHDRAWN = (f"node/{INSTALL_DIR}/.ready.json", "node/run/nvidia/validations/",
-             f"node/{INSTALL_DIR}/.agent/ready.json",
-             f"node/{INSTALL_DIR}/.agent/driver-ready.env",
-             f"node/{INSTALL_DIR}/.lock", f"node/{INSTALL_DIR}/.cache/tmp", KERNEL_STATE,
-             "mig/lock")
-
-
-def _addresses() -> list[str]:
-    return [f"0000:{0x10 + i:02x}:00.0" for i in range(GPUS)]
-
-
-def _env(base: Path) -> dict[str, str]:
-    name, memory, _ = A100
-    env = {**standin_env(V, GPUS), "FAKE_NVML_NAMES": ",".join([name] * GPUS),
-           "FAKE_NVML_MEMORY_MIB": ",".join([str(memory)] * GPUS),
-           "FAKE_NVML_BUS_IDS": ",".join(f"0000{a}" for a in _addresses()),
-           "FAKE_NVML_MIG_DIR": str(base / "mig"),
-           "FAKE_NVML_PROC_DIR": str(base / "node" / "proc"), "FAKE_KERNEL_GPUS": str(GPUS)}
-    from installer.config import SETTINGS
-
-    for setting in SETTINGS:
-        if setting.envvar:
-            env.pop(setting.envvar, None)
-    env.pop("KUBERNETES_SERVICE_HOST", None)
-    return env
-
-
-@pytest.fixture(scope="module")
-def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """An 8-GPU A100 node with the driver installed (MIG not configured yet)."""
-    base = tmp_path_factory.mktemp("mig-template")
-    _, _, device = A100
-    spec = dataclasses.replace(SAMPLE_NODES[NODE], pci=tuple(
-        PciSpec(a, device, 0x030200, driver=None) for a in _addresses()))
-    (base / "node").mkdir()
-    build_node(base / "node", spec)
-    scene = Scene(base / "node", base / "repo", base / "work")
-    scene.work.mkdir()
-    add_version(scene, V)
-    (base / "mig").mkdir()
-    done = subprocess.run(
-        [sys.executable, str(FAKENODE_GPUS), "install",
-         *scene.args("--mirror", f"file://{scene.repo}", "--driver-version", V)],
-        capture_output=True, text=True, env=_env(base), timeout=300, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    shutil.rmtree(scene.work)
-    yield base
-
-
-@pytest.fixture
-def node(installed: Path, tmp_path: Path) -> Arena:
-    """A copy of the installed node in this case's arena, with sentinels outside it."""
-    base = tmp_path / "arena"
-    shutil.copytree(installed, base, symlinks=True)
-    scene = Scene(base / "node", base / "repo", base / "work")
-    scene.work.mkdir()
-    outside = base / "outside"
-    (outside / "etc").mkdir(parents=True)
-    (outside / "etc" / "sentinel.conf").write_text("not the installer's\n")
-    return Arena(base, scene, outside, _env(base))
-
-
-def _run(arena: Arena, *args: str) -> Result:
-    """`fakenode_gpus.py ARGS` (a simulated kernel with 8 GPUs) in the suite's sandbox:
-    every filesystem but the arena read-only (`adversarial.harness.SANDBOX`)."""
-    done = subprocess.run(sandboxed(arena.base, sys.executable, str(FAKENODE_GPUS), *args),
-                          capture_output=True, text=True, timeout=TIMEOUT,
-                          env=arena.run_env(), check=False, errors="replace")
-    assert done.returncode != SANDBOX_FAILED, f"sandbox not set up: {done.stderr[-500:]}"
-    return Result(done.returncode, done.stdout, done.stderr)
-
-
-def _partition(arena: Arena, config: str, name: str, *extra: str) -> Result:
-    path = arena.scene.work / "mig.yaml"
-    path.write_text(config)
-    return _run(arena, "partition", *arena.args("--output", "json", "--mig-config-file",
-                                                str(path), "--mig-config", name, *extra))
-
-
-def _config(entry: str) -> str:
-    return f"version: v1\nmig-configs:\n  case:\n{entry}"
-
-
-def _refused(arena: Arena, config: str, *causes: str, dry_run: bool = False) -> None:
-    (arena.scene.work / "mig.yaml").write_text(config)
-    before = arena.snapshot()
-    done = _partition(arena, config, "case", *(("--dry-run",) if dry_run else ()))
-    assert_refused(done, 2, "error(config): [partition] ", *causes)
-    assert json.loads(done.stdout)["error"] == done.lines[0]  # -o json: the failure object
-    assert not any((arena.base / "mig").glob("gpu*")), "a GPU's MIG state changed"
-    assert_untouched(before, arena.snapshot(), WITHDRAWN)
-
+# The fixtures (the node installed once per module, copied into each case's arena).
+installed = migkit.installed
+node = migkit.node
 
 def test_a_config_naming_only_its_gpus_applies(node: Arena) -> None:
     """The baseline the cases differ from: GPUs 0 and 7, 7x1g.5gb each."""
@@ -247,27 +142,6 @@ def test_a_size_of_other_models_is_exit_2_naming_them(node: Arena, size: str) ->
              "fix: use one of this GPU's (e.g. 1g.5gb), or a device-filter")
 
 
-# ------------------------------------------------------------------ device-filter
-
-FILTERS = {
-    "one id unquoted": ("0x20B010DE", 'device-filter holds the number 548409566 (0x20B010DE '
-                        'unquoted', 'fix: quote each PCI id: device-filter: "0x20B010DE"'),
-    "an unquoted id in a list": ('["0x20B210DE", 0x20B010DE]',
-                                 "holds the number 548409566 (0x20B010DE unquoted",
-                                 'quote each PCI id: device-filter: "0x20B010DE"'),
-    "a short id": ('"0x20B0"', "device-filter holds '0x20B0', not a PCI id",
-                   'e.g. "0x20B010DE"'),
-    "a mapping": ("{device: 0x20B0}", "device-filter is {'device': 8368}", "0x<device><vendor>"),
-    "an empty list": ("[]", "device-filter is []", "0x<device><vendor>"),
-}
-
-
-@pytest.mark.parametrize("case", FILTERS)
-def test_an_unquoted_or_malformed_device_filter_is_refused(node: Arena, case: str) -> None:
-    value, said, fix = FILTERS[case]
-    _refused(node, _config(f"    - devices: all\n      device-filter: {value}\n"
-                           "      mig-enabled: false\n"), said, fix)
-
 
 def test_the_refusals_never_reached_nvml_writes(node: Arena) -> None:
     """The stand-in's MIG state stays empty across every kind of refusal in one node."""
@@ -376,31 +250,3 @@ def test_naming_a_gpu_without_mig_by_index_is_still_refused(node: Arena) -> None
                                     '      mig-devices: {"1g.5gb": 7}\n'), "case", "--dry-run")
     assert_refused(done, 14, "GPU 7 (Tesla T4, 15360 MiB) has no MIG; it cannot be partitioned")
     assert_untouched(before, node.snapshot(), WITHDRAWN)
-
-
-SUBSYSTEM = {  # filter -> the GPUs it reaches (GPUs 0-3 are board 0x145F10DE, 4-7 0x147E10DE)
-    '"0x20B010DE:0x147E10DE"': [4, 5, 6, 7],
-    '"0x20b010de:0x145f10de"': [0, 1, 2, 3],
-    '"0x20B010DE"': list(range(8)),
-    '["0x20B010DE:0x000010DE", "0x20B210DE:0x147E10DE"]': [],
-}
-
-
-@pytest.mark.parametrize("value", SUBSYSTEM)
-def test_subsystem_id_device_filters(node: Arena, value: str) -> None:
-    """`0xDDDDVVVV:0xSSSSVVVV` matches the board too; a plain id any board of the GPU."""
-    for index, address in enumerate(_addresses()):
-        base = node.root / "sys/bus/pci/devices" / address
-        (base / "subsystem_device").write_text("0x147e\n" if index >= 4 else "0x145f\n")
-        (base / "subsystem_vendor").write_text("0x10de\n")
-    done = _partition(node, _config(f"    - devices: all\n      device-filter: {value}\n"
-                                    '      mig-enabled: true\n'
-                                    '      mig-devices: {"1g.5gb": 7}\n'), "case", "--dry-run")
-    assert_ok(done)
-    assert json.loads(done.stdout)["changed"] == SUBSYSTEM[value]
-
-
-def test_a_malformed_subsystem_id_is_refused(node: Arena) -> None:
-    _refused(node, _config('    - devices: all\n      device-filter: "0x20B010DE:0x147E"\n'
-                           "      mig-enabled: false\n"),
-             "device-filter holds '0x20B010DE:0x147E', not a PCI id", 'e.g. "0x20B010DE"')

@@ -1,6 +1,6 @@
 /* A daemon stand-in as a real executable, as NVIDIA's daemons are: /proc/PID/exe of the
    process is this file (the agent checks it before it adopts or signals a daemon), and its
-   sha256 is the file's. The behaviour is tests/native/daemons.py's `main`, run by the
+   sha256 is the file's. The behaviour is tests/native/daemon_run.py's `main`, run by the
    Python interpreter embedded here (linked to libpython; -I: no environment, no user site).
 
    Built by tests/native/daemons.py with STANDIN_NAME, STANDIN_VERSION and TESTS_DIR; what
@@ -13,7 +13,7 @@
 int main(int argc, char **argv) {
     static char code[4096];
     snprintf(code, sizeof code,
-             "import sys\nsys.path.insert(0, %s)\nfrom native.daemons import main\n"
+             "import sys\nsys.path.insert(0, %s)\nfrom native.daemon_run import main\n"
              "sys.exit(main(%s, %s, sys.argv[1:]))\n",
              TESTS_DIR, STANDIN_NAME, STANDIN_VERSION);
     char **args = calloc((size_t)argc + 4, sizeof(char *));
