@@ -111,7 +111,7 @@ class Cluster:
     events: list[Doc] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     node_name: str = "gpu-node-1"
-    controllers: list[DaemonSet] = field(default_factory=list)  # see "DaemonSets" below
+    controllers: list[DaemonSet] = field(default_factory=list)  # see tests/kubepods.py
     leases: dict[str, Doc] = field(default_factory=dict)  # "namespace/name": tests/kubelease.py
     lease_version: int = 0
     jitter_s: float = 0.0  # each request waits up to this long, at random, before its answer
