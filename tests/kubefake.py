@@ -33,7 +33,6 @@ import random
 import ssl
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -45,10 +44,16 @@ import jsonschema
 import kubelease
 import kubernetes_validate
 from kubedocs import VERSION as VERSION
-from kubedocs import Doc, merge_patch, namespace_terminating, validate, validate_delete_options
+from kubedocs import Doc, namespace_terminating, validate, validate_delete_options
 from kubedocs import daemonset_doc as daemonset_doc
 from kubedocs import node_doc as node_doc
 from kubedocs import pod_doc as pod_doc
+from kubenodes import OPTIMISTIC_LOCK as OPTIMISTIC_LOCK
+from kubenodes import _node, _node_status, _status
+from kubenodes import conditions as conditions
+from kubepods import DaemonSet as DaemonSet
+from kubepods import _terminate
+from kubepods import add_daemonset as add_daemonset
 from kubesmp import SMP as SMP
 from kubesmp import PatchRefused as PatchRefused
 from kubesmp import strategic_merge as strategic_merge
@@ -106,7 +111,7 @@ class Cluster:
     events: list[Doc] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     node_name: str = "gpu-node-1"
-    controllers: list[DaemonSet] = field(default_factory=list)  # see "DaemonSets" below
+    controllers: list[DaemonSet] = field(default_factory=list)  # see tests/kubepods.py
     leases: dict[str, Doc] = field(default_factory=dict)  # "namespace/name": tests/kubelease.py
     lease_version: int = 0
     jitter_s: float = 0.0  # each request waits up to this long, at random, before its answer
@@ -214,11 +219,6 @@ def _handler(cluster: Cluster) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
-def _status(code: int, message: str) -> Doc:
-    return {"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": code,
-            "message": message}
-
-
 def _route(cluster: Cluster, method: str, url: str, body: Doc | None, content_type: str
            ) -> tuple[int, Doc, Doc | None]:
     split = urlsplit(url)
@@ -259,48 +259,6 @@ def _route(cluster: Cluster, method: str, url: str, body: Doc | None, content_ty
         return 200, found, None
     cluster.errors.append(f"unexpected {method} {url}")
     return 404, _status(404, "not found"), body
-
-
-def _node(cluster: Cluster, method: str, name: str, body: Doc | None, content_type: str
-          ) -> tuple[int, Doc, Doc | None]:
-    if name not in cluster.nodes:
-        return 404, _status(404, f"nodes {name} not found"), body
-    if method == "GET":
-        return 200, _versioned(cluster.nodes[name]), None
-    if method != "PATCH" or content_type != "application/merge-patch+json":
-        cluster.errors.append(f"{method} node with {content_type}")
-        return 415, _status(415, "unsupported"), body
-    stored = _versioned(cluster.nodes[name])
-    patched = merge_patch(stored, body)
-    if patched["metadata"]["resourceVersion"] != stored["metadata"]["resourceVersion"]:
-        return 409, _status(409, f'Operation cannot be fulfilled on nodes "{name}": '
-                                 f"{OPTIMISTIC_LOCK}"), body
-    validate(patched)
-    cluster.nodes[name] = _bump(patched)
-    _daemonsets_reconcile(cluster)
-    return 200, patched, body
-
-
-# --- resourceVersion: optimistic concurrency on the Node -----------------------------------
-# Every write gives the Node a new resourceVersion. A patch that carries
-# `metadata.resourceVersion` writes only if it is still the stored one, else 409 Conflict
-# with the API's message: kubernetes/kubernetes@f565665e0604a5aebe7116339096b961becf7e23,
-# staging/src/k8s.io/apiserver/pkg/registry/generic/registry/store.go (Store.Update:
-# `newResourceVersion != existingResourceVersion` -> NewConflict(OptimisticLockErrorMsg));
-# a merge patch without one is applied to the current object unconditionally (patch.go).
-OPTIMISTIC_LOCK = ("the object has been modified; please apply your changes to the latest "
-                   "version and try again")
-
-
-def _versioned(node: Doc) -> Doc:
-    """The Node with a resourceVersion (nodes built by node_doc start without one)."""
-    node["metadata"].setdefault("resourceVersion", "1")
-    return node
-
-
-def _bump(node: Doc) -> Doc:
-    node["metadata"]["resourceVersion"] = str(int(node["metadata"]["resourceVersion"]) + 1)
-    return node
 
 
 def _pod(cluster: Cluster, method: str, parts: list[str], body: Doc | None
@@ -370,41 +328,6 @@ def _uid_conflict(namespace: str, name: str, options: Doc, pod: Doc) -> Doc:
             "reason": "Conflict", "details": {"name": name, "kind": "pods"}}
 
 
-def _terminate(cluster: Cluster, key: str, grace: int | None) -> None:
-    """Start the pod's graceful deletion (once): Terminating until its processes exit."""
-    pod = cluster.pods[key]
-    meta = pod["metadata"]
-    if meta.get("deletionTimestamp"):
-        return  # already terminating: its deletion goes on as it started
-    if grace is None:
-        grace = pod["spec"].get("terminationGracePeriodSeconds", 30)
-    meta["deletionTimestamp"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    meta["deletionGracePeriodSeconds"] = grace
-    validate(pod)
-    exits = cluster.exits_after.get(key, 0.0)
-    delay = grace if exits is None else min(exits, grace)
-    if delay <= 0:
-        _remove(cluster, key, meta["uid"])
-        return
-    def kubelet() -> None:
-        with cluster.lock:
-            _remove(cluster, key, meta["uid"])
-
-    timer = threading.Timer(delay, kubelet)
-    timer.daemon = True
-    cluster.timers.append(timer)
-    timer.start()
-
-
-def _remove(cluster: Cluster, key: str, uid: str) -> None:
-    """The pod's processes have ended: kubelet's part runs and the API forgets the pod."""
-    pod = cluster.pods.get(key)
-    if pod is not None and pod["metadata"]["uid"] == uid:
-        del cluster.pods[key]
-        cluster.on_evict(pod)
-        _daemonset_pod_gone(cluster, pod)
-
-
 def _list(kind: str, items: list[Doc]) -> Doc:
     return {"apiVersion": "v1", "kind": kind, "metadata": {}, "items": items}
 
@@ -418,150 +341,6 @@ def _selects(selector: str, obj: Doc) -> bool:
     if not values:
         return key in labels
     return labels.get(key) in values.strip("()").split(",")
-
-
-# --- DaemonSets: a controller that puts a deleted pod straight back ---------------------
-# The DaemonSet controller keeps one pod per node whose labels match the DaemonSet's
-# nodeSelector: a deleted pod comes back after `recreate_after` seconds with a new UID and
-# the same owner (what makes "delete the device plugin's pod" not enough on a real
-# cluster), and a node label that stops matching (gpu-operator's paused-for-driver-upgrade)
-# removes the pod; matching again brings it back. `on_create(pod)` is kubelet starting the
-# new pod's containers (the tests start a device-plugin stand-in there). Pods are made
-# through `pod_doc`, so they are validated like every other pod the fake serves.
-
-
-@dataclass
-class DaemonSet:
-    """One DaemonSet: its pods are `<name>-<n>` in `namespace` on the cluster's node."""
-
-    namespace: str
-    name: str
-    node_selector: dict[str, str] = field(default_factory=dict)
-    recreate_after: float = 0.2
-    on_create: Callable[[Doc], None] = lambda pod: None
-    empty_dirs: tuple[str, ...] = ()  # emptyDir volumes of its pods
-    uid: str = ""
-    made: list[str] = field(default_factory=list)  # every pod name it created, in order
-
-    def __post_init__(self) -> None:
-        self.uid = self.uid or str(uuid.uuid5(uuid.NAMESPACE_URL, f"{self.namespace}/"
-                                              f"{self.name}"))
-
-    def owns(self, pod: Doc) -> bool:
-        return any(ref.get("uid") == self.uid
-                   for ref in pod["metadata"].get("ownerReferences", []))
-
-    def selects(self, node: Doc) -> bool:
-        labels = node.get("metadata", {}).get("labels", {})
-        return all(labels.get(k) == v for k, v in self.node_selector.items())
-
-    def new_pod(self, node: str, uid: str | None = None) -> Doc:
-        """A pod as the controller makes it: owned by this DaemonSet, with its selector."""
-        name = f"{self.name}-{len(self.made) + 1:05d}"
-        self.made.append(name)
-        doc = pod_doc(name, uid or str(uuid.uuid4()), node, namespace=self.namespace,
-                      owner="DaemonSet", empty_dirs=self.empty_dirs)
-        doc["metadata"]["ownerReferences"][0].update(name=self.name, uid=self.uid)
-        if self.node_selector:
-            doc["spec"]["nodeSelector"] = dict(self.node_selector)
-        validate(doc)
-        return doc
-
-
-def add_daemonset(cluster: Cluster, daemonset: DaemonSet, uid: str | None = None) -> Doc:
-    """Register `daemonset` with its pod on the cluster's node already running (`uid`)."""
-    cluster.controllers.append(daemonset)
-    cluster.daemonsets.setdefault(f"{daemonset.namespace}/{daemonset.name}",
-                                  daemonset_doc(daemonset.name, daemonset.namespace))
-    pod = daemonset.new_pod(cluster.node_name, uid)
-    cluster.pods[f"{daemonset.namespace}/{pod['metadata']['name']}"] = pod
-    return pod
-
-
-def _daemonset_of(cluster: Cluster, pod: Doc) -> DaemonSet | None:
-    return next((d for d in cluster.controllers if d.owns(pod)), None)
-
-
-def _daemonset_pod_gone(cluster: Cluster, pod: Doc) -> None:
-    """Called under the lock: schedule the replacement while the node still matches."""
-    daemonset = _daemonset_of(cluster, pod)
-    if daemonset is not None:
-        _later(cluster, daemonset, daemonset.recreate_after)
-
-
-def _daemonsets_reconcile(cluster: Cluster) -> None:
-    """Called under the lock after a node patch: unselected pods go, selected ones come."""
-    node = cluster.nodes.get(cluster.node_name, {})
-    for daemonset in cluster.controllers:
-        mine = [k for k, p in cluster.pods.items() if daemonset.owns(p)]
-        if not daemonset.selects(node):
-            for key in mine:
-                _remove(cluster, key, cluster.pods[key]["metadata"]["uid"])  # kubelet stops it
-        elif not mine:
-            _later(cluster, daemonset, daemonset.recreate_after)
-
-
-def _later(cluster: Cluster, daemonset: DaemonSet, delay: float) -> None:
-    """The controller's next sync: one pod if the node matches and none is there. With no
-    delay it happens within the request that removed the pod (under the lock: the
-    controller always wins the race against the caller's next look)."""
-    def sync() -> Doc | None:
-        node = cluster.nodes.get(cluster.node_name, {})
-        if not daemonset.selects(node) or any(daemonset.owns(p)
-                                              for p in cluster.pods.values()):
-            return None
-        pod = daemonset.new_pod(cluster.node_name)
-        cluster.pods[f"{daemonset.namespace}/{pod['metadata']['name']}"] = pod
-        return pod
-
-    def locked() -> None:
-        with cluster.lock:
-            pod = sync()
-        if pod is not None:
-            daemonset.on_create(pod)
-
-    if delay <= 0:
-        pod = sync()
-        if pod is not None:
-            daemonset.on_create(pod)
-        return
-    timer = threading.Timer(delay, locked)
-    timer.daemon = True
-    timer.start()
-
-
-# --- The Node's status subresource (GPU health conditions) ---------------------------------
-# PATCH /api/v1/nodes/<n>/status with a strategic merge patch (tests/kubesmp.py), as
-# kubelet and node-problem-detector send theirs: only `status` may be patched. Anything
-# else (another content type, another directive, a condition without `type`) is refused
-# and recorded.
-
-def _node_status(cluster: Cluster, method: str, name: str, body: Doc | None,
-                 content_type: str) -> tuple[int, Doc, Doc | None]:
-    if name not in cluster.nodes:
-        return 404, _status(404, f"nodes {name} not found"), body
-    if method == "GET":
-        return 200, cluster.nodes[name], None
-    if method != "PATCH" or content_type != SMP:
-        cluster.errors.append(f"{method} node status with {content_type}")
-        return 415, _status(415, "unsupported"), body
-    if not isinstance(body, dict) or set(body) != {"status"}:
-        cluster.errors.append(f"node status patch touches more than status: {body}")
-        return 400, _status(400, "only status may be patched here"), body
-    try:
-        patched = strategic_merge(cluster.nodes[name], body)
-    except PatchRefused as exc:
-        cluster.errors.append(f"PATCH node status: {exc}")
-        return 400, _status(400, str(exc)), body
-    validate(patched)
-    cluster.nodes[name] = _bump(_versioned(patched))
-    return 200, patched, body
-
-
-def conditions(cluster: Cluster, node: str | None = None) -> dict[str, Doc]:
-    """The Node's status conditions by type."""
-    found = cluster.nodes[node or cluster.node_name].get("status", {}).get("conditions", [])
-    return {c["type"]: c for c in found}
 
 
 @contextmanager
