@@ -30,17 +30,18 @@ def families(snap: Snapshot, now: float, *, dcgm_names: bool = False) -> Iterato
         yield from section()
 
 
-def sections(snap: Snapshot, now: float, *, dcgm_names: bool = False
+def sections(snap: Snapshot, now: float, *, dcgm_names: bool = False, part: str = "all"
              ) -> list[Callable[[], list[Metric]]]:
     """The families in groups, each built whole or not at all (a bug costs its group);
-    `dcgm_names` adds dcgm-exporter's family."""
-    found = [lambda: list(_install(snap)), lambda: list(_agent(snap)),
-             lambda: list(_gpus(snap)), lambda: list(_gke_node(snap)),
-             lambda: list(_gke_containers(snap)), lambda: list(gpmfamilies.families(snap)),
-             lambda: list(_collection(snap, now))]
+    `dcgm_names` adds dcgm-exporter's family. `part`: "static" (what only the snapshot
+    decides), "live" (what changes with `now`: the collection's section) or "all"."""
+    static = [lambda: list(_install(snap)), lambda: list(_agent(snap)),
+              lambda: list(_gpus(snap)), lambda: list(_gke_node(snap)),
+              lambda: list(_gke_containers(snap)), lambda: list(gpmfamilies.families(snap))]
     if dcgm_names:
-        found.append(lambda: list(dcgm.families(snap, gpu_holders(snap))))
-    return found
+        static.append(lambda: list(dcgm.families(snap, gpu_holders(snap))))
+    live: list[Callable[[], list[Metric]]] = [lambda: list(_collection(snap, now))]
+    return {"static": static, "live": live}.get(part, static + live)
 
 
 def _install(snap: Snapshot) -> Iterator[Metric]:
