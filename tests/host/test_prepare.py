@@ -1,0 +1,174 @@
+"""`prepare --kernel RELEASE` over a host tree with a second kernel installed.
+
+The node (FakeKernelHost) runs KERNEL; NEXT is installed beside it (/lib/modules/NEXT), not
+running. prepare fetches NEXT's package from a real HTTP mirror into the cache, verified;
+a rerun takes it from the cache (the mirror sees no request for a package file); a kernel
+no source has is `missing` with the `package build` command. Nothing is ever loaded, made
+or staged for NEXT: the simulated kernel's record stays empty, no /dev node appears, the
+install dir holds only the cache and the lock. Then the node "boots" NEXT (the simulated
+kernel's release switched) and `install` takes the package from the cache with the mirror
+gone: no download.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from e2e import KERNEL, Scene, add_version, events, make_scene, run_cli, standin_env
+from httpserver import MirrorServer
+from native import build_standins
+from native.packages import standin_tree
+
+from installer.packages.builder import BuildRequest, build
+from installer.testing.kernel import fake_module_set
+
+V1 = "535.261.03"
+NEXT = "5.15.0-1050-gke"
+KEYS = {"kernel", "arch", "driver_version", "flavour", "state", "source", "digest",
+        "build_command", "error", "duration_s"}
+
+
+def add_for_kernel(scene: Scene, version: str, kernel: str) -> str:
+    """A package of `version` for `kernel` in the repository; returns its manifest digest."""
+    work = scene.work / f"{version}-{kernel}"
+    tree = standin_tree(work / "tree", build_standins(work / "built"), version)
+    fake_module_set(work / "modules", version, kernel_release=kernel)
+    return build(BuildRequest(trees=(tree,), modules_dir=work / "modules",
+                              driver_version=version, kernel_release=kernel,
+                              flavour="proprietary", repo=scene.repo,
+                              aliases=("default", "latest"), force=True)).digest
+
+
+@pytest.fixture
+def scene(tmp_path: Path) -> Scene:
+    scene = make_scene(tmp_path)
+    (scene.root / "lib/modules" / NEXT).mkdir(parents=True)  # installed, not running
+    return scene
+
+
+def prepare(scene: Scene, mirror: str, *extra: str, kernel: str = NEXT
+            ) -> subprocess.CompletedProcess[str]:
+    return run_cli(["prepare", "--kernel", kernel, *scene.args(
+        "--mirror", mirror, "--allow-http", "--driver-version", V1, "-o", "json", *extra)],
+        standin_env(V1))
+
+
+def result(done: subprocess.CompletedProcess[str]) -> dict[str, object]:
+    obj = json.loads(done.stdout)
+    assert isinstance(obj, dict) and set(obj) == KEYS, done.stdout
+    return obj
+
+
+def assert_nothing_loaded(scene: Scene) -> None:
+    """The simulated kernel loaded no module and made no device node; nothing was staged
+    and no readiness or state written: the install dir holds only the cache and the lock."""
+    kernel = json.loads((scene.root / "proc/.fake-kernel.json").read_text())
+    assert kernel["modules"] == {} and kernel["nodes"] == {}, kernel
+    assert not list(scene.root.glob("dev/nvidia*"))
+    assert {p.name for p in scene.install_dir.iterdir()} <= {".cache", ".prepare.lock"}
+    assert not (scene.root / "run/nvidia/validations/driver-ready").exists()
+
+
+def package_requests(server: MirrorServer) -> list[str]:
+    """What the mirror served of NEXT's package (its manifest and files)."""
+    return [r.path for r in server.requests if f"/{NEXT}/" in r.path]
+
+
+class TestFromMirror:
+    def test_fetched_verified_then_cached_then_used_by_the_boot(self, scene: Scene) -> None:
+        add_version(scene, V1)
+        digest = add_for_kernel(scene, V1, NEXT)
+        with MirrorServer(scene.repo) as server:
+            first = prepare(scene, server.url)
+            assert first.returncode == 0, first.stderr[-3000:]
+            got = result(first)
+            assert got["state"] == "ready" and got["source"] == "mirror", got
+            assert got["digest"] == digest and got["kernel"] == NEXT
+            assert (got["arch"], got["driver_version"], got["flavour"]) == (
+                "x86_64", V1, "proprietary")
+            assert got["error"] is None and got["build_command"] is None
+            assert package_requests(server), "the package came from the mirror"
+            refs = [json.loads(p.read_text()) for p in
+                    (scene.install_dir / ".cache/refs").glob("*.json")]
+            assert [r["kernel_release"] for r in refs] == [NEXT]
+            stages = [e["stage"] for e in events(first.stderr)
+                      if e["event"] == "stage finished"]
+            assert stages == ["detect", "space", "fetch", "confirm"], stages
+            assert_nothing_loaded(scene)
+
+            served = len(server.requests)
+            again = prepare(scene, server.url)
+            assert again.returncode == 0, again.stderr[-3000:]
+            assert result(again)["source"] == "cache"
+            assert result(again)["digest"] == digest
+            assert not [r.path for r in server.requests[served:] if f"/{NEXT}/" in r.path]
+        assert_nothing_loaded(scene)
+        # the node boots NEXT: install finds the package in the cache, the mirror is gone
+        (scene.root / "proc/sys/kernel/osrelease").write_text(NEXT + "\n")
+        booted = run_cli(["install", *scene.args("--mirror", "http://127.0.0.1:9/",
+                                                 "--allow-http", "--driver-version", V1,
+                                                 "--output", "json")], standin_env(V1))
+        assert booted.returncode == 0, booted.stderr[-3000:]
+        state = json.loads((scene.install_dir / ".state.json").read_text())
+        assert state["kernel_release"] == NEXT and state["package_digest"] == digest
+        assert not [e for e in events(booted.stderr) if e["event"] == "downloading"]
+
+    def test_text_output_and_the_running_kernel(self, scene: Scene) -> None:
+        """Without -o json: one line naming the package; the running kernel works too."""
+        add_version(scene, V1)
+        with MirrorServer(scene.repo) as server:
+            done = run_cli(["prepare", "--kernel", KERNEL, *scene.args(
+                "--mirror", server.url, "--allow-http", "--driver-version", V1)],
+                standin_env(V1))
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert done.stdout.startswith(f"Prepared NVIDIA {V1} (proprietary) for kernel {KERNEL}")
+        assert_nothing_loaded(scene)
+
+
+class TestMissing:
+    def test_no_source_has_it_exit_5_with_the_build_command(self, scene: Scene) -> None:
+        add_version(scene, V1)  # only the running kernel's package
+        with MirrorServer(scene.repo) as server:
+            done = prepare(scene, server.url)
+        assert done.returncode == 5, done.stderr[-3000:]
+        got = result(done)
+        assert got["state"] == "missing" and got["source"] is None and got["digest"] is None
+        command = str(got["build_command"])
+        assert command.startswith("gpu-node-installer package build --nvidia-source "
+                                  f"NVIDIA-Linux-x86_64-{V1}.run"), command
+        assert f"/lib/modules/{NEXT}/build" in command and "--flavour proprietary" in command
+        lines = [line for line in done.stderr.splitlines() if line.startswith("error(")]
+        assert len(lines) == 1 and lines[0] == got["error"], done.stderr[-3000:]
+        assert lines[0].startswith("error(package-not-found): [fetch] ")
+        assert NEXT in lines[0] and command in lines[0]
+        assert_nothing_loaded(scene)
+        assert not list((scene.install_dir / ".cache/refs").glob("*.json"))
+
+    def test_fallback_without_headers_is_missing_naming_them(self, scene: Scene) -> None:
+        add_version(scene, V1)
+        with MirrorServer(scene.repo) as server:
+            done = prepare(scene, server.url, "--build-fallback", "auto")
+        assert done.returncode == 5, done.stderr[-3000:]
+        got = result(done)
+        assert got["state"] == "missing" and f"linux-headers-{NEXT}" in str(got["error"])
+        assert_nothing_loaded(scene)
+
+
+class TestOnePreparation:
+    def test_a_second_preparation_is_refused_at_once(self, scene: Scene) -> None:
+        """`.prepare.lock` held (by this test, as a running preparation would): exit 13,
+        no wait; the node lock is not involved."""
+        add_version(scene, V1)
+        scene.install_dir.mkdir(parents=True)
+        with (scene.install_dir / ".prepare.lock").open("w") as held:
+            fcntl.flock(held, fcntl.LOCK_EX)
+            with MirrorServer(scene.repo) as server:
+                done = prepare(scene, server.url)
+        assert done.returncode == 13, done.stderr[-3000:]
+        got = result(done)
+        assert got["state"] == "failed" and "another preparation" in str(got["error"])
+        assert not (scene.install_dir / ".lock").exists()
