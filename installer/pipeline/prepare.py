@@ -36,6 +36,7 @@ from installer.errors import (
 from installer.installdir import ownership
 from installer.installdir.layout import cache_root, prepare_lock_path
 from installer.node.documents import quote
+from installer.node.interrupts import Signalled
 from installer.node.lock import holder_pid, node_lock
 from installer.packages.manifest import KERNEL_RELEASE_RE
 from installer.pipeline import runner
@@ -114,6 +115,8 @@ def prepare(make_ctx: Callable[[], Context], kernel: str | None) -> PrepareResul
     except InstallerError as exc:
         result.failure = exc
         result.state = "missing" if isinstance(exc, PackageNotFoundError) else "failed"
+    except Signalled as sig:  # SIGTERM/SIGINT outside a stage (the map, the lock): the same
+        result.failure = sig.error("prepare", "during prepare, outside its stages")
     result.duration_s = round(time.monotonic() - started, 3)
     if result.failure is not None:
         result.error = result.failure.one_line()

@@ -14,19 +14,23 @@ from __future__ import annotations
 
 import fcntl
 import json
+import signal
 import subprocess
+import sys
+import time
 from pathlib import Path
 
+import kubefake
 import pytest
-from e2e import KERNEL, Scene, add_version, events, make_scene, run_cli, standin_env
-from httpserver import MirrorServer
+from e2e import FAKENODE, KERNEL, Scene, add_version, events, make_scene, run_cli, standin_env
+from httpserver import Fault, MirrorServer
 from native import build_standins
 from native.packages import standin_tree
 
 from installer.packages.builder import BuildRequest, build
 from installer.testing.kernel import fake_module_set
 
-V1 = "535.261.03"
+V1, V2 = "535.261.03", "535.309.01"
 NEXT = "5.15.0-1050-gke"
 KEYS = {"kernel", "arch", "driver_version", "flavour", "state", "source", "digest",
         "build_command", "error", "duration_s"}
@@ -172,3 +176,58 @@ class TestOnePreparation:
         got = result(done)
         assert got["state"] == "failed" and "another preparation" in str(got["error"])
         assert not (scene.install_dir / ".lock").exists()
+
+
+class TestStopped:
+    def test_sigterm_mid_download_is_one_failed_object_and_no_ref(self, scene: Scene) -> None:
+        """The agent may stop a preparation (its pod deleted): exit 143 within seconds, the
+        JSON object says failed, the cache gains no ref and keeps no temp folder."""
+        add_for_kernel(scene, V1, NEXT)
+        with MirrorServer(scene.repo) as server:
+            server.fault(f"/{NEXT}/", Fault("stall", after=10, seconds=30, times=0))
+            proc = subprocess.Popen(
+                [sys.executable, str(FAKENODE), "prepare", "--kernel", NEXT, *scene.args(
+                    "--mirror", server.url, "--allow-http", "--driver-version", V1,
+                    "-o", "json")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                text=True, env=standin_env(V1))
+            deadline = time.monotonic() + 60
+            while not package_requests(server) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert package_requests(server), "the download began"
+            proc.send_signal(signal.SIGTERM)
+            out, err = proc.communicate(timeout=5)
+        assert proc.returncode == 143, err[-3000:]
+        got = json.loads(out)
+        assert got["state"] == "failed" and "SIGTERM" in str(got["error"]), got
+        assert not list((scene.install_dir / ".cache/refs").glob("*.json"))
+        assert not list((scene.install_dir / ".cache/tmp").glob("run-*/*"))
+        assert_nothing_loaded(scene)
+
+
+class TestVersionRules:
+    def test_the_pools_map_entry_chooses_and_no_label_is_written(self, scene: Scene) -> None:
+        """DRIVER_VERSION_MAP as for install: the Node's pool picks V2 over the setting's V1;
+        a preparation labels nothing (the install that boots it does)."""
+        add_for_kernel(scene, V1, NEXT)
+        digest = add_for_kernel(scene, V2, NEXT)
+        pools = scene.work / "map.yaml"
+        pools.write_text("- selector: {cloud.google.com/gke-nodepool: h200-pool}\n"
+                         f"  version: '{V2}'\n")
+        account = scene.work / "serviceaccount"
+        account.mkdir()
+        (account / "token").write_text(kubefake.TOKEN + "\n")
+        node = kubefake.node_doc("a-1")
+        node["metadata"].setdefault("labels", {})[  # type: ignore[index]
+            "cloud.google.com/gke-nodepool"] = "h200-pool"
+        cluster = kubefake.Cluster(node_name="a-1", nodes={"a-1": node})
+        before = json.dumps(cluster.node()["metadata"]["labels"], sort_keys=True)
+        with MirrorServer(scene.repo) as server, kubefake.serve(cluster) as api:
+            done = prepare(scene, server.url, "--driver-version-map", str(pools),
+                           "--node-name", "a-1", "--kube-api", api,
+                           "--service-account-dir", str(account))
+        assert done.returncode == 0, done.stderr[-3000:]
+        got = result(done)
+        assert (got["driver_version"], got["digest"], got["state"]) == (V2, digest, "ready")
+        assert json.dumps(cluster.node()["metadata"]["labels"], sort_keys=True) == before
+        assert cluster.errors == []
+        assert_nothing_loaded(scene)
