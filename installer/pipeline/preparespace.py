@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from installer.context import Context
 from installer.errors import DiskFullError, free_bytes
 from installer.installdir.layout import cache_root
+from installer.installdir.state import read_state
 from installer.packages.manifest import DRIVER_VERSION_RE, ManifestError, parse_manifest
 from installer.packages.repository import flavour_order
 
@@ -62,17 +63,20 @@ def build_command(ctx: Context, node: NodeInfo, running: NodeInfo
                   ) -> tuple[str | None, str | None, str]:
     """(driver version, flavour, the `package build` command) for a package `node` lacks.
 
-    The version is the request when exact, else the driver the node runs now (when it
-    fits the request); the flavour the one asked for, else the loaded one, else the GPUs'
-    preferred. Unknown parts are left as upper-case placeholders.
+    The version is the request when exact, else the driver the node runs now or last
+    installed (when it fits the request); the flavour the one asked for, else the loaded
+    one, else the GPUs' preferred. Unknown parts are left as upper-case placeholders.
     """
     config, loaded = ctx.config, running.loaded_driver
     version: str | None = None
     if DRIVER_VERSION_RE.match(config.driver_version):
         version = config.driver_version
-    elif loaded is not None and (config.driver_version in ("default", "latest")
-                                 or loaded.version.startswith(f"{config.driver_version}.")):
-        version = loaded.version
+    else:
+        state = read_state(ctx.install_root, ctx.log)
+        serving = [v for v in (loaded and loaded.version, state and state.driver_version)
+                   if v and (config.driver_version in ("default", "latest")
+                             or v.startswith(f"{config.driver_version}."))]
+        version = serving[0] if serving else None
     flavours = flavour_order(config.flavour, node)
     flavour = (config.flavour if config.flavour != "auto" else
                (loaded.flavour if loaded is not None and loaded.flavour else None)

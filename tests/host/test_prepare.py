@@ -152,6 +152,25 @@ class TestMissing:
         assert_nothing_loaded(scene)
         assert not list((scene.install_dir / ".cache/refs").glob("*.json"))
 
+    def test_a_branch_request_names_the_driver_the_node_runs(self, scene: Scene) -> None:
+        """`--driver-version 535` and no package for NEXT: the command names the 535 driver
+        the running kernel was installed with; that install is left as it was."""
+        add_version(scene, V1)
+        with MirrorServer(scene.repo) as server:
+            installed = run_cli(["install", *scene.args("--mirror", server.url, "--allow-http",
+                                                        "--driver-version", V1)],
+                                standin_env(V1))
+            assert installed.returncode == 0, installed.stderr[-3000:]
+            state = (scene.install_dir / ".state.json").read_bytes()
+            done = run_cli(["prepare", "--kernel", NEXT, *scene.args(
+                "--mirror", server.url, "--allow-http", "--driver-version", "535",
+                "-o", "json")], standin_env(V1))
+        assert done.returncode == 5, done.stderr[-3000:]
+        got = result(done)
+        assert got["driver_version"] == V1 and f"--driver-version {V1} " in str(
+            got["build_command"])
+        assert (scene.install_dir / ".state.json").read_bytes() == state
+
     def test_fallback_without_headers_is_missing_naming_them(self, scene: Scene) -> None:
         add_version(scene, V1)
         with MirrorServer(scene.repo) as server:
