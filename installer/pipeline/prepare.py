@@ -41,6 +41,7 @@ from installer.node.lock import holder_pid, node_lock
 from installer.packages.manifest import KERNEL_RELEASE_RE
 from installer.pipeline import runner
 from installer.pipeline.preparespace import build_command, check_space
+from installer.stages.detect import require_gpus
 
 if TYPE_CHECKING:
     from installer.node.facts import NodeInfo
@@ -132,6 +133,7 @@ def _prepare(ctx: Context, release: str, result: PrepareResult) -> None:
 
     versionmap.apply(ctx)  # the per-pool rules, as install: a bad map is exit 2, nothing read
     running = runner.detect(ctx)
+    require_gpus(running)  # as install: a GPU-less node gets nothing (exit 3)
     target = target_node(ctx, running, release)
     result.arch = target.kernel_arch
     runner.run_stage(ctx, "space", lambda c: check_space(c, target))

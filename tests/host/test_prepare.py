@@ -181,6 +181,19 @@ class TestMissing:
         assert_nothing_loaded(scene)
 
 
+class TestRefusals:
+    def test_a_node_without_gpus_exit_3_nothing_written(self, tmp_path: Path) -> None:
+        from installer.testing import SAMPLE_NODES
+
+        scene = make_scene(tmp_path, SAMPLE_NODES["debian12-no-gpu"])
+        done = run_cli(["prepare", "--kernel", NEXT, *scene.args(
+            "--mirror", "http://127.0.0.1:9/", "--allow-http", "-o", "json")],
+            standin_env(V1))
+        assert done.returncode == 3, done.stderr[-3000:]
+        assert result(done)["state"] == "failed" and "no NVIDIA GPU" in done.stderr
+        assert not (scene.root / "home").exists()
+
+
 class TestOnePreparation:
     def test_a_second_preparation_is_refused_at_once(self, scene: Scene) -> None:
         """`.prepare.lock` held (by this test, as a running preparation would): exit 13,
