@@ -201,7 +201,9 @@ def project_image(tmp_path_factory: pytest.TempPathFactory, tag: str = PROJECT_T
         pytest.skip(f"podman cannot run containers here: {probe.stderr.strip()[-500:]}")
     context = build_context(tmp_path_factory.mktemp("image") / "context",
                             PROJECT_PRELOADED if preloaded is None else preloaded)
-    build_s = build(context, base, tag, __version__)
+    with open(CACHE / ".project-image.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a second builder (another worker) waits, then
+        build_s = build(context, base, tag, __version__)  # finds every layer cached
 
     def seconds(value: float | None) -> str:
         return "cached" if value is None else f"{value:.1f} s"

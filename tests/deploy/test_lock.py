@@ -6,6 +6,8 @@ them that way. A dependency added to pyproject without relocking fails here."""
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
 import tomllib
 from pathlib import Path
 
@@ -100,3 +102,20 @@ def test_the_dockerfile_installs_from_the_locks_with_hashes_required() -> None:
     assert "-r requirements/sbom.txt" in commands[0]
     assert "-r requirements/runtime.txt" in commands[1]
     assert "-r requirements/runtime.txt -r /self.txt" in commands[2]
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_make_lock_compiles_both_locks_universally_with_hashes() -> None:
+    """`make lock`, dry-run: uv for Python 3.11 on every platform, with hashes, into the two
+    files the Dockerfile reads (the real run needs the index: not run here)."""
+    proc = subprocess.run(["make", "-s", "-n", "-C", str(REPO), "lock", "LOCK_VENV=/nonexistent"],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    commands = " ".join(proc.stdout.replace("\\\n", " ").split())
+    assert "pip install -q uv==" in commands
+    for output, source in (("requirements/runtime.txt", "pyproject.toml"),
+                           ("requirements/sbom.txt", "requirements/sbom.in")):
+        (compile_,) = re.findall(rf"/nonexistent/bin/uv pip compile [^;]*? -o {output} {source}",
+                                 commands)
+        for flag in ("--universal", "--python-version 3.11", "--generate-hashes"):
+            assert flag in compile_, compile_

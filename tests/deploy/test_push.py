@@ -220,3 +220,22 @@ def test_push_without_a_registry_says_so() -> None:
     proc = make("push", "CONTAINER_ENGINE=/usr/bin/podman")
     assert proc.returncode != 0
     assert "set REGISTRY=host[:port]/path" in proc.stderr
+
+
+def test_the_documented_first_step_builds_then_pushes_and_pins() -> None:
+    """deploy.md's first command, under its `# tested:` marker naming the registry test above,
+    dry-run: the image build, then the push and the pin that test runs for real."""
+    text = (REPO / "docs" / "deploy.md").read_text(encoding="utf-8")
+    marker = ("# tested: tests/deploy/test_push.py::"
+              "test_push_to_a_local_registry_and_deploy_by_digest")
+    (command,) = re.findall(rf"^{re.escape(marker)}\n(make [^\n]*)$", text, re.MULTILINE)
+    assert command.startswith("make image push REGISTRY=") and " OVERLAY=" in command
+    proc = make("-n", *command.split()[1:], "CONTAINER_ENGINE=/usr/bin/podman")
+    assert proc.returncode == 0, proc.stderr
+    commands = " ".join(proc.stdout.replace("\\\n", " ").split())
+    registry = command.split("REGISTRY=")[1].split()[0]
+    overlay = command.split("OVERLAY=")[1].split()[0]
+    build = commands.index("/usr/bin/podman build")
+    push = commands.index(f"/usr/bin/podman push --digestfile build/push.digest {registry}/")
+    pin_at = commands.index(f"scripts/pin-image.py --overlay {overlay} ")
+    assert build < push < pin_at
