@@ -37,8 +37,8 @@ ARG PIP_INDEX_URL=https://pypi.org/simple
 ARG TARGETARCH
 ARG VERSION=0.1.0
 WORKDIR /src
-# Layer 1, rebuilt only when a lock changes: the SBOM tool (cyclonedx-bom, its own lock) in the
-# builder's venv, and the dependencies' wheels for the target. The target's wheel tags are its
+# Layer 1, rebuilt only when a lock changes: the dependencies' wheels for the target, and the
+# SBOM tool (cyclonedx-bom, its own lock) in the builder's venv. The target's wheel tags are its
 # machine name with every manylinux level up to the glibc of this (the same) base, so pip
 # picks what the target's interpreter would; layer 2 reads them back.
 COPY requirements/runtime.txt requirements/sbom.txt ./requirements/
@@ -52,12 +52,12 @@ RUN --mount=type=secret,id=pip-ca,required=false \
          set -- "$@" --platform "manylinux_2_${minor}_${machine}"; minor=$((minor + 1)); done \
     && printf '%s\n' "$@" > /platform-args \
     && python3 -m venv /opt/build \
-    && /opt/build/bin/pip install --no-cache-dir --disable-pip-version-check \
-       --index-url "${PIP_INDEX_URL}" --only-binary=:all: --require-hashes \
-       -r requirements/sbom.txt \
     && /opt/build/bin/pip download --no-cache-dir --disable-pip-version-check \
        --index-url "${PIP_INDEX_URL}" --only-binary=:all: "$@" --require-hashes \
-       --dest /wheels -r requirements/runtime.txt
+       --dest /wheels -r requirements/runtime.txt \
+    && /opt/build/bin/pip install --no-cache-dir --disable-pip-version-check \
+       --index-url "${PIP_INDEX_URL}" --only-binary=:all: --require-hashes \
+       -r requirements/sbom.txt
 # Layer 2, the installer: its wheel (hashed here, so the whole install stays in hash mode),
 # and the venv made here at its final path (scripts' #! lines name it) without pip; `pip
 # --python` installs with the venv's interpreter, `--target` because pip allows a foreign

@@ -192,6 +192,33 @@ class TestImage:
                           check=False).returncode == 0
 
 
+def test_a_wheel_not_in_the_lock_stops_the_build(tmp_path: Path) -> None:
+    """--require-hashes really checks: with every hash of one pin replaced, the builder
+    stage fails on that wheel's download and no image is made."""
+    reason = podman.why_podman_cannot_run()
+    if reason is not None:
+        pytest.skip(reason)
+    base, _, _ = podman.base_image()
+    context = podman.build_context(tmp_path / "context", {})
+    lock = context / "requirements" / "runtime.txt"
+    text = lock.read_text()
+    pin = re.search(r"^(idna==[^ ]+) \\\n((?:\s+--hash=sha256:[0-9a-f]{64}(?: \\)?\n)+)",
+                    text, re.MULTILINE)
+    assert pin, "idna is no longer in the lock: pick another pure-Python pin"
+    forged = re.sub(r"[0-9a-f]{64}", "0" * 64, pin.group(2))
+    lock.write_text(text.replace(pin.group(0), f"{pin.group(1)} \\\n{forged}"))
+    tag = "localhost/gpu-node-installer:test-forged-lock"
+    proc = podman.podman("build", "--isolation", "chroot", "--pull=never", "--network", "host",
+                         "--build-arg", f"BASE_IMAGE={base}", "--target", "builder",
+                         *(["--secret", f"id=pip-ca,src={podman.ca_bundle()}"]
+                           if podman.ca_bundle() else []),
+                         "-t", tag, str(context), timeout=600, check=False)
+    assert proc.returncode != 0
+    assert "THESE PACKAGES DO NOT MATCH THE HASHES" in proc.stdout + proc.stderr
+    assert re.search(r"idna.*\n.*Expected sha256 0{64}", proc.stdout + proc.stderr)
+    assert podman.podman("image", "exists", tag, check=False).returncode != 0
+
+
 class TestSbom:
     """The build's CycloneDX SBOM (docs/image.md) in the image."""
 

@@ -96,11 +96,11 @@ def test_the_dockerfile_installs_from_the_locks_with_hashes_required() -> None:
     commands = [c for run in pip_runs
                 for c in re.findall(r"/opt/build/bin/pip [^&]*", run)
                 if re.search(r" (install|download) ", c)]
-    assert len(commands) == 3, commands  # the SBOM tool, the target's wheels, the venv
+    assert len(commands) == 3, commands  # the target's wheels, the SBOM tool, the venv
     for command in commands:
         assert "--require-hashes" in command and "--only-binary=:all:" in command, command
-    assert "-r requirements/sbom.txt" in commands[0]
-    assert "-r requirements/runtime.txt" in commands[1]
+    assert "download" in commands[0] and "-r requirements/runtime.txt" in commands[0]
+    assert "-r requirements/sbom.txt" in commands[1]
     assert "-r requirements/runtime.txt -r /self.txt" in commands[2]
 
 
