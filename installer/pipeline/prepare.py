@@ -69,10 +69,17 @@ class PrepareResult:
     failure: InstallerError | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kernel": self.kernel, "arch": self.arch, "driver_version": self.driver_version,
-                "flavour": self.flavour, "state": self.state, "source": self.source,
-                "digest": self.digest, "build_command": self.build_command,
-                "error": self.error, "duration_s": self.duration_s}
+        """The result; a failure adds the keys every command's `-o json` failure has
+        (exit_code, slug, stage, message, fix; `error` is its line either way)."""
+        found = {"kernel": self.kernel, "arch": self.arch, "driver_version": self.driver_version,
+                 "flavour": self.flavour, "state": self.state, "source": self.source,
+                 "digest": self.digest, "build_command": self.build_command,
+                 "error": self.error, "duration_s": self.duration_s}
+        failure = self.failure
+        if failure is not None:
+            found.update(exit_code=failure.code, slug=failure.slug, stage=failure.stage,
+                         message=printable(failure.message), fix=printable(failure.remedy))
+        return found
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)

@@ -34,6 +34,7 @@ V1, V2 = "535.261.03", "535.309.01"
 NEXT = "5.15.0-1050-gke"
 KEYS = {"kernel", "arch", "driver_version", "flavour", "state", "source", "digest",
         "build_command", "error", "duration_s"}
+FAILURE = {"exit_code", "slug", "stage", "message", "fix"}  # every command's -o json failure
 
 
 def add_for_kernel(scene: Scene, version: str, kernel: str) -> str:
@@ -63,7 +64,9 @@ def prepare(scene: Scene, mirror: str, *extra: str, kernel: str = NEXT
 
 def result(done: subprocess.CompletedProcess[str]) -> dict[str, object]:
     obj = json.loads(done.stdout)
-    assert isinstance(obj, dict) and set(obj) == KEYS, done.stdout
+    assert isinstance(obj, dict) and set(obj) == KEYS | (FAILURE if done.returncode else set()), \
+        done.stdout
+    assert done.returncode == obj.get("exit_code", 0)
     return obj
 
 
