@@ -94,6 +94,9 @@ def test_the_documented_live_upgrade_component_renders_in_another_overlay(
     assert binding["subjects"][0]["namespace"] == "gpu-node-installer"
     (installer,) = pod_spec(daemonset)["initContainers"]
     assert container_env(installer, docs)["UPGRADE_POLICY"] == "evict"
+    assert container_env(installer, docs)["NVIDIA_DRIVER_VERSION"] == "535.261.03"
+    assert "kubectl apply -k my-upgrading-cluster" in UPGRADING  # the version lives there
+    assert "set the new version in the overlay's settings" not in UPGRADING
 
 
 def test_the_documented_overlay_snippets_render_and_validate(tmp_path: Path) -> None:
