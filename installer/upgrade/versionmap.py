@@ -36,7 +36,6 @@ from installer.config import Config
 from installer.config.values import Invalid, parse_driver_version
 from installer.context import Context
 from installer.errors import ConfigError, UpgradeBlockedError
-from installer.node import kube
 from installer.node.documents import quote, read_yaml
 from installer.node.files import read_regular
 
@@ -190,6 +189,8 @@ def choose(config: Config) -> Choice:
     if config.driver_version_map is None:
         return resolve(config, (), {})
     entries = read(config.driver_version_map)  # a bad map: refused before the API is asked
+    from installer.node import kube  # the API client (http.client): only with a map
+
     node = config.node_name
     api = kube.connect(config, os.environ)
     if node is None or api is None:
@@ -219,6 +220,8 @@ def apply(ctx: Context) -> Choice:
 
 def label(ctx: Context, choice: Choice) -> None:
     """RULE_LABEL on the Node, when the map is in use; a failure is a warning."""
+    from installer.node import kube
+
     node = ctx.config.node_name
     api = kube.connect(ctx.config, os.environ) if node else None
     if ctx.config.driver_version_map is None or node is None or api is None:
