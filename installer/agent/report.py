@@ -21,11 +21,16 @@ from installer.config import Config
 if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger
 
+    from installer.agent.nextkernel import Said
     from installer.node.kube import ApiServer
 
 LABEL_PREFIX = "gpu-node-installer"
 STATUS_LABEL = f"{LABEL_PREFIX}/status"
 CONDITION = f"{LABEL_PREFIX}/DriverReady"
+NEXT_KERNEL_LABEL = f"{LABEL_PREFIX}/next-kernel"
+NEXT_KERNEL_CONDITION = f"{LABEL_PREFIX}/NextKernelReady"
+NEXT_KERNEL_EVENTS = {"ready": "NextKernelReady", "missing": "NextKernelDriverMissing",
+                      "building": "NextKernelPreparing", "failed": "NextKernelPrepareFailed"}
 STOP_DRAIN_S = 5.0  # a stopping agent's last words: at most this long
 WRITE_S = 5.0  # one write, retries included: a hung server frees the writer this soon
 
@@ -72,6 +77,32 @@ class Reporter:
                                                       deadline=_write_deadline()))
         self.queue.put("taint", "update the startup taint", lambda: taint.on_verdict(
             api, node, self.config, self.log, ready=ready))
+
+    def next_kernel(self, said: Said | None) -> None:
+        """Queue the next kernel's label, condition and an Event for a changed state;
+        with none (any more), the label and condition go (only ours: our own keys)."""
+        api, node = self.api, self.node
+        if api is None or node is None:
+            return
+        from installer.node import kube
+
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        condition: dict[str, str] = {"type": NEXT_KERNEL_CONDITION, "$patch": "delete"}
+        label: str | None = None
+        if said is not None:
+            condition = {"type": NEXT_KERNEL_CONDITION,
+                         "status": "True" if said.state == "ready" else "False",
+                         "reason": said.reason, "message": said.message,
+                         "lastHeartbeatTime": now, "lastTransitionTime": now}
+            label = said.state
+            self.event(NEXT_KERNEL_EVENTS[said.state], said.message,
+                       warning=said.state in ("missing", "failed"))
+        self.queue.put("next-kernel-condition", "set the next kernel's node condition",
+                       lambda: kube.patch_node_status(api, node, [condition],
+                                                      deadline=_write_deadline()))
+        self.queue.put("next-kernel-label", "label the node's next kernel",
+                       lambda: kube.patch_node(api, node, {"metadata": {"labels": {
+                           NEXT_KERNEL_LABEL: label}}}, deadline=_write_deadline()))
 
     def event(self, reason: str, message: str, *, warning: bool = True,
               once_key: str | None = None) -> None:
