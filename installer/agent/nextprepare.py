@@ -74,6 +74,8 @@ def prepare_command(config: Config, kernel: str, environ: Mapping[str, str]
            "SYS_ROOT": str(config.sys_root), "DEV_ROOT": str(config.dev_root),
            "NVIDIA_INSTALL_DIR_HOST": str(config.install_dir), "LOG_FORMAT": "json",
            "LOG_LEVEL": config.log_level}
+    if config.cache_dir is not None:
+        env["DRIVER_CACHE_DIR"] = str(config.cache_dir)
     return argv, env
 
 

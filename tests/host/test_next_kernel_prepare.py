@@ -6,6 +6,7 @@ hanging -> failed, bounded); outcomes remembered, failures retried with backoff.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import os
 import sys
@@ -25,6 +26,7 @@ from installer.agent.nextprepare import (
     prepare_command,
 )
 from installer.config import Config
+from installer.testing import SAMPLE_NODES, build_node
 
 BOUND_S = 5.0  # every case ends within this (a hanging stand-in is killed)
 
@@ -177,3 +179,29 @@ class TestNothingForOtherNames:
             assert not watch.tick(now) or watch.said is None
         assert watch.said is None and runs(node) == []
         watch.close()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("installer.pipeline.prepare") is None,
+                    reason="the `prepare` command is not in this tree yet")
+class TestRealCommand:
+    """The real `prepare` through the very command line the agent builds: its answer keeps
+    the contract (one JSON object, a state its exit code agrees with, for this kernel)."""
+
+    def test_a_kernel_no_source_has(self, tmp_path: Path) -> None:
+        root = build_node(tmp_path / "node", SAMPLE_NODES["debian12-l4"])
+        add_tree(root, "6.1.0-27-cloud-amd64")
+        config = Config(host_root=root, proc_root=root / "proc", sys_root=root / "sys",
+                        dev_root=root / "dev")
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("FAKE_", "NVIDIA_"))}
+        env["PATH"] = str(tmp_path / "no-console-script") + os.pathsep + "/usr/bin:/bin"
+        prep = Preparer(config, env, tmp_path / "work", Log())
+        end = time.monotonic() + 120
+        state, outcome = prep.tick("6.1.0-27-cloud-amd64", 0.0)
+        while state == "building":
+            assert time.monotonic() < end
+            time.sleep(0.1)
+            state, outcome = prep.tick("6.1.0-27-cloud-amd64", 0.0)
+        assert state in ("missing", "failed"), outcome
+        assert outcome.error is None or not outcome.error.startswith(
+            ("prepare exited", "prepare answered", "prepare wrote")), outcome
+        assert "without one JSON object" not in (outcome.error or ""), outcome
