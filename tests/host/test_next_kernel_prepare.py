@@ -185,7 +185,8 @@ class TestNothingForOtherNames:
                     reason="the `prepare` command is not in this tree yet")
 class TestRealCommand:
     """The real `prepare` through the very command line the agent builds: its answer keeps
-    the contract (one JSON object, a state its exit code agrees with, for this kernel)."""
+    the contract (one JSON object, a state its exit code agrees with, for this kernel).
+    Skipped until installer/pipeline/prepare.py is in the tree (its own branch)."""
 
     def test_a_kernel_no_source_has(self, tmp_path: Path) -> None:
         root = build_node(tmp_path / "node", SAMPLE_NODES["debian12-l4"])
@@ -201,7 +202,9 @@ class TestRealCommand:
             assert time.monotonic() < end
             time.sleep(0.1)
             state, outcome = prep.tick("6.1.0-27-cloud-amd64", 0.0)
-        assert state in ("missing", "failed"), outcome
-        assert outcome.error is None or not outcome.error.startswith(
-            ("prepare exited", "prepare answered", "prepare wrote")), outcome
-        assert "without one JSON object" not in (outcome.error or ""), outcome
+        assert state == "missing", outcome  # no mirror, nothing preloaded or cached: exit 5
+        assert outcome.build_command is not None
+        assert "package build" in outcome.build_command
+        assert "linux-headers-6.1.0-27-cloud-amd64" in outcome.build_command
+        said = describe("6.1.0-27-cloud-amd64", state, outcome, config.driver_version)
+        assert f"build it: {outcome.build_command}"[:200] in said.message
