@@ -159,15 +159,21 @@ class Preparer:
             return FAILED, outcome
         self.kernel = kernel
         self.log.info("next kernel preparation started", kernel=kernel, pid=self.job.pid,
-                      argv=argv)
-        return BUILDING, record.outcome if record else None
+                      argv=argv, retry=record is not None)
+        return self._running(kernel)
+
+    def _running(self, kernel: str) -> tuple[str, Outcome | None]:
+        """While a preparation runs: `building` the first time; a retry keeps saying the
+        last outcome (a missing kernel asked again is still missing until the answer
+        changes: no label flapping, no Event per retry)."""
+        record = self.records.get(self.key(kernel))
+        return (record.outcome.state, record.outcome) if record else (BUILDING, None)
 
     def _poll(self, kernel: str, now: float) -> tuple[str, Outcome | None]:
         assert self.job is not None
         done = self.job.poll()
         if done is None:
-            record = self.records.get(self.key(kernel))
-            return BUILDING, record.outcome if record else None
+            return self._running(kernel)
         self.job = None
         outcome = judge(done, kernel, background.tail(self.log_file))
         self._remember(kernel, outcome, now)

@@ -156,6 +156,27 @@ class TestStates:
             assert said(node) is None
 
 
+class TestAfterTheReboot:
+    def test_a_label_an_earlier_boot_left_goes(
+            self, tmp_path: Path, package: Package, cluster: tuple[str, Cluster]) -> None:
+        """The node rebooted into the kernel it prepared: no next kernel now, so the label
+        and condition the last boot's agent set are removed (only those: ours)."""
+        url, api = cluster
+        node, record = node_with_standin(tmp_path, package, "ready")
+        with api.lock:
+            metadata = api.node()["metadata"]
+            metadata.setdefault("labels", {})[LABEL] = "ready"
+            metadata["labels"]["team"] = "gpu"
+            api.node().setdefault("status", {}).setdefault("conditions", []).append(
+                {"type": CONDITION, "status": "True", "reason": "DriverReady",
+                 "message": f"kernel {RUNNING}: driver 535.261.03 ready"})
+        with node.agent(api=url):
+            wait_for(lambda: label(api) is None and not condition(api), 60)
+            assert said(node) is None and not runs(record)
+        with api.lock:
+            assert api.node()["metadata"]["labels"]["team"] == "gpu"
+
+
 class TestNothingRun:
     def test_an_older_kernel_is_ignored(self, tmp_path: Path, package: Package,
                                         cluster: tuple[str, Cluster]) -> None:

@@ -56,7 +56,7 @@ def settle(prep: Preparer, kernel: str | None, now: float = 0.0) -> tuple[str, A
     """Tick until the preparation ends (bounded)."""
     end = time.monotonic() + BOUND_S
     state, outcome = prep.tick(kernel, now)
-    while state == "building":
+    while prep.job is not None:
         assert time.monotonic() < end, "prepare not done within the bound"
         time.sleep(0.02)
         state, outcome = prep.tick(kernel, now)
@@ -105,8 +105,17 @@ class TestStates:
         assert f"gpu-node-installer package build --kernel {NEXT}" in said.message
         assert prep.tick(NEXT, MISSING_RETRY_S - 1)[0] == "missing"
         assert len(runs(node)) == 1
-        assert prep.tick(NEXT, MISSING_RETRY_S)[0] == "building"
+        assert prep.tick(NEXT, MISSING_RETRY_S)[0] == "missing"  # asked again, still said
+        assert prep.job is not None
         settle(prep, NEXT, MISSING_RETRY_S)
+        assert len(runs(node)) == 2
+
+    def test_a_missing_kernel_published_later_turns_ready(self, node: dict[str, Any]) -> None:
+        prep, _ = preparer(node, "missing")
+        assert settle(prep, NEXT)[0] == "missing"
+        prep.environ = {**prep.environ, "FAKE_PREPARE": "ready"}  # a mirror published it
+        state, outcome = settle(prep, NEXT, MISSING_RETRY_S)
+        assert state == "ready" and outcome.build_command is None
         assert len(runs(node)) == 2
 
     def test_failed_is_retried_with_a_doubling_backoff(self, node: dict[str, Any]) -> None:
