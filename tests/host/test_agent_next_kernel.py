@@ -10,6 +10,7 @@ than the running one, and NEXT_KERNEL_PREPARE=off, run nothing.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import socket
 import time
@@ -202,3 +203,26 @@ class TestNothingRun:
             assert said(node) == "absent" and label(api) is None and not runs(record)
             status_out = node.run("status")
             assert "Next kernel:     not watched (NEXT_KERNEL_PREPARE=off)" in status_out.stdout
+
+
+@pytest.mark.skipif(importlib.util.find_spec("installer.pipeline.prepare") is None,
+                    reason="the `prepare` command is not in this tree yet")
+class TestRealPrepare:
+    """The agent with the real `prepare` (no stand-in on PATH): a second kernel no source
+    has is said `missing`, with the build command the real command names."""
+
+    def test_a_kernel_no_source_has_is_missing(
+            self, tmp_path: Path, package: Package, cluster: tuple[str, Cluster]) -> None:
+        url, api = cluster
+        node = make_node(tmp_path, package, sample="debian12-l4", gpus=1,
+                         env={"PATH": "/usr/bin:/bin", "DRIVER_MIRRORS": ""})
+        add_tree(node.root, RUNNING)
+        add_tree(node.root, NEXT)
+        with node.agent(api=url):
+            wait_for(lambda: label(api) == "missing", 90)
+            wait_for(lambda: condition(api).get("reason") == "DriverMissing", 30)
+            message = condition(api)["message"]
+        assert f"kernel {NEXT}: no package" in message
+        assert f"linux-headers-{NEXT}" in message  # the real command's build command
+        assert '"event": "next kernel preparation started"' in node.log()
+
