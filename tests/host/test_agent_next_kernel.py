@@ -157,6 +157,22 @@ class TestStates:
             assert said(node) is None
 
 
+class TestStop:
+    def test_a_stopping_agent_kills_its_preparation(
+            self, tmp_path: Path, package: Package, cluster: tuple[str, Cluster]) -> None:
+        """The pod is deleted mid-build: nothing the agent started outlives it."""
+        url, api = cluster
+        node, record = node_with_standin(tmp_path, package, "hang")
+        add_tree(node.root, NEXT)
+        with node.agent(api=url) as agent:
+            wait_for(lambda: runs(record) and label(api) == "building", 60)
+            pid = runs(record)[0]["pid"]
+            assert Path(f"/proc/{pid}").exists()
+            agent.terminate()
+            agent.wait(timeout=30)
+        assert not Path(f"/proc/{pid}").exists()
+
+
 class TestAfterTheReboot:
     def test_a_label_an_earlier_boot_left_goes(
             self, tmp_path: Path, package: Package, cluster: tuple[str, Cluster]) -> None:
