@@ -100,7 +100,8 @@ SETTINGS: tuple[Setting, ...] = (
             "an absolute path on the node without '..'", values.host_abs_path, readers.CACHE),
     Setting("cache_keep", "--cache-keep", "DRIVER_CACHE_KEEP", "2",
             "packages kept in the cache (older ones not in use are pruned)",
-            "an integer from 1 to 100", values.int_range(1, 100), readers.FETCHING),
+            "an integer from 1 to 100", values.int_range(1, 100),
+            readers.FETCHING - {"prepare"}),  # prepare only adds to the cache
     Setting("ca_bundle", "--ca-bundle", "DRIVER_CA_BUNDLE", None,
             "CA certificates (PEM) to verify https:// mirrors with",
             "an absolute path to a readable PEM file with at least one certificate",
@@ -194,7 +195,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("upgrade_policy", "--upgrade-policy", "UPGRADE_POLICY", "refuse",
             "when another driver version is loaded and in use: refuse (exit 10), evict the "
             "pods holding the GPUs, or drain every non-DaemonSet pod (needs --node-name)",
-            "one of refuse, evict, drain", values.choice(*upgrade.POLICIES), readers.UPGRADE),
+            "one of refuse, evict, drain", values.choice(*upgrade.POLICIES),
+            readers.UPGRADE | {"agent"}),
     Setting("upgrade_timeout", "--upgrade-timeout", "UPGRADE_TIMEOUT", "900",
             "seconds allowed to free the GPUs (evictions refused by a PodDisruptionBudget "
             "are retried until then)", "a number of seconds above 0, at most 86400",
