@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from installer.agent import kernelorder
@@ -168,7 +169,7 @@ class NextKernel:
     """Detection and preparation together; `tick` once per agent round."""
 
     def __init__(self, config: Config, host: Host, environ: Mapping[str, str], log: Any, *,
-                 work: Any, use_inotify: bool = True) -> None:
+                 work: Path, use_inotify: bool = True) -> None:
         self.config = config
         self.detector = Detector(host, log, use_inotify=use_inotify)
         self.preparer = Preparer(config, environ, work, log)
