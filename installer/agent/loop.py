@@ -30,6 +30,7 @@ from installer.agent.daemons import (
     Supervised,
     Supervisor,
 )
+from installer.agent.nextkernel import NextKernel, Said
 from installer.agent.plan import Plan, make_plan
 from installer.agent.process import stop_on_signal, trim_heap
 from installer.agent.readiness import HEARTBEAT_S, Keeper, remove_view, work_dir, write_view
@@ -93,6 +94,7 @@ class Agent:
         self.no_install: str | None = None
         self.health = health.Health(health.critical_set(self.config))  # Xid counts
         self.start_grace = True  # `--once` confirms the daemons run: no grace there
+        self.next_kernel: NextKernel | None = None  # the loop's (not `--once`), when on
         self.versions = (versionwatch.VersionWatch(ctx.install_root, choose, self.log, clock)
                          if choose is not None and ctx.config.driver_version_map else None)
 
@@ -124,11 +126,18 @@ class Agent:
         now = self.clock()
         self.supervisor.tick(now)
         verdict = self._decide(now)
-        self._apply(verdict, now)
+        said_changed = self.next_kernel is not None and self.next_kernel.round(
+            now, self.reporter.next_kernel)
+        self._apply(verdict, now, view_changed=said_changed)
         changed = self.versions.check() if self.versions is not None else None
         if changed is not None:
             versionwatch.act(changed, self.config, self.reporter, self.log, self.environ)
         return verdict
+
+    @property
+    def next_said(self) -> Said | None:
+        """The next kernel as last said (None: none, or not watched)."""
+        return self.next_kernel.said if self.next_kernel is not None else None
 
     def _decide(self, now: float) -> Verdict:
         assert self.supervisor is not None and self.plan is not None
@@ -241,7 +250,7 @@ class Agent:
         self.state.nvml_ready = True
         return True
 
-    def _apply(self, verdict: Verdict, now: float) -> None:
+    def _apply(self, verdict: Verdict, now: float, *, view_changed: bool = False) -> None:
         """Files first (readiness, the probe's view), in this round; then queue what the
         cluster hears, on a change only (the queue never blocks: `publish`)."""
         previous = self.state.verdict
@@ -253,10 +262,13 @@ class Agent:
             published = True
         elif not verdict.ready and self.no_install is None and self.keeper.present():
             self.keeper.withdraw()
-        if changed or now - self.state.view_written >= HEARTBEAT_S:
+        if changed or view_changed or now - self.state.view_written >= HEARTBEAT_S:
             assert self.supervisor is not None and self.plan is not None
+            said = self.next_said
             write_view(self.config, self.host, {
                 **verdict.to_view(), "fabric_kind": self.plan.kind,
+                **({} if self.next_kernel is None else {  # absent: not watched
+                    "next_kernel": said.to_view() if said is not None else None}),
                 "daemons": {d.spec.name: d.describe() for d in self.supervisor.daemons}})
             self.state.view_written = now
         self.state.verdict = verdict
@@ -329,6 +341,9 @@ def run_forever(agent: Agent, stop: threading.Event) -> Verdict | None:
         agent.reporter.queue.put("xid-report", what, report)
 
     source = health.open_xid_source(agent.host, use_nvml=agent.nvml_ready())
+    if config.next_kernel_prepare == "on":
+        agent.next_kernel = NextKernel(config, agent.host, agent.environ, agent.log,
+                                       work=agent.work)
     verdict = None
     try:
         while not stop.is_set():
@@ -343,6 +358,8 @@ def run_forever(agent: Agent, stop: threading.Event) -> Verdict | None:
                 timeout_s=timeout, log=agent.log, announced=announced, send=send), stop)
     finally:
         source.close()
+        if agent.next_kernel is not None:
+            agent.next_kernel.close()
         agent.stop()
         remove_view(config, agent.host)  # a stopped agent has no view: not "fresh"
         agent.reporter.close()

@@ -21,11 +21,16 @@ from installer.config import Config
 if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger
 
+    from installer.agent.nextkernel import Said
     from installer.node.kube import ApiServer
 
 LABEL_PREFIX = "gpu-node-installer"
 STATUS_LABEL = f"{LABEL_PREFIX}/status"
 CONDITION = f"{LABEL_PREFIX}/DriverReady"
+NEXT_KERNEL_LABEL = f"{LABEL_PREFIX}/next-kernel"
+NEXT_KERNEL_CONDITION = f"{LABEL_PREFIX}/NextKernelReady"
+NEXT_KERNEL_EVENTS = {"ready": "NextKernelReady", "missing": "NextKernelDriverMissing",
+                      "building": "NextKernelPreparing", "failed": "NextKernelPrepareFailed"}
 STOP_DRAIN_S = 5.0  # a stopping agent's last words: at most this long
 WRITE_S = 5.0  # one write, retries included: a hung server frees the writer this soon
 
@@ -73,6 +78,34 @@ class Reporter:
         self.queue.put("taint", "update the startup taint", lambda: taint.on_verdict(
             api, node, self.config, self.log, ready=ready))
 
+    def next_kernel(self, said: Said | None) -> None:
+        """Queue the next kernel's label, condition and an Event for a changed state;
+        with none (any more), the label and condition go where the Node has them (read
+        first: an agent's first word on a node without them writes nothing)."""
+        api, node = self.api, self.node
+        if api is None or node is None:
+            return
+        from installer.node import kube
+
+        if said is None:
+            self.queue.put("next-kernel-condition", "clear the node's next kernel",
+                           lambda: _clear_next_kernel(api, node))
+            self.queue.put("next-kernel-label", "clear the node's next kernel", lambda: None)
+            return
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        condition = {"type": NEXT_KERNEL_CONDITION,
+                     "status": "True" if said.state == "ready" else "False",
+                     "reason": said.reason, "message": said.message,
+                     "lastHeartbeatTime": now, "lastTransitionTime": now}
+        self.event(NEXT_KERNEL_EVENTS[said.state], said.message,
+                   warning=said.state in ("missing", "failed"))
+        self.queue.put("next-kernel-condition", "set the next kernel's node condition",
+                       lambda: kube.patch_node_status(api, node, [condition],
+                                                      deadline=_write_deadline()))
+        self.queue.put("next-kernel-label", "label the node's next kernel",
+                       lambda: kube.patch_node_labels(api, node, {
+                           NEXT_KERNEL_LABEL: said.state}, deadline=_write_deadline()))
+
     def event(self, reason: str, message: str, *, warning: bool = True,
               once_key: str | None = None) -> None:
         """Queue an Event; with `once_key`, only the first time for that key (until
@@ -119,3 +152,20 @@ class Reporter:
         """Send what is queued, for at most `timeout_s` (the agent is stopping)."""
         if not self.queue.close(timeout_s):
             self.log.warning("API writes left unsent at stop", pending=self.queue.pending())
+
+
+def _clear_next_kernel(api: ApiServer, node: str) -> None:
+    """Remove our next-kernel label and condition where the Node has them (none: no write)."""
+    from installer.node import kube
+
+    current = kube.get_node(api, node, deadline=_write_deadline())
+    metadata, status = current.get("metadata"), current.get("status")
+    labels = metadata.get("labels") if isinstance(metadata, dict) else None
+    conditions = status.get("conditions") if isinstance(status, dict) else None
+    if isinstance(labels, dict) and NEXT_KERNEL_LABEL in labels:
+        kube.patch_node(api, node, {"metadata": {"labels": {NEXT_KERNEL_LABEL: None}}},
+                        deadline=_write_deadline())
+    if isinstance(conditions, list) and any(
+            isinstance(c, dict) and c.get("type") == NEXT_KERNEL_CONDITION for c in conditions):
+        kube.patch_node_status(api, node, [{"type": NEXT_KERNEL_CONDITION, "$patch": "delete"}],
+                               deadline=_write_deadline())

@@ -239,6 +239,7 @@ SETTINGS: tuple[Setting, ...] = (
             "readiness until the fabric completes)", "one of package, host",
             values.choice("package", "host"), readers.DAEMONS),
     *(Setting(*row) for row in agent.ROWS),  # the node agent: config/agent.py
+    *(Setting(*row) for row in agent.NEXT_KERNEL_ROWS),  # the next kernel's driver
     Setting("cdi", "--cdi", "CDI", "on", "write a CDI spec (kind nvidia.com/gpu) for the staged "
             "driver, read by containerd 2.x, CRI-O and Podman without NVIDIA's toolkit; off "
             "removes ours", "one of on, off", values.choice("on", "off"), readers.CDI),
@@ -325,6 +326,8 @@ class Config(mig.MigSettings):
     fabric_wait: float = 0.0
     agent_interval: float = 5.0
     daemon_stop_timeout: float = 10.0
+    next_kernel_prepare: str = "on"
+    next_kernel_prepare_timeout: float = 3600.0
     metrics_port: int = 9420
     metrics_address: str = "0.0.0.0"  # noqa: S104 - Prometheus scrapes the pod IP
     metrics_interval: float = 5.0

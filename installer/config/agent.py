@@ -154,3 +154,28 @@ ROWS = (
     ("daemon_stop_timeout", "--daemon-stop-timeout", "DAEMON_STOP_TIMEOUT", "10",
      "seconds a daemon has after SIGTERM before SIGKILL", SECONDS, deadline, DAEMONS),
 )
+
+
+@ranged(60, MAX_SECONDS)
+def prepare_timeout(value: str) -> float:
+    """Seconds one preparation of the next kernel may run: 60 (a download) to a day."""
+    number = decimal(value)
+    if not 60 <= number <= MAX_SECONDS:
+        raise Invalid(value)
+    return number
+
+
+# the next kernel: rows of config.SETTINGS
+NEXT_KERNEL_ROWS = (
+    ("next_kernel_prepare", "--next-kernel-prepare", "NEXT_KERNEL_PREPARE", "on",
+     "the agent watches for a kernel installed but not running, newer than the running one, "
+     "and prepares its driver package in the host cache (`prepare`, at idle CPU and I/O "
+     "priority, one at a time), saying the result in the node label "
+     "gpu-node-installer/next-kernel; off: none of this", "one of on, off",
+     choice("on", "off"), AGENT),
+    ("next_kernel_prepare_timeout", "--next-kernel-prepare-timeout",
+     "NEXT_KERNEL_PREPARE_TIMEOUT", "3600",
+     "seconds one preparation of the next kernel may run (a download, or a build from the "
+     "kernel's headers) before it is killed and said failed",
+     "a number of seconds from 60 to 86400", prepare_timeout, AGENT),
+)

@@ -172,7 +172,17 @@ def agent_lines(agent: dict[str, Any] | None) -> list[str]:
         if isinstance(daemon, dict):
             lines.append(f"  {name}: {daemon.get('state')} (pid {daemon.get('pid')}, "
                          f"restarts {daemon.get('restarts')})")
-    return lines
+    return [*lines, next_kernel_line(agent)]
+
+
+def next_kernel_line(agent: dict[str, Any]) -> str:
+    """The kernel the node boots next and whether its driver is ready, as the agent said."""
+    if "next_kernel" not in agent:
+        return "Next kernel:     not watched (NEXT_KERNEL_PREPARE=off)"
+    said = agent["next_kernel"]
+    if not isinstance(said, dict):
+        return "Next kernel:     none (no installed kernel newer than the running one)"
+    return f"Next kernel:     {said.get('state')}: {said.get('message')}"
 
 
 def _cache(ctx: Context) -> dict[str, Any]:

@@ -72,7 +72,7 @@ def metrics(root: Path, lib_dir: Path) -> dict[str, Any]:
                                         metrics_gpm_interval=0.0, metrics_dcgm_names=False),
         nvml_ready=lambda: True, state=SimpleNamespace(nvml_error=None, verdict=None),
         ctx=SimpleNamespace(install_root=root / "install"), supervisor=None,
-        health=SimpleNamespace(counts={}, last={}))
+        health=SimpleNamespace(counts={}, last={}), next_said=None)
     with nvml_session(lib_dir):
         collector = collect.Collector(agent)  # type: ignore[arg-type]
         collector.collect()

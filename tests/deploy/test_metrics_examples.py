@@ -46,6 +46,7 @@ METRICS = {
     "gpu_node_installer_gpu_power_watts", "gpu_node_installer_gpu_ecc_errors_total",
     "gpu_node_installer_gpu_remapped_rows", "gpu_node_installer_collection_errors_total",
     "gpu_node_installer_pod_resources_available", "gpu_node_installer_metrics_age_seconds",
+    "gpu_node_installer_next_kernel_ready",
 }
 MONITORS = ["podmonitor.yaml", "podmonitoring.yaml", "clusterpodmonitoring.yaml"]
 PROMQL_WORDS = {"max", "sum", "avg", "count", "by", "increase", "rate", "without", "on",

@@ -51,7 +51,7 @@ class Collector:
             last_xids=tuple(sorted(dict(self.agent.health.last).items())),
             driver_version=gpus.driver_version, gpus=tuple(gpus.gpus),
             unreadable=tuple(gpus.unreadable), containers=self._containers(),
-            errors=tuple(sorted(self.errors.items())))
+            errors=tuple(sorted(self.errors.items())), next_kernel=self._next_kernel())
         self.latest = snap
         return snap
 
@@ -80,6 +80,10 @@ class Collector:
     def _ready(self) -> bool | None:
         verdict = self.agent.state.verdict
         return None if verdict is None else verdict.ready
+
+    def _next_kernel(self) -> tuple[str, str] | None:
+        said = self.agent.next_said  # one reference, swapped whole by the loop
+        return (said.kernel, said.state) if said is not None else None
 
     def _daemons(self) -> tuple[tuple[str, bool, int], ...]:
         supervisor = self.agent.supervisor

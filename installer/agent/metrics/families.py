@@ -88,7 +88,14 @@ def _agent(snap: Snapshot) -> Iterator[Metric]:
                                labels=["gpu", "xid"])
     for gpu, code, count in snap.xids:
         xids.add_metric([gpu, str(code)], count)
-    yield from (ready, up, restarts, fabric, xids)
+    next_kernel = _gauge(PREFIX + "next_kernel_ready", "1 when the driver package of the "
+                         "kernel the node boots next is ready in the host cache, 0 while it is "
+                         "missing, building or failed (no series: no next kernel)",
+                         ["kernel", "state"])
+    if snap.next_kernel is not None:
+        kernel, state = snap.next_kernel
+        next_kernel.add_metric([kernel, state], int(state == "ready"))
+    yield from (ready, up, restarts, fabric, xids, next_kernel)
 
 
 def _gpus(snap: Snapshot) -> Iterator[Metric]:

@@ -89,3 +89,4 @@ class Snapshot:
     unreadable: tuple[tuple[int, str], ...] = ()  # (GPU index, cause): GPUs not served
     containers: tuple[Assignment, ...] | None = None  # None: PodResources unavailable
     errors: tuple[tuple[str, int], ...] = ()  # (source, count since the agent started)
+    next_kernel: tuple[str, str] | None = None  # (release, state): the kernel booted next

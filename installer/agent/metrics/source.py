@@ -14,6 +14,7 @@ if TYPE_CHECKING:
 
     from installer.agent.daemons import Supervisor
     from installer.agent.health import Health
+    from installer.agent.nextkernel import Said
     from installer.agent.verdict import Verdict
     from installer.config import Config
     from installer.context import Context
@@ -49,6 +50,9 @@ class AgentView(Protocol):
 
     @property
     def health(self) -> Health: ...
+
+    @property
+    def next_said(self) -> Said | None: ...
 
     def nvml_ready(self) -> bool:
         """NVML bound and initialised (may try again)."""
