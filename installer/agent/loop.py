@@ -20,7 +20,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 
 from installer.agent import health, metrics, versionwatch
 from installer.agent.daemons import (
@@ -36,6 +35,8 @@ from installer.agent.process import stop_on_signal, trim_heap
 from installer.agent.readiness import HEARTBEAT_S, Keeper, remove_view, work_dir, write_view
 from installer.agent.report import Reporter
 from installer.agent.verdict import (
+    AgentNotReadyError,
+    AgentState,
     Verdict,
     failing_verdict,
     load_announced,
@@ -43,7 +44,6 @@ from installer.agent.verdict import (
     save_announced,
 )
 from installer.context import Context
-from installer.errors import VerificationError
 from installer.installdir.layout import install_root
 from installer.node import kmod, kmsg
 from installer.node.fabric import missing_ib_modules
@@ -59,22 +59,6 @@ from installer.node.gpufabric import (
 ONCE_START_S = 10.0  # `--once` off a fabric: the daemons' start (START_S), a retry or two
 START_GRACE_S = 10.0  # off a fabric: a daemon's first start counts as up for this long
 WAKE_S = 0.5  # between rounds, a daemon's exit is looked for this often
-
-
-class AgentNotReadyError(VerificationError):
-    """`agent --once`: the node is not ready (daemons, fabric, or no verified install)."""
-
-
-@dataclass
-class AgentState:
-    """What the loop remembers between rounds."""
-
-    started: float
-    verdict: Verdict | None = None
-    view_written: float = 0.0
-    nvml_ready: bool = False
-    nvml_error: str | None = None
-    trimmed: bool = False
 
 
 class Agent:

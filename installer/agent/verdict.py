@@ -1,4 +1,5 @@
-"""What one round of the agent concluded, and the record of the Xid Events it posted."""
+"""What one round of the agent concluded, what the loop keeps between rounds, and the record
+of the Xid Events it posted."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from installer.agent.daemons import RUNNING, Supervised, Supervisor
+from installer.errors import VerificationError
 from installer.node.gpufabric import GpuFabric
 from installer.node.host import write_atomic
 
@@ -39,6 +41,22 @@ class Verdict:
         return {"ready": self.ready, "reason": self.message, "cause": self.reason,
                 "fabric": [{"index": g.index, "pci": g.pci, "state": g.state,
                             "status": g.status} for g in self.gpus]}
+
+
+class AgentNotReadyError(VerificationError):
+    """`agent --once`: the node is not ready (daemons, fabric, or no verified install)."""
+
+
+@dataclass
+class AgentState:
+    """What the loop remembers between rounds."""
+
+    started: float
+    verdict: Verdict | None = None
+    view_written: float = 0.0
+    nvml_ready: bool = False
+    nvml_error: str | None = None
+    trimmed: bool = False
 
 
 def running(supervisor: Supervisor) -> str:
