@@ -6,9 +6,11 @@ from installer.cli.agent import agent
 from installer.cli.commands import cli, main
 from installer.cli.package import package
 from installer.cli.pods import check_pod
+from installer.cli.preflight import preflight
 
 cli.add_command(agent)
 cli.add_command(package)
 cli.add_command(check_pod)
+cli.add_command(preflight)
 
 __all__ = ["cli", "main"]

@@ -73,7 +73,7 @@ def _config_of(ctx: click.Context) -> Config | None:
 
 # Commands run by hand to look at a node or a workload: their failure is no pod's last word,
 # so it never goes to a termination log (nor creates one in a laptop's real /dev).
-LOOK_ONLY = frozenset({"check-pod", "compat", "detect", "status", "versions"})
+LOOK_ONLY = frozenset({"check-pod", "compat", "detect", "preflight", "status", "versions"})
 
 
 def _report(ctx: click.Context, error: InstallerError) -> None:
