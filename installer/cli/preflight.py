@@ -11,6 +11,8 @@ import datetime
 import functools
 import os
 from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import click
@@ -18,7 +20,7 @@ import click
 from installer.cli import logs
 from installer.cli.commands import emit, output_option
 from installer.cli.settings import NodeCommand, add_settings
-from installer.config import SETTINGS, Config, load_config
+from installer.config import SETTINGS, SETTINGS_BY_NAME, Config, load_config, raw, values
 
 EPILOG = ("Exit 0: every target is served (and, with --strict, no lifecycle warning); 14: a "
           "kernel has no driver package, its driver cannot drive the GPU, or --strict and a "
@@ -33,9 +35,12 @@ def config_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         flags = {setting.name: kwargs.pop(setting.name) for setting in SETTINGS}
-        flags.update(host_root="/", proc_root="/", sys_root="/", dev_root="/")
+        rules = _version_map(flags.pop("driver_version_map"))
+        flags.update(host_root="/", proc_root="/", sys_root="/", dev_root="/",
+                     driver_version_map=None)
         obj = click.get_current_context().find_root().ensure_object(dict)
-        config = load_config(flags, os.environ)
+        environ = {k: v for k, v in os.environ.items() if k != "DRIVER_VERSION_MAP"}
+        config = replace(load_config(flags, environ), driver_version_map=rules)
         if "config_view" in obj:  # tests: a Config that records which settings are read
             config = obj["config_view"](config)
         obj["config"] = config
@@ -43,6 +48,19 @@ def config_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         return fn(config, *args, **kwargs)
 
     return add_settings(wrapper)
+
+
+def _version_map(flag: str | None) -> Path | None:
+    """DRIVER_VERSION_MAP, checked as the table checks it but without the node name an
+    install needs with it: preflight applies the map to every Node's labels it is given."""
+    setting = SETTINGS_BY_NAME["driver_version_map"]
+    text, source = raw.raw_value(setting, {setting.name: flag}, os.environ)
+    if text is None:
+        return None
+    try:
+        return Path(setting.parse(text))
+    except values.Invalid as exc:
+        raise raw.refusal(setting, source, text, exc) from None
 
 
 def _today(value: str | None) -> datetime.date:
