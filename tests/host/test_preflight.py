@@ -108,7 +108,7 @@ class TestFleet:
         result = preflight(mirror, "--nodes", str(fleet(tmp_path, *THREE_POOLS)))
         assert result.exit_code == 14
         assert f"missing: {K_NEW} x86_64 pool pool-c" in result.stdout
-        assert f"make it: gpu-node-installer package build" in result.stdout
+        assert "make it: gpu-node-installer package build" in result.stdout
 
     def test_all_served_is_exit_0(self, mirror: MirrorServer, tmp_path: Path) -> None:
         served = [n for n in THREE_POOLS if n["metadata"]["name"] != "c-1"]
