@@ -82,6 +82,9 @@ def _today(value: str | None) -> datetime.date:
 @click.option("--nodes", "nodes_file", metavar="FILE|-",
               help="`kubectl get nodes -o yaml` (or -o json): each node's kernel, arch, OS "
                    "image, pool and GPU labels, through DRIVER_VERSION_MAP's rules")
+@click.option("--roll-out", "rollout", multiple=True, metavar="RELEASE[,ARCH]",
+              help="check the Node list as if its nodes of that arch booted this kernel "
+                   "(a new node image), pool by pool; repeatable, one per arch")
 @click.option("--nodes-from-api", is_flag=True,
               help="read the Node list from the API server (the CronJob; needs nodes list)")
 @click.option("--cos-build", "cos_builds", multiple=True,
@@ -101,8 +104,9 @@ def _today(value: str | None) -> datetime.date:
 @config_options
 @output_option
 def preflight(config: Config, kernels: tuple[str, ...], nodes_file: str | None,
-              nodes_from_api: bool, cos_builds: tuple[str, ...], gpus: tuple[str, ...],
-              strict: bool, today: str | None, post_events: bool, output: str) -> None:
+              rollout: tuple[str, ...], nodes_from_api: bool, cos_builds: tuple[str, ...],
+              gpus: tuple[str, ...], strict: bool, today: str | None, post_events: bool,
+              output: str) -> None:
     """Does every kernel/node get a driver package? Exit 0 yes, 14 no (see below)."""
     from installer.compat.pods.workloads import read_input
     from installer.errors import ConfigError
@@ -113,6 +117,10 @@ def preflight(config: Config, kernels: tuple[str, ...], nodes_file: str | None,
     if nodes_file and nodes_from_api:
         raise ConfigError("--nodes and --nodes-from-api both give the Node list",
                           remedy="give one of them")
+    if rollout and not (nodes_file or nodes_from_api):
+        raise ConfigError("--roll-out changes the kernel of the nodes in a Node list, and "
+                          "none is given", remedy="give --nodes FILE|- (or use --kernel)")
+    new_kernels = fleet.roll_out(rollout)
     gpu = fleet.gpu_option(gpus)
     targets = fleet.kernel_targets(kernels, gpu)
     targets += [fleet.cos_target(value, gpu) for value in cos_builds]
@@ -125,7 +133,8 @@ def preflight(config: Config, kernels: tuple[str, ...], nodes_file: str | None,
     if nodes is not None:
         cos_build = fleet.cos_target(cos_builds[0], gpu).cos_build if cos_builds else None
         targets += fleet.node_targets(nodes, nodes_file or "from the API",
-                                      cos_build=cos_build, choose=check.chooser(config))
+                                      cos_build=cos_build, choose=check.chooser(config),
+                                      rollout=new_kernels)
     if not targets:
         raise ConfigError("preflight has nothing to check",
                           remedy="give --kernel RELEASE[,ARCH], --nodes FILE|- or --cos-build")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import platform
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from installer.compat import gpulabels
@@ -78,19 +78,21 @@ def gpu_option(names: Iterable[str]) -> tuple[str, str] | None:
     return found
 
 
-def kernel_targets(values: Iterable[str], gpu: tuple[str, str] | None) -> list[Target]:
+def kernel_targets(values: Iterable[str], gpu: tuple[str, str] | None, *,
+                   flag: str = "--kernel") -> list[Target]:
     """One target per `--kernel RELEASE[,ARCH]`."""
     targets = []
+    remedy = KERNEL_REMEDY.replace("--kernel", flag)
     for value in values:
         release, _, arch_text = value.partition(",")
         release = release.strip()
         if not KERNEL_RELEASE_RE.match(release):
-            raise ConfigError(f"--kernel {quote(value, 80)}: {quote(release, 80)} is not a "
-                              "kernel release", remedy=KERNEL_REMEDY)
+            raise ConfigError(f"{flag} {quote(value, 80)}: {quote(release, 80)} is not a "
+                              "kernel release", remedy=remedy)
         arch = arches.canonical(arch_text) if arch_text else machine_arch()
         if arch is None:
-            raise ConfigError(f"--kernel {quote(value, 80)}: arch {quote(arch_text, 40)} is "
-                              f"not one of {', '.join(arches.ARCHES)}", remedy=KERNEL_REMEDY)
+            raise ConfigError(f"{flag} {quote(value, 80)}: arch {quote(arch_text, 40)} is "
+                              f"not one of {', '.join(arches.ARCHES)}", remedy=remedy)
         targets.append(Target(release, arch, gpu=gpu))
     return targets
 
@@ -137,13 +139,22 @@ def parse_nodes(data: bytes, source: str) -> list[dict[str, Any]]:
     return items
 
 
+def roll_out(values: Iterable[str]) -> dict[str, str]:
+    """`--roll-out RELEASE[,ARCH]`: arch -> the kernel a new node image boots."""
+    return {t.arch: t.kernel for t in kernel_targets(
+        (value for value in values), None, flag="--roll-out")}
+
+
 def node_targets(nodes: list[dict[str, Any]], source: str, *, cos_build: str | None,
-                 choose: Any) -> list[Target]:
+                 choose: Any, rollout: Mapping[str, str] | None = None) -> list[Target]:
     """Targets from Nodes, grouped; `choose(labels)` is the per-pool version rule, whose
-    answer joins the group key so nodes given different versions stay apart."""
+    answer joins the group key so nodes given different versions stay apart. `rollout`
+    (arch -> kernel) checks each node as if it booted that kernel."""
     groups: dict[tuple[Any, ...], _Group] = {}
     for number, node in enumerate(nodes, 1):
         target, name = _node_target(node, f"--nodes {source} item {number}", cos_build)
+        if rollout and target.arch in rollout:
+            target = replace(target, kernel=rollout[target.arch])
         key = (target.kernel, target.arch, target.pool, target.os_image, target.gpu,
                choose(target.label_map), target.cos_build)
         groups.setdefault(key, _Group(target)).nodes.append(name)
@@ -151,8 +162,7 @@ def node_targets(nodes: list[dict[str, Any]], source: str, *, cos_build: str | N
 
 
 def _with_nodes(target: Target, nodes: list[str]) -> Target:
-    return Target(target.kernel, target.arch, target.pool, target.labels, target.os_image,
-                  target.gpu, tuple(nodes), target.cos_build, target.cos_board)
+    return replace(target, nodes=tuple(nodes))
 
 
 def _mapping(value: Any) -> Mapping[str, Any]:

@@ -54,6 +54,8 @@ from installer.stages.fetch.sources import MirrorSource, Offer
 from installer.upgrade import versionmap
 
 EVENT_REASON = "DriverPackageMissing"
+# choose() reads the context's config, log and the node given; the host seam is never used
+_NO_HOST = RealHost(Roots(Path("/"), Path("/"), Path("/"), Path("/")))
 
 
 @dataclass(frozen=True)
@@ -167,7 +169,7 @@ def _resolve(config: Config, log: Any, target: Target, choice: versionmap.Choice
              offers: list[Offer], row: Row) -> None:
     node = node_of(target)
     wanted = replace(config, driver_version=choice.version, flavour=choice.flavour)
-    ctx = Context(config=wanted, host=RealHost(Roots.from_config(wanted)), log=log, node=node)
+    ctx = Context(config=wanted, host=_NO_HOST, log=log, node=node)
     try:
         found = fetch.choose(ctx, node, offers)
     except IncompatibleError as exc:

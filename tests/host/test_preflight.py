@@ -118,6 +118,17 @@ class TestFleet:
         assert json.loads(result.stdout)["ok"] is True
         assert result.stderr == ""
 
+    def test_roll_out_checks_each_pool_as_if_it_booted_the_new_kernel(
+            self, mirror: MirrorServer, tmp_path: Path) -> None:
+        served = [n for n in THREE_POOLS if n["metadata"]["name"] != "c-1"]
+        result = preflight(mirror, "--nodes", str(fleet(tmp_path, *served)), "--roll-out",
+                           f"{K_NEW},x86_64", "-o", "json")
+        assert result.exit_code == 14
+        found = rows(result)
+        assert (found["pool-a"]["kernel"], found["pool-a"]["state"]) == (K_NEW, "missing")
+        assert (found["pool-b"]["kernel"], found["pool-b"]["state"]) == (K_ARM, "ready")
+        assert K_NEW in result.stderr and "pool-a" in result.stderr
+
     def test_kernel_flags_with_arches(self, mirror: MirrorServer) -> None:
         result = preflight(mirror, "--kernel", f"{K_OLD},x86_64", "--kernel",
                            f"{K_ARM},arm64", "--kernel", f"{K_NEW},amd64", "-o", "json")
