@@ -69,7 +69,8 @@ def gpu_option(names: Iterable[str]) -> tuple[str, str] | None:
     """`--gpu MODEL`: (the name, its architecture); an unknown name is a ConfigError."""
     found = None
     for name in names:
-        arch = gpulabels.architecture_of(name)
+        arch = gpulabels.architecture_of(name) if name.isascii() and name.isprintable() \
+            else None
         if arch is None:
             raise ConfigError(f"--gpu {quote(name, 60)} names no GPU model or architecture "
                               "this installer knows", remedy="give a model like A100, H100, "
