@@ -157,7 +157,7 @@ def node_targets(nodes: list[dict[str, Any]], source: str, *, cos_build: str | N
         if rollout and target.arch in rollout:
             target = replace(target, kernel=rollout[target.arch])
         key = (target.kernel, target.arch, target.pool, target.os_image, target.gpu,
-               choose(target.label_map), target.cos_build)
+               choose(target.label_map, name), target.cos_build)
         groups.setdefault(key, _Group(target)).nodes.append(name)
     return [_with_nodes(g.first, g.nodes) for g in groups.values()]
 

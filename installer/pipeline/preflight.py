@@ -74,10 +74,12 @@ def version_rules(config: Config) -> tuple[versionmap.Entry, ...]:
     return versionmap.read(config.driver_version_map)
 
 
-def chooser(config: Config) -> Callable[[dict[str, str]], versionmap.Choice]:
-    """The per-pool version rule for a Node's labels (the map read once)."""
+def chooser(config: Config) -> Callable[[dict[str, str], str], versionmap.Choice]:
+    """The per-pool version rule for a Node's labels and name (the map read once; a bad
+    override label names its node)."""
     entries = version_rules(config)
-    return lambda labels: versionmap.resolve(config, entries, labels)
+    return lambda labels, node: versionmap.resolve(replace(config, node_name=node), entries,
+                                                   labels)
 
 
 def run(config: Config, log: Any, plan: Plan) -> Report:

@@ -154,6 +154,26 @@ class TestFleet:
                                                                         "setting")
 
 
+    def test_a_node_override_label_separates_it_from_its_pool(
+            self, mirror: MirrorServer, tmp_path: Path) -> None:
+        pinned = node("a-3", K_OLD, "amd64", "pool-a",
+                      **{"gpu-node-installer/driver-version.override": "570"})
+        result = preflight(mirror, "--nodes", str(fleet(tmp_path, THREE_POOLS[0], pinned)),
+                           "-o", "json")
+        assert result.exit_code == 0, result.output
+        found = {tuple(r["nodes"]): (r["driver"], r["rule"])
+                 for r in json.loads(result.stdout)["rows"]}
+        assert found == {("a-1",): ("535.261.03", "setting"), ("a-3",): ("570.195.03", "label")}
+
+    def test_a_bad_override_label_names_its_node(self, mirror: MirrorServer,
+                                                 tmp_path: Path) -> None:
+        pinned = node("a-3", K_OLD, "amd64", "pool-a",
+                      **{"gpu-node-installer/driver-version.override": "five"})
+        result = preflight(mirror, "--nodes", str(fleet(tmp_path, pinned)))
+        assert result.exit_code == 2
+        assert "kubectl label node a-3 " in result.stderr
+
+
 class TestLifecycle:
     def test_past_eol_warns_and_strict_fails(self, mirror: MirrorServer) -> None:
         args = ("--kernel", f"{K_OLD},x86_64", "--today", AFTER_535_EOL, "-o", "json")
