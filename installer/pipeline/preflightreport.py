@@ -109,7 +109,8 @@ class Report:
             first = self.failing[0]
             more = f" (and {len(self.failing) - 1} more)" if len(self.failing) > 1 else ""
             raise IncompatibleError(
-                f"preflight: kernel {first.kernel} {first.arch} (pool {_pool(first)}) has "
+                f"preflight: kernel {first.kernel} {first.arch} (pool {first.pool}"
+                f"{f', {len(first.nodes)} nodes' if len(first.nodes) > 1 else ''}) has "
                 f"no driver: {first.state}, {first.reason}{more}",
                 remedy=(f"run `{first.build}` and publish it to the mirror" if first.build
                         else "pick a driver version that serves every target"))
@@ -126,7 +127,8 @@ def _pool(row: Row) -> str:
 def _driver(row: Row) -> str:
     if row.driver is None:
         return f"{row.requested} -> ?"
-    return f"{row.driver} {row.flavour or ''}".rstrip()
+    text = f"{row.driver} {row.flavour or ''}".rstrip()
+    return text if row.state == READY else f"{text} (needed)"
 
 
 def build_command(kernel: str, arch: str, version: str, flavour: str) -> str:
