@@ -66,6 +66,11 @@ NODE_LISTS: dict[str, tuple[str, tuple[str, ...]]] = {
     "not a List": (json.dumps({"kind": "Deployment"}), ("not a List of Nodes",)),
     "a billion laughs": (LAUGHS, ("aliases expand to more than",)),
     "nested 100000 deep": ("[" * 100_000, ("nested deeper than",)),
+    "JSON nested 200000 deep": ('{"kind": ' + "[" * 200_000 + "]" * 200_000 + "}",
+                                ("is nested too deep",)),
+    "JSON with Infinity": ('{"kind": "List", "items": [Infinity]}',
+                           ("Infinity is not a JSON number",)),
+    "JSON without a kind": ('{"items": []}', ("a document without a kind",)),
     "two documents": ("kind: List\nitems: []\n---\nkind: List\n", ("not one List",)),
     "more than 4 MiB": (" " * (5 << 20), ("larger than 4 MiB",)),
 }
