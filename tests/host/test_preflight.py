@@ -260,6 +260,23 @@ class TestCos:
         (row,) = json.loads(result.stdout)["rows"]
         assert row["state"] == "missing" and "nvidia-drivers-" in row["reason"]
 
+    def test_cos_nodes_of_a_node_list_go_to_the_cos_build(
+            self, bucket: tuple[CosServer, Any], mirror: MirrorServer, tmp_path: Path) -> None:
+        server, built = bucket
+        cos = node("cos-1", "6.1.58+", "amd64", "pool-cos",
+                   **{"cloud.google.com/gke-accelerator": "nvidia-l4"})
+        cos["status"]["nodeInfo"]["osImage"] = "Container-Optimized OS from Google"
+        result = CliRunner().invoke(cli, [
+            "preflight", "--nodes", str(fleet(tmp_path, cos, THREE_POOLS[0])),
+            "--cos-build", built.build_id, "--mirror", mirror.url, "--allow-http",
+            "--cos-tools-url", server.cos_tools_url, "--nvidia-runfile-url",
+            server.runfile_url, "-o", "json"])
+        assert result.exit_code == 0, result.output
+        found = rows(result)
+        assert found["pool-cos"]["source"].startswith("cos ")
+        assert found["pool-cos"]["kernel"] == "6.1.58+"
+        assert found["pool-a"]["source"] == f"mirror {mirror.url}"
+
     def test_cos_with_a_proprietary_only_gpu_is_unsupported(
             self, bucket: tuple[CosServer, Any]) -> None:
         server, built = bucket
