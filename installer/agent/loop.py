@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from installer.agent import health, metrics
+from installer.agent import health, metrics, versionwatch
 from installer.agent.daemons import (
     FABRIC_DAEMONS,
     STARTING,
@@ -80,7 +80,8 @@ class Agent:
     """One node's agent: plan, supervise, decide, report."""
 
     def __init__(self, ctx: Context, environ: Mapping[str, str],
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 choose: Callable[[], versionwatch.Choice] | None = None) -> None:
         self.ctx, self.config, self.host, self.log = ctx, ctx.config, ctx.host, ctx.log
         self.environ, self.clock = environ, clock
         self.keeper = Keeper(self.config, self.host)
@@ -92,6 +93,8 @@ class Agent:
         self.no_install: str | None = None
         self.health = health.Health(health.critical_set(self.config))  # Xid counts
         self.start_grace = True  # `--once` confirms the daemons run: no grace there
+        self.versions = (versionwatch.VersionWatch(ctx.install_root, choose, self.log, clock)
+                         if choose is not None and ctx.config.driver_version_map else None)
 
     def prepare(self) -> Plan:
         """Refuse bad settings and packages (exit 2, 14) before anything starts."""
@@ -122,6 +125,9 @@ class Agent:
         self.supervisor.tick(now)
         verdict = self._decide(now)
         self._apply(verdict, now)
+        changed = self.versions.check() if self.versions is not None else None
+        if changed is not None:
+            versionwatch.act(changed, self.config, self.reporter, self.log, self.environ)
         return verdict
 
     def _decide(self, now: float) -> Verdict:
@@ -362,10 +368,12 @@ def run_once(agent: Agent, *, deadline_s: float) -> Verdict:
         agent.reporter.close()
 
 
-def run_agent(ctx: Context, environ: Mapping[str, str], *, once: bool) -> Verdict:
+def run_agent(ctx: Context, environ: Mapping[str, str], *, once: bool,
+              choose: Callable[[], versionwatch.Choice] | None = None) -> Verdict:
     """The `agent` command: plan (refusing bad settings and packages), then run; `--once`
-    raises AgentNotReadyError (exit 12) when the node did not become ready."""
-    agent = Agent(ctx, environ)
+    raises AgentNotReadyError (exit 12) when the node did not become ready. `choose`
+    resolves DRIVER_VERSION_MAP (watched while the agent runs, not with `--once`)."""
+    agent = Agent(ctx, environ, choose=None if once else choose)
     plan = agent.prepare()
     if once:
         verdict = run_once(agent, deadline_s=ctx.config.fabric_timeout if plan.fabric

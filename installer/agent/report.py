@@ -90,6 +90,27 @@ class Reporter:
             api, node, reason=reason, message=message,
             event_type="Warning" if warning else "Normal", deadline=_write_deadline()))
 
+    def label(self, key: str, value: str) -> None:
+        """Queue one node label (the latest value for `key` replaces a queued one)."""
+        api, node = self.api, self.node
+        if api is None or node is None:
+            return
+        from installer.node import kube
+
+        self.queue.put(f"label {key}", f"label the node {key}={value}",
+                       lambda: kube.patch_node_labels(api, node, {key: value},
+                                                      deadline=_write_deadline()))
+
+    def delete_own_pod(self, namespace: str, name: str, uid: str) -> None:
+        """Queue this pod's deletion (its UID as the precondition): the DaemonSet replaces it."""
+        api = self.api
+        if api is None:
+            return
+        from installer.node import kube
+
+        self.queue.put("own-pod", f"delete this pod {namespace}/{name}", lambda: kube.delete_pod(
+            api, namespace, name, uid, None, deadline=_write_deadline()))
+
     def rearm(self) -> None:
         """The node is ready again: the next failure of any cause is reported anew."""
         self._sent_events.clear()

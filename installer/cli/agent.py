@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -43,4 +44,13 @@ def agent(ctx: Context, output: str, once: bool, probe: bool) -> None:
         return
     from installer.agent.loop import run_agent
 
-    emit(run_agent(ctx, os.environ, once=once), output)
+    emit(run_agent(ctx, os.environ, once=once, choose=_map_chooser(ctx)), output)
+
+
+def _map_chooser(ctx: Context) -> Callable[[], Any] | None:
+    """The install's own resolution of DRIVER_VERSION_MAP, for the agent to watch."""
+    if ctx.config.driver_version_map is None:
+        return None
+    from installer.upgrade import versionmap
+
+    return lambda: versionmap.choose(ctx.config)

@@ -100,7 +100,8 @@ SETTINGS: tuple[Setting, ...] = (
             "an absolute path on the node without '..'", values.host_abs_path, readers.CACHE),
     Setting("cache_keep", "--cache-keep", "DRIVER_CACHE_KEEP", "2",
             "packages kept in the cache (older ones not in use are pruned)",
-            "an integer from 1 to 100", values.int_range(1, 100), readers.FETCHING),
+            "an integer from 1 to 100", values.int_range(1, 100),
+            readers.FETCHING - {"prepare"}),  # prepare only adds to the cache
     Setting("ca_bundle", "--ca-bundle", "DRIVER_CA_BUNDLE", None,
             "CA certificates (PEM) to verify https:// mirrors with",
             "an absolute path to a readable PEM file with at least one certificate",

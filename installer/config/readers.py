@@ -11,8 +11,9 @@ from __future__ import annotations
 
 NODE = frozenset({
     "agent", "cdi", "check-pod", "compat", "detect", "fetch", "install", "load", "partition",
-    "signal", "stage", "status", "uninstall", "unload", "verify", "versions", "wait-ready"})
-FETCHING = frozenset({"fetch", "install", "load", "stage", "versions"})
+    "prepare", "signal", "stage", "status", "uninstall", "unload", "verify", "versions",
+    "wait-ready"})
+FETCHING = frozenset({"fetch", "install", "load", "prepare", "stage", "versions"})
 LOCKED = frozenset({"fetch", "install", "load", "partition", "signal", "stage",
                     "uninstall", "unload"})
 INSTALL_DIR = NODE - {"compat", "detect"}
@@ -25,7 +26,7 @@ UPGRADE = frozenset({"install", "partition"})
 MIG = frozenset({"install", "partition"})
 AGENT = frozenset({"agent"})
 DAEMONS = frozenset({"agent", "install"})
-CACHE = LOCKED | {"status", "versions"}
+CACHE = LOCKED | {"prepare", "status", "versions"}
 RESOLVING = FETCHING | {"status", "preflight"}
 LABELS = SIGNALLING | {"check-pod"}
 VERIFYING = frozenset({"agent", "install", "signal", "verify"})

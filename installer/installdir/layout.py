@@ -6,6 +6,7 @@
     <install>/.previous -> .versions/<older>  kept for rollback
     <install>/lib64 -> .current/lib64         likewise bin, drivers, firmware
     <install>/.state.json  .ready.json  .devnodes.json  .lock  .cache/
+    <install>/.prepare.lock                  held by `prepare` (a next kernel's package)
     <install>/.skipped.json                  an upgrade the Node's upgrade.skip label held back
     <install>/.agent.json  .agent/            the node agent's view and work area
     <install>/.cdi.json                       which CDI spec is ours (path, sha256)
@@ -41,6 +42,7 @@ SKIPPED_FILE = ".skipped.json"
 DEVNODES_FILE = ".devnodes.json"  # the /dev nodes the load stage made (stages/load/devnodes)
 CDI_RECORD = ".cdi.json"  # the CDI spec we wrote: its path and digests (installdir/cdifile)
 LOCK_FILE = ".lock"
+PREPARE_LOCK_FILE = ".prepare.lock"  # `prepare`'s own lock: one preparation at a time
 MIG_RECORD = ".mig.json"  # the MIG layout the partition stage left (labels, `status`)
 MIG_REBOOT_RECORD = ".mig-reboot.json"  # node reboots asked for a MIG mode, per boot ID
 CDI_HOOK = "cdi-hook-update-ldcache"  # the CDI spec's createContainer hook (installdir/cdihook)
@@ -76,6 +78,12 @@ def cache_root(config: Config, roots: Roots) -> Path:
 def lock_path(config: Config, roots: Roots) -> Path:
     """The node lock every writing command holds (`flock`)."""
     return install_root(config, roots) / LOCK_FILE
+
+
+def prepare_lock_path(config: Config, roots: Roots) -> Path:
+    """`prepare`'s lock: it fills only the cache, so it never takes (or waits on) the
+    node lock; this one keeps two preparations from running at once."""
+    return install_root(config, roots) / PREPARE_LOCK_FILE
 
 
 def version_name(identity: Identity) -> str:

@@ -39,9 +39,11 @@ OWN_NAMES = frozenset({*OWN_DIRS, *layout.TOP_LINKS, layout.CURRENT, layout.PREV
                        layout.CDI_RECORD, layout.CDI_HOOK, layout.LAST_INSTALL_FILE,
                        layout.MIG_RECORD, layout.MIG_REBOOT_RECORD,
                        layout.AGENT_DIR, layout.AGENT_VIEW,  # signal holds readiness there
-                       layout.LOCK_FILE, MARKER})
-# Written by any run that took the node lock, even one that failed before the dir was marked.
-RUN_NAMES = frozenset({layout.LOCK_FILE, layout.LAST_INSTALL_FILE})
+                       layout.LOCK_FILE, layout.PREPARE_LOCK_FILE, MARKER})
+# Written by any run that took the node lock (or `prepare`'s), even one that failed before
+# the dir was marked.
+RUN_NAMES = frozenset({layout.LOCK_FILE, layout.LAST_INSTALL_FILE,
+                       layout.PREPARE_LOCK_FILE})
 # What GKE's installers (container-engine-accelerators' COS/Ubuntu installer, COS's
 # cos_gpu_installer) leave in /home/kubernetes/bin/nvidia: the driver tree, the overlay
 # work dirs of its bind mounts, its download cache and log.

@@ -78,6 +78,7 @@ def _runs(root: Path, tmp: Path) -> dict[str, list[list[str]]]:
         "partition": [["--dry-run"], []], "wait-ready": [["--timeout", "0.1"]],
         "versions": [fetching, [*fetching, *mapped]], "fetch": [fetching], "load": [fetching],
         "stage": [fetching, ["--rollback"]], "install": [fetching],
+        "prepare": [[*fetching, "--kernel", KERNEL], [*fetching, *mapped, "--kernel", KERNEL]],
     }
 
 

@@ -232,7 +232,7 @@ class TestMigDevices:
                                                          tmp_path: Path) -> None:
         from native.nvmlsession import nvml_session
 
-        from installer.agent.metrics.families import holdings
+        from installer.agent.metrics.attribution import holdings
         from installer.agent.metrics.nvml import NvmlReader
         from installer.agent.metrics.snapshot import Snapshot
         from installer.stages.partition import nvml as partition

@@ -6,6 +6,7 @@ agent's reader of it, the families it renders and the real `agent` serving them.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -162,7 +163,7 @@ class TestFamilies:
         assert get("container_gpu_sm_active_ratio", pod="alone", uuid="GPU-0") != []
 
     def test_metric_table_covers_every_family(self) -> None:
-        from installer.agent.metrics.families import GPM
+        from installer.agent.metrics.gpmfamilies import GPM
         assert set(GPM) == set(METRICS)
 
 
@@ -196,3 +197,85 @@ class TestAgent:
                      gpu="3") == pytest.approx(0.03)
         said = [line for line in node.log().splitlines() if "GPM not supported" in line]
         assert len(said) == 1 and "aaaaaaaa-0000-4000-8000-000000000006" in said[0], said
+
+
+class TestMigInstances:
+    """With MIG on, each GPU instance is sampled (nvmlGpmMigSampleGet, nvml.h line 13943 at
+    go-nvml 2f9e261) and served; a container holding an instance alone gets its activity."""
+
+    @pytest.fixture
+    def mig_node(self, libs: Path, fake_env: pytest.MonkeyPatch, readings: Path) -> Path:
+        for name, setting in {"FAKE_NVML_MIG_DIR": readings.parent / "mig",
+                              "FAKE_NVML_PROC_DIR": readings.parent / "proc",
+                              "FAKE_NVML_NAME": "NVIDIA H100 80GB HBM3",
+                              "FAKE_NVML_MEMORY_MIB": "81559"}.items():
+            fake_env.setenv(name, str(setting))
+        from installer.stages.partition import nvml as partition
+        from installer.stages.partition.plan import GpuLayout, changes, layout
+        with nvml_session(libs):
+            want = {0: GpuLayout(False, ()), 1: layout(True, {"1g.10gb": 2, "3g.40gb": 1})}
+            for change in changes(want, partition.read_gpus()):
+                partition.apply(change)
+        return readings
+
+    def test_each_instance_its_own_activity(self, libs: Path, mig_node: Path) -> None:
+        from installer.agent.metrics.nvml import NvmlReader
+        with nvml_session(libs):
+            gpus = {g.index: g for g in NvmlReader(Log()).read().gpus}
+            gis = sorted(set(gpus[1].mig_instances.values()))
+            write(mig_node, "sm_active=5", "sm_active=50 " + " ".join(
+                f"gi{gi}.sm_active={10 * n + 10} gi{gi}.dram_active={n}"
+                for n, gi in enumerate(gis)))
+            handles = [(g.uuid, pynvml.nvmlDeviceGetHandleByIndex(g.index))
+                       for g in gpus.values()]
+            found, errors = GpmReader(Log(), 0.15).read(
+                handles, {gpus[0].uuid: [3], gpus[1].uuid: [*gis, 14]})
+            gpu1 = pynvml.nvmlDeviceGetHandleByIndex(1)
+            whole, part = pynvml.nvmlGpmSampleAlloc(), pynvml.nvmlGpmSampleAlloc()
+            pynvml.nvmlGpmSampleGet(gpu1, whole)
+            time.sleep(0.01)
+            pynvml.nvmlGpmMigSampleGet(gpu1, gis[0], part)
+            with pytest.raises(pynvml.NVMLError) as mixed:
+                metrics_get(whole, part, pynvml.NVML_GPM_METRIC_SM_UTIL)
+        assert len(gis) == 3 and len(gpus[1].mig_instances) == 3
+        reading = found[gpus[1].uuid]
+        assert reading.values["sm_active"] == pytest.approx(50.0)
+        assert {gi: reading.instances[gi]["sm_active"] for gi in gis} == pytest.approx(
+            {gi: 10.0 * n + 10 for n, gi in enumerate(gis)})
+        assert reading.instances[gis[2]]["dram_active"] == pytest.approx(2.0)
+        assert found[gpus[0].uuid].instances == {}  # MIG off: no such instance
+        assert len(errors) == 2 and all("nvmlGpmMigSampleGet" in e for e in errors), errors
+        assert "GPU instance 14" in errors[1] and "Not Found" in errors[1]
+        assert mixed.value.value == pynvml.NVML_ERROR_INVALID_ARGUMENT
+
+    def test_a_container_holding_an_instance_alone(self) -> None:
+        whole = GpmReading(True, values={"sm_active": 50.0},
+                           instances={7: {"sm_active": 20.0}, 8: {"sm_active": 30.0},
+                                      2: {"sm_active": 40.0}})
+        mig = GpuReading(index=1, uuid="GPU-1", model="NVIDIA H100 80GB HBM3", pci_bus_id="x",
+                         minor=1, gpm=whole, mig_uuids=("MIG-a", "MIG-b", "MIG-c", "MIG-d"),
+                         mig_instances={"MIG-a": 7, "MIG-b": 8, "MIG-c": 2, "MIG-d": 2})
+        snap = Snapshot(taken_at=0, gpus=(gpu(0, GpmReading(True, values={})), mig),
+                        containers=(
+            ContainerDevices("ml", "alone", "main", "nvidia.com/mig-1g.10gb", ("MIG-a",)),
+            ContainerDevices("ml", "gke", "main", "nvidia.com/gpu", ("nvidia1/gi8",)),
+            ContainerDevices("ml", "slice", "main", "nvidia.com/gpu", ("MIG-a::1",)),
+            ContainerDevices("ml", "two-ci", "main", "nvidia.com/gpu", ("MIG-c",))))
+        samples = render(snap)
+
+        def get(name: str, **labels: str) -> list[float]:
+            return [v for (n, ls), v in samples.items()
+                    if n == "gpu_node_installer_" + name and set(labels.items()) <= ls]
+
+        assert get("gpu_mig_sm_active_ratio", gpu="1", gpu_instance_id="7") == [
+            pytest.approx(0.2)]
+        assert len(get("gpu_mig_sm_active_ratio")) == 3
+        # MIG-a is also held by a time-sliced replica: not alone; GI 2 has two MIG devices
+        assert get("container_gpu_sm_active_ratio", pod="alone") == []
+        assert get("container_gpu_sm_active_ratio", pod="two-ci") == []
+        assert get("container_gpu_sm_active_ratio", pod="slice") == []
+        assert get("container_gpu_sm_active_ratio", pod="gke", uuid="MIG-b") == [
+            pytest.approx(0.3)]
+        alone = replace(snap, containers=snap.containers[:1])
+        assert [v for (n, ls), v in render(alone).items()
+                if n.endswith("container_gpu_sm_active_ratio")] == [pytest.approx(0.2)]

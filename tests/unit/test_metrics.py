@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from installer.agent.metrics import gke
-from installer.agent.metrics.families import holdings
+from installer.agent.metrics.attribution import holdings
 from installer.agent.metrics.server import SnapshotCollector
 from installer.agent.metrics.snapshot import GpuReading, InstallFacts, Snapshot
 from installer.config import agent as settings

@@ -21,6 +21,12 @@ Device ids map to GPUs as dcgm-exporter maps them (NVIDIA/dcgm-exporter
   UUID up in the API server's ResourceSlices instead (`toDeviceToPodsDRA`), which the
   agent's metrics do not read.
 
+A MIG device is `shared` for the GPU-wide readings, but its own GPU instance's GPM activity
+belongs to the container when the container holds the instance alone (`mig_holdings`): a
+`MIG-<uuid>` id without a replica suffix, or GKE's `nvidia<minor>/gi<g>`, naming a GPU
+instance with one compute instance (one MIG device) that no other container holds. DRA's
+MIG device names carry no GPU instance id, so they get no instance series.
+
 `shared` means the GPU-wide readings served for the container (duty cycle, memory) are the
 whole GPU's, which other containers or MIG instances use too: NVML gives no split per
 container. `exact` means the container holds the whole GPU alone.
@@ -31,8 +37,8 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from installer.agent.metrics.snapshot import GpuReading
-from installer.node.podresources import ClaimDevice
+from installer.agent.metrics.snapshot import GpuReading, Snapshot
+from installer.node.podresources import ClaimDevice, ContainerDevices
 
 EXACT, SHARED = "exact", "shared"
 DRA_GPU_DRIVER = "gpu.nvidia.com"
@@ -41,8 +47,11 @@ MIG_RESOURCE_PREFIX = "nvidia.com/mig-"  # NVIDIA's plugin, mixed strategy
 _GKE_MIG = re.compile(r"^(nvidia[0-9]+)/gi[0-9]+(/vgpu[0-9]+)?$")
 _GKE_VGPU = "/vgpu"
 _DRA_NAME = re.compile(r"^gpu-([0-9]+)(-mig-.+)?$")
+_GKE_GI = re.compile(r"^(nvidia[0-9]+)/gi([0-9]+)$")
+_OLD_MIG = re.compile(r"^MIG-(GPU-[^/]+)/([0-9]+)/[0-9]+$")
 
 Attributed = tuple[GpuReading, str]  # (the GPU, EXACT or SHARED)
+Holder = tuple[str, str, str]  # (namespace, pod, container)
 
 
 def is_gpu_resource(resource: str) -> bool:
@@ -76,3 +85,83 @@ def claim_device(device: ClaimDevice, minors: Mapping[int, GpuReading]) -> Attri
         return None
     shared = named.group(2) is not None or device.share_id is not None
     return gpu, SHARED if shared else EXACT
+
+
+def holdings(snap: Snapshot) -> dict[Holder, dict[str, Attributed]]:
+    """Each container's GPUs (by UUID), through device plugins and DRA claims alike: a GPU
+    reached both exactly and shared is shared; an id that names no GPU read this pass is
+    left out (it still counts in `request`)."""
+    names = {name: gpu for gpu in snap.gpus for name in gpu.device_ids()}
+    found: dict[Holder, dict[str, Attributed]] = {}
+    reached: list[tuple[Holder, Attributed | None]] = []
+    for row in snap.containers or ():
+        if isinstance(row, ContainerDevices) and is_gpu_resource(row.resource):
+            holder = (row.namespace, row.pod, row.container)
+            reached += [(holder, plugin_device(d, names)) for d in row.device_ids]
+    reached += [((d.namespace, d.pod, d.container), a) for d, a in claimed(snap)]
+    for holder, attributed in reached:
+        gpus = found.setdefault(holder, {})
+        before = gpus.get(attributed[0].uuid) if attributed is not None else None
+        if attributed is not None and (before is None or before[1] != SHARED):
+            gpus[attributed[0].uuid] = attributed
+    return found
+
+
+def gpu_holders(snap: Snapshot) -> dict[str, list[Holder]]:
+    """The containers holding each GPU (by UUID), in order."""
+    found: dict[str, list[Holder]] = {}
+    for holder, gpus in sorted(holdings(snap).items()):
+        for uuid in gpus:
+            found.setdefault(uuid, []).append(holder)
+    return found
+
+
+def claimed(snap: Snapshot) -> list[tuple[ClaimDevice, Attributed]]:
+    """DRA devices of NVIDIA's driver that name a GPU read this pass."""
+    minors = {gpu.device_minor: gpu for gpu in snap.gpus}
+    found = []
+    for row in snap.containers or ():
+        if isinstance(row, ClaimDevice):
+            attributed = claim_device(row, minors)
+            if attributed is not None:
+                found.append((row, attributed))
+    return found
+
+
+Instance = tuple[GpuReading, int, str]  # (the GPU, GPU instance id, the MIG device's UUID)
+
+
+def mig_holdings(snap: Snapshot) -> dict[Holder, list[Instance]]:
+    """The MIG GPU instances each container holds alone (see the module's docstring)."""
+    names = {name: gpu for gpu in snap.gpus for name in gpu.device_ids()[:3]}
+    by_uuid = {uuid: (gpu, gi) for gpu in snap.gpus for uuid, gi in gpu.mig_instances.items()}
+    holders: dict[tuple[str, int], set[Holder]] = {}
+    held: dict[Holder, dict[tuple[str, int], Instance]] = {}
+    for row in snap.containers or ():
+        if not (isinstance(row, ContainerDevices) and is_gpu_resource(row.resource)):
+            continue
+        holder = (row.namespace, row.pod, row.container)
+        for device_id in row.device_ids:
+            instance = _instance(device_id, names, by_uuid)
+            if instance is not None:
+                key = (instance[0].uuid, instance[1])
+                holders.setdefault(key, set()).add(holder)
+                if "::" not in device_id:
+                    held.setdefault(holder, {})[key] = instance
+    return {holder: [i for key, i in sorted(found.items()) if len(holders[key]) == 1]
+            for holder, found in sorted(held.items())}
+
+
+def _instance(device_id: str, names: Mapping[str, GpuReading],
+              by_uuid: Mapping[str, tuple[GpuReading, int]]) -> Instance | None:
+    """The GPU instance a plugin's MIG id names, when that instance has one MIG device."""
+    base = device_id.partition("::")[0]
+    named = _GKE_GI.match(base) or _OLD_MIG.match(base)
+    if base in by_uuid:
+        gpu, gi = by_uuid[base]
+    elif named is not None and named.group(1) in names:
+        gpu, gi = names[named.group(1)], int(named.group(2))
+    else:
+        return None
+    devices = [uuid for uuid, its in gpu.mig_instances.items() if its == gi]
+    return (gpu, gi, devices[0]) if len(devices) == 1 else None

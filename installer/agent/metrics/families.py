@@ -13,22 +13,15 @@ from collections.abc import Callable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from installer.agent.metrics import dcgm, gke
-from installer.agent.metrics.attribution import (
-    EXACT,
-    SHARED,
-    Attributed,
-    claim_device,
-    is_gpu_resource,
-    plugin_device,
-)
+from installer.agent.metrics import dcgm, gke, gpmfamilies
+from installer.agent.metrics.attribution import claimed, gpu_holders, holdings, is_gpu_resource
+from installer.agent.metrics.labels import GPU_LABELS, PREFIX
+from installer.agent.metrics.labels import gauge as _gauge
+from installer.agent.metrics.labels import gpu_labels as _gpu_labels
 from installer.agent.metrics.snapshot import GpuReading, Snapshot
-from installer.node.podresources import ClaimDevice, ContainerDevices
+from installer.node.podresources import ContainerDevices
 
-PREFIX = "gpu_node_installer_"
-GPU_LABELS = ["gpu", "uuid", "model", "pci_bus_id"]
 ATTRIBUTION = "attribution"  # our label on GKE's per-container series: exact or shared
-Holder = tuple[str, str, str]  # (namespace, pod, container)
 
 
 def families(snap: Snapshot, now: float, *, dcgm_names: bool = False) -> Iterator[Metric]:
@@ -37,22 +30,18 @@ def families(snap: Snapshot, now: float, *, dcgm_names: bool = False) -> Iterato
         yield from section()
 
 
-def sections(snap: Snapshot, now: float, *, dcgm_names: bool = False
+def sections(snap: Snapshot, now: float, *, dcgm_names: bool = False, part: str = "all"
              ) -> list[Callable[[], list[Metric]]]:
     """The families in groups, each built whole or not at all (a bug costs its group);
-    `dcgm_names` adds dcgm-exporter's family."""
-    found = [lambda: list(_install(snap)), lambda: list(_agent(snap)),
-             lambda: list(_gpus(snap)), lambda: list(_gke_node(snap)),
-             lambda: list(_gke_containers(snap)), lambda: list(_gpm(snap)),
-             lambda: list(_collection(snap, now))]
+    `dcgm_names` adds dcgm-exporter's family. `part`: "static" (what only the snapshot
+    decides), "live" (what changes with `now`: the collection's section) or "all"."""
+    static = [lambda: list(_install(snap)), lambda: list(_agent(snap)),
+              lambda: list(_gpus(snap)), lambda: list(_gke_node(snap)),
+              lambda: list(_gke_containers(snap)), lambda: list(gpmfamilies.families(snap))]
     if dcgm_names:
-        found.append(lambda: list(dcgm.families(snap, gpu_holders(snap))))
-    return found
-
-
-def _gauge(name: str, doc: str, labels: list[str] | None = None,
-           unit: str = "") -> GaugeMetricFamily:
-    return GaugeMetricFamily(name, doc, labels=labels, unit=unit)
+        static.append(lambda: list(dcgm.families(snap, gpu_holders(snap))))
+    live: list[Callable[[], list[Metric]]] = [lambda: list(_collection(snap, now))]
+    return {"static": static, "live": live}.get(part, static + live)
 
 
 def _install(snap: Snapshot) -> Iterator[Metric]:
@@ -102,12 +91,6 @@ def _agent(snap: Snapshot) -> Iterator[Metric]:
     yield from (ready, up, restarts, fabric, xids)
 
 
-def _gpu_labels(gpu: GpuReading | None, index: int) -> list[str]:
-    if gpu is None:
-        return [str(index), "", "", ""]
-    return [str(gpu.index), gpu.uuid, gpu.model, gpu.pci_bus_id]
-
-
 def _gpus(snap: Snapshot) -> Iterator[Metric]:
     duty = _gauge(PREFIX + "gpu_duty_cycle_ratio", "Fraction of the last collection interval "
                   "the GPU was busy (NVML utilisation samples), 0..1",
@@ -136,51 +119,6 @@ def _gpus(snap: Snapshot) -> Iterator[Metric]:
         for cause, count in sorted(gpu.remapped.items()):
             rows.add_metric([*labels, cause], count)
     yield from (duty, used, total, temp, power, ecc, rows, unreadable)
-
-
-# GPM's metrics (gpm.METRICS) as ratios: name -> DCGM's field (DCGM_FI_PROF_...), meaning
-GPM = {
-    "sm_active": ("PROF_SM_ACTIVE", "SMs with at least one warp assigned"),
-    "sm_occupancy": ("PROF_SM_OCCUPANCY", "warps resident on the SMs, of the most "
-                     "they hold"),
-    "tensor_active": ("PROF_PIPE_TENSOR_ACTIVE", "cycles any tensor pipe was busy"),
-    "dram_active": ("PROF_DRAM_ACTIVE", "DRAM bandwidth used, of its peak"),
-}
-CONTAINER_LABELS = ["namespace", "pod", "container", "gpu", "uuid"]
-
-
-def _gpm(snap: Snapshot) -> Iterator[Metric]:
-    """GPM per GPU, and per container for the GPUs a container holds alone (a shared GPU's
-    activity is its holders' together: no per-container value)."""
-    supported = _gauge(PREFIX + "gpu_gpm_supported", "1 if NVML's GPU Performance "
-                       "Monitoring reads the GPU (Hopper and later), 0 with the reason if not "
-                       "(its SM activity series are absent)", [*GPU_LABELS, "reason"])
-    per_gpu = {name: _gauge(f"{PREFIX}gpu_{name}_ratio", f"Fraction of {doc} over the GPM "
-                            f"interval (NVML GPM; DCGM field {dcgm}), 0..1", GPU_LABELS)
-               for name, (dcgm, doc) in GPM.items()}
-    per_container = {name: _gauge(f"{PREFIX}container_gpu_{name}_ratio", f"The GPU's "
-                                  f"{name.replace('_', ' ')} ratio for the container holding "
-                                  "it alone (exact attribution)", CONTAINER_LABELS)
-                     for name in GPM}
-    for gpu in snap.gpus:
-        if gpu.gpm is None:
-            continue
-        supported.add_metric([*_gpu_labels(gpu, gpu.index), gpu.gpm.reason],
-                             int(gpu.gpm.supported))
-        for name, percent in gpu.gpm.values.items():
-            if name in per_gpu:
-                per_gpu[name].add_metric(_gpu_labels(gpu, gpu.index), percent / 100.0)
-    for (namespace, pod, container), gpus in sorted(holdings(snap).items()):
-        for gpu, attribution in gpus.values():
-            if attribution != EXACT or gpu.gpm is None:
-                continue
-            for name, percent in gpu.gpm.values.items():
-                if name in per_container:
-                    per_container[name].add_metric(
-                        [namespace, pod, container, str(gpu.index), gpu.uuid], percent / 100.0)
-    yield supported
-    yield from per_gpu.values()
-    yield from per_container.values()
 
 
 def _gke(name: str, *extra: str) -> GaugeMetricFamily:
@@ -235,47 +173,6 @@ def requests(snap: Snapshot) -> dict[tuple[str, str, str, str], int]:
             key = (row.namespace, row.pod, row.container, row.resource)
             held.setdefault(key, {}).update(dict.fromkeys(row.device_ids))
     return {key: len(ids) for key, ids in held.items() if ids}
-
-
-def holdings(snap: Snapshot) -> dict[Holder, dict[str, Attributed]]:
-    """Each container's GPUs (by UUID), through device plugins and DRA claims alike: a GPU
-    reached both exactly and shared is shared; an id that names no GPU read this pass is
-    left out (it still counts in `request`)."""
-    names = {name: gpu for gpu in snap.gpus for name in gpu.device_ids()}
-    found: dict[Holder, dict[str, Attributed]] = {}
-    reached: list[tuple[Holder, Attributed | None]] = []
-    for row in snap.containers or ():
-        if isinstance(row, ContainerDevices) and is_gpu_resource(row.resource):
-            holder = (row.namespace, row.pod, row.container)
-            reached += [(holder, plugin_device(d, names)) for d in row.device_ids]
-    reached += [((d.namespace, d.pod, d.container), a) for d, a in claimed(snap)]
-    for holder, attributed in reached:
-        gpus = found.setdefault(holder, {})
-        before = gpus.get(attributed[0].uuid) if attributed is not None else None
-        if attributed is not None and (before is None or before[1] != SHARED):
-            gpus[attributed[0].uuid] = attributed
-    return found
-
-
-def gpu_holders(snap: Snapshot) -> dict[str, list[Holder]]:
-    """The containers holding each GPU (by UUID), in order."""
-    found: dict[str, list[Holder]] = {}
-    for holder, gpus in sorted(holdings(snap).items()):
-        for uuid in gpus:
-            found.setdefault(uuid, []).append(holder)
-    return found
-
-
-def claimed(snap: Snapshot) -> list[tuple[ClaimDevice, Attributed]]:
-    """DRA devices of NVIDIA's driver that name a GPU read this pass."""
-    minors = {gpu.device_minor: gpu for gpu in snap.gpus}
-    found = []
-    for row in snap.containers or ():
-        if isinstance(row, ClaimDevice):
-            attributed = claim_device(row, minors)
-            if attributed is not None:
-                found.append((row, attributed))
-    return found
 
 
 def _add(family: GaugeMetricFamily, labels: list[str], value: float | None) -> None:

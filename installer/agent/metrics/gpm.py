@@ -8,6 +8,8 @@ for SM activity, SM occupancy, tensor activity and DRAM bandwidth: what dcgm-exp
 serves as DCGM_FI_PROF_SM_ACTIVE, _SM_OCCUPANCY, _PIPE_TENSOR_ACTIVE and _DRAM_ACTIVE.
 The wait runs on the collector's thread: a scrape never waits for it.
 
+With MIG on, each GPU instance is sampled too (nvmlGpmMigSampleGet by its GI id, in the
+same pass and wait): a container holding a MIG device alone gets its instance's activity.
 Whether a GPU supports GPM is asked once per GPU (nvmlGpmQueryDeviceSupport; a driver
 without the call supports it nowhere) and said in the log once; the answer is served.
 """
@@ -15,7 +17,7 @@ without the call supports it nowhere) and said in the log once; the answer is se
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import pynvml  # type: ignore[import-untyped]
@@ -32,41 +34,50 @@ METRICS = {
 MIN_INTERVAL_S = 0.1  # nvml.h: samples closer than the internal refresh rate say nothing
 
 
+Target = tuple[str, int | None]  # (GPU UUID, GPU instance id; None: the whole GPU)
+
+
 class GpmReader:
-    """Samples GPUs in pairs; keeps each GPU's two sample buffers (allocated once, for the
-    agent's life) and its support answer."""
+    """Samples GPUs, and their MIG GPU instances, in pairs; keeps each target's two sample
+    buffers (allocated once, for the agent's life) and each GPU's support answer."""
 
     def __init__(self, log: Any, interval_s: float,
                  wait: Callable[[float], object] = time.sleep) -> None:
         self.log, self.interval_s, self.wait = log, interval_s, wait
         self.support: dict[str, str] = {}  # UUID -> "" (supported) or why not
-        self.buffers: dict[str, tuple[Any, Any]] = {}
+        self.buffers: dict[Target, tuple[Any, Any]] = {}
 
-    def read(self, gpus: list[tuple[str, Any]]) -> tuple[dict[str, GpmReading], list[str]]:
-        """Each GPU's reading by UUID, from (UUID, handle) pairs, and each failure."""
+    def read(self, gpus: list[tuple[str, Any]],
+             instances: Mapping[str, Iterable[int]] | None = None
+             ) -> tuple[dict[str, GpmReading], list[str]]:
+        """Each GPU's reading by UUID, from (UUID, handle) pairs and each GPU's MIG GPU
+        instance ids (nvmlGpmMigSampleGet per instance), and each failure."""
         found: dict[str, GpmReading] = {}
         errors: list[str] = []
-        first: list[tuple[str, Any]] = []
+        first: list[tuple[Target, Any]] = []
         for uuid, handle in gpus:
             reason = self._support(uuid, handle)
             if reason:
                 found[uuid] = GpmReading(supported=False, reason=reason)
                 continue
-            try:
-                pynvml.nvmlGpmSampleGet(handle, self._buffers(uuid)[0])
-            except pynvml.NVMLError as exc:
-                errors.append(f"{uuid}: nvmlGpmSampleGet: {exc}")
-                found[uuid] = GpmReading(supported=True)
-                continue
-            first.append((uuid, handle))
+            for target in [(uuid, None), *((uuid, gi) for gi in (instances or {}).get(uuid, ()))]:
+                try:
+                    _sample(handle, target[1], self._buffers(target)[0])
+                    first.append((target, handle))
+                except pynvml.NVMLError as exc:
+                    errors.append(f"{_named(target)}: {_call(target)}: {exc}")
         if first:
             self.wait(self.interval_s)
-        for uuid, handle in first:
+        values: dict[Target, dict[str, float]] = {}
+        for target, handle in first:
             try:
-                found[uuid] = GpmReading(supported=True, values=self._metrics(uuid, handle))
+                values[target] = self._metrics(target, handle)
             except pynvml.NVMLError as exc:
-                errors.append(f"{uuid}: GPM: {exc}")
-                found[uuid] = GpmReading(supported=True)
+                errors.append(f"{_named(target)}: GPM: {exc}")
+        for uuid, _ in gpus:
+            found.setdefault(uuid, GpmReading(
+                supported=True, values=values.get((uuid, None), {}),
+                instances={gi: v for (u, gi), v in values.items() if u == uuid and gi is not None}))
         return found, errors
 
     def _support(self, uuid: str, handle: Any) -> str:
@@ -89,15 +100,15 @@ class GpmReader:
         self.support[uuid] = reason
         return reason
 
-    def _buffers(self, uuid: str) -> tuple[Any, Any]:
-        if uuid not in self.buffers:
-            self.buffers[uuid] = (pynvml.nvmlGpmSampleAlloc(), pynvml.nvmlGpmSampleAlloc())
-        return self.buffers[uuid]
+    def _buffers(self, target: Target) -> tuple[Any, Any]:
+        if target not in self.buffers:
+            self.buffers[target] = (pynvml.nvmlGpmSampleAlloc(), pynvml.nvmlGpmSampleAlloc())
+        return self.buffers[target]
 
-    def _metrics(self, uuid: str, handle: Any) -> dict[str, float]:
+    def _metrics(self, target: Target, handle: Any) -> dict[str, float]:
         """The second sample, then the metrics over both."""
-        first, second = self._buffers(uuid)
-        pynvml.nvmlGpmSampleGet(handle, second)
+        first, second = self._buffers(target)
+        _sample(handle, target[1], second)
         get = pynvml.c_nvmlGpmMetricsGet_t()
         get.version = pynvml.NVML_GPM_METRICS_GET_VERSION
         get.numMetrics = len(METRICS)
@@ -108,3 +119,20 @@ class GpmReader:
         return {name: float(get.metrics[slot].value)
                 for slot, name in enumerate(METRICS)
                 if get.metrics[slot].nvmlReturn == pynvml.NVML_SUCCESS}
+
+
+def _sample(handle: Any, instance: int | None, buffer: Any) -> None:
+    """A sample of the whole GPU, or of one of its MIG GPU instances."""
+    if instance is None:
+        pynvml.nvmlGpmSampleGet(handle, buffer)
+    else:
+        pynvml.nvmlGpmMigSampleGet(handle, instance, buffer)
+
+
+def _named(target: Target) -> str:
+    uuid, instance = target
+    return uuid if instance is None else f"{uuid} GPU instance {instance}"
+
+
+def _call(target: Target) -> str:
+    return "nvmlGpmSampleGet" if target[1] is None else "nvmlGpmMigSampleGet"

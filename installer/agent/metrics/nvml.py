@@ -94,7 +94,8 @@ class NvmlReader:
                 handles.append((gpu.uuid, pynvml.nvmlDeviceGetHandleByIndex(gpu.index)))
             except pynvml.NVMLError as exc:
                 result.failures.append(("gpm", f"GPU {gpu.index}: {exc}"))
-        found, errors = gpm.read(handles)
+        instances = {gpu.uuid: sorted(set(gpu.mig_instances.values())) for gpu in result.gpus}
+        found, errors = gpm.read(handles, instances)
         result.failures += [("gpm", error) for error in errors]
         result.gpus = [replace(gpu, gpm=found.get(gpu.uuid)) for gpu in result.gpus]
 
@@ -130,6 +131,7 @@ class NvmlReader:
         memory = get("memory", lambda: _memory(handle))
         power = get("power", lambda: pynvml.nvmlDeviceGetPowerUsage(handle))
         duty = get("utilisation", lambda: self._duty_cycle(handle, uuid))
+        migs = _mig_devices(handle)
         return GpuReading(
             index=index, uuid=uuid, model=name, pci_bus_id=bus,
             minor=_quiet(lambda: pynvml.nvmlDeviceGetMinorNumber(handle)),
@@ -142,7 +144,8 @@ class NvmlReader:
             temperature=get("temperature", lambda: float(pynvml.nvmlDeviceGetTemperature(
                 handle, pynvml.NVML_TEMPERATURE_GPU))),
             power_watts=power / 1000.0 if power is not None else None,
-            ecc=_ecc(handle), remapped=_remapped(handle), mig_uuids=_mig_uuids(handle)), errors
+            ecc=_ecc(handle), remapped=_remapped(handle), mig_uuids=tuple(migs),
+            mig_instances={u: gi for u, gi in migs.items() if gi is not None}), errors
 
     def _duty_cycle(self, handle: Any, uuid: str) -> float:
         since = self.last_seen.get(uuid) or int((self.clock() - WINDOW_S) * 1e6)
@@ -215,25 +218,29 @@ def _remapped(handle: Any) -> dict[str, int]:
             "pending": int(pending), "failure": int(failure)}
 
 
-def _mig_uuids(handle: Any) -> tuple[str, ...]:
-    """The UUIDs of the GPU's MIG devices (device plugins hand them to containers); () with
-    MIG off or unsupported. NVML may leave gaps among the indexes: each one is asked."""
+def _mig_devices(handle: Any) -> dict[str, int | None]:
+    """The GPU's MIG devices (device plugins hand them to containers) by UUID, each with its
+    GPU instance id (None where NVML gave none); {} with MIG off or unsupported. NVML may
+    leave gaps among the indexes: each one is asked."""
     mode = _quiet(lambda: pynvml.nvmlDeviceGetMigMode(handle))
     if not mode or mode[0] != pynvml.NVML_DEVICE_MIG_ENABLE:
-        return ()
+        return {}
     most = _quiet(lambda: int(pynvml.nvmlDeviceGetMaxMigDeviceCount(handle))) or 0
-    found = (_mig_uuid(handle, index) for index in range(most))
-    return tuple(uuid for uuid in found if uuid is not None)
+    found = (_mig_device(handle, index) for index in range(most))
+    return dict(device for device in found if device is not None)
 
 
-def _mig_uuid(handle: Any, index: int) -> str | None:
-    """The MIG device's UUID at `index`; None for a gap or a UUID that is not UTF-8 (it
-    names no container's device then)."""
+def _mig_device(handle: Any, index: int) -> tuple[str, int | None] | None:
+    """The MIG device at `index`: its UUID and GPU instance id; None for a gap or a UUID
+    that is not UTF-8 (it names no container's device then)."""
     try:
-        uuid = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, index))
-        return uuid.decode() if isinstance(uuid, bytes) else str(uuid)
+        mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, index)
+        uuid = pynvml.nvmlDeviceGetUUID(mig)
+        uuid = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
     except (pynvml.NVMLError, UnicodeDecodeError):
         return None
+    instance = _quiet(lambda: int(pynvml.nvmlDeviceGetGpuInstanceId(mig)))
+    return uuid, instance
 
 
 def _quiet(fn: Callable[[], T]) -> T | None:

@@ -1,5 +1,6 @@
-"""The HTTP side: `/metrics` renders the latest snapshot (prometheus-client's text format),
-`/healthz` says whether collections are current. A scrape never calls NVML or the kubelet.
+"""The HTTP side: `/metrics` renders the latest snapshot (prometheus-client's formats, each
+formatted once per collection: `exposition`), `/healthz` says whether collections are
+current. A scrape never calls NVML or the kubelet.
 
 A private registry with `describe()` (so registering never runs a collection), and a
 collector whose `collect()` cannot raise: a rendering bug costs one group of families,
@@ -27,12 +28,12 @@ from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 import structlog
-from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import Metric
 from prometheus_client.exposition import gzip_accepted
 from prometheus_client.registry import Collector
 
 from installer.agent.metrics import dcgm
+from installer.agent.metrics.exposition import cached_app
 from installer.agent.metrics.families import sections
 from installer.agent.metrics.snapshot import Snapshot
 
@@ -47,14 +48,15 @@ class SnapshotCollector(Collector):
     """Yields the families of whatever snapshot `latest()` returns now."""
 
     def __init__(self, latest: Callable[[], Snapshot], log: Any, *,
-                 dcgm_names: bool = False) -> None:
-        self.latest, self.log, self.dcgm_names = latest, log, dcgm_names
+                 dcgm_names: bool = False, part: str = "all") -> None:
+        self.latest, self.log, self.dcgm_names, self.part = latest, log, dcgm_names, part
 
     def describe(self) -> Iterable[Metric]:
         return ()  # nothing collected at registration
 
     def collect(self) -> Iterator[Metric]:
-        for section in sections(self.latest(), time.time(), dcgm_names=self.dcgm_names):
+        for section in sections(self.latest(), time.time(), dcgm_names=self.dcgm_names,
+                                part=self.part):
             try:
                 built = section()
             except Exception as exc:  # never fail the whole scrape
@@ -172,9 +174,8 @@ def make_app(latest: Callable[[], Snapshot], interval_s: float, log: Any, *,
              dcgm_names: bool = False) -> Any:
     """The WSGI app: /metrics from the snapshot (with dcgm-exporter's family when
     `dcgm_names`), /healthz from its age."""
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(SnapshotCollector(latest, log, dcgm_names=dcgm_names))
-    metrics = make_wsgi_app(registry)
+    metrics = cached_app(latest, lambda snapshot, part: SnapshotCollector(
+        snapshot, log, dcgm_names=dcgm_names, part=part))
     if dcgm_names:
         metrics = _dcgm_counters(metrics)
 

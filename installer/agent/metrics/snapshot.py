@@ -14,11 +14,13 @@ from installer.node.podresources import Assignment
 @dataclass(frozen=True)
 class GpmReading:
     """One GPU's GPM answer: `supported` False with the reason, or the metrics (percent)
-    NVML gave over the last interval (a metric NVML refused is left out)."""
+    NVML gave over the last interval (a metric NVML refused is left out), for the whole GPU
+    and, with MIG on, for each GPU instance (by its GI id) that NVML sampled."""
 
     supported: bool
     reason: str = ""
     values: dict[str, float] = field(default_factory=dict)
+    instances: dict[int, dict[str, float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,7 @@ class GpuReading:
     ecc: dict[str, int] = field(default_factory=dict)  # corrected|uncorrected, volatile
     remapped: dict[str, int] = field(default_factory=dict)  # correctable|uncorrectable|...
     mig_uuids: tuple[str, ...] = ()  # its MIG devices' UUIDs (MIG mode on)
+    mig_instances: dict[str, int] = field(default_factory=dict)  # MIG UUID -> its GI id
     gpm: GpmReading | None = None  # None: GPM off (METRICS_GPM_INTERVAL=0) or not read
 
     @property

@@ -49,8 +49,11 @@ class Source(Protocol):
     def get(self, candidate: Candidate) -> Package: ...
 
 
-def run(ctx: Context) -> Package:
-    """Stage entry point: the verified package for this node (also stored by the runner)."""
+def run(ctx: Context, *, prune: bool = True) -> Package:
+    """Stage entry point: the verified package for this node (also stored by the runner).
+
+    `prune=False` only adds to the cache (`prepare`, which runs beside installs and must
+    not sweep blobs an install is still committing)."""
     node = ctx.node_info()
     with _sources(ctx) as (cache, sources):
         package = _local_exact(ctx, node, sources) or _resolve_and_get(ctx, node, sources,
@@ -58,7 +61,8 @@ def run(ctx: Context) -> Package:
         data = cache.manifest_data(package.digest)
         if data is not None:  # a preloaded tree is not in the cache; note the use otherwise
             cache.record(package.manifest, data, ctx.config.driver_version)
-        _prune(ctx, cache, package)
+        if prune:
+            _prune(ctx, cache, package)
         return package
 
 

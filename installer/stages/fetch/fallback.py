@@ -149,8 +149,8 @@ def _build(ctx: Context, node: NodeInfo, cache: Cache, source: Package, tree: Pa
         sources, (headers,), manifest.flavour, manifest.arch,
         user_versions=frozenset({manifest.driver_version})), work / "compile", ctx.log)
     if compiled.release != node.kernel_release:
-        raise PackageBuildError(f"the node's build tree is for {compiled.release}, not the "
-                                f"running kernel {node.kernel_release}",
+        raise PackageBuildError(f"the node's build tree is for {compiled.release}, not "
+                                f"kernel {node.kernel_release}",
                                 remedy=f"install linux-headers-{node.kernel_release}")
     modules = scan_modules(compiled.modules_dir)
     modules, signatures = apply(SigningOptions(key=config.build_sign_key,
