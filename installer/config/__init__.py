@@ -196,7 +196,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("upgrade_policy", "--upgrade-policy", "UPGRADE_POLICY", "refuse",
             "when another driver version is loaded and in use: refuse (exit 10), evict the "
             "pods holding the GPUs, or drain every non-DaemonSet pod (needs --node-name)",
-            "one of refuse, evict, drain", values.choice(*upgrade.POLICIES), readers.UPGRADE),
+            "one of refuse, evict, drain", values.choice(*upgrade.POLICIES),
+            readers.UPGRADE | {"agent"}),
     Setting("upgrade_timeout", "--upgrade-timeout", "UPGRADE_TIMEOUT", "900",
             "seconds allowed to free the GPUs (evictions refused by a PodDisruptionBudget "
             "are retried until then)", "a number of seconds above 0, at most 86400",

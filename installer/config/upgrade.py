@@ -29,9 +29,10 @@ MAP_ROWS = (
      "file (a mounted ConfigMap) mapping node selectors to a driver version or branch and "
      "optionally a flavour, read at start: the node label "
      "gpu-node-installer/driver-version.override, then the first entry whose selector "
-     "matches the Node's labels, then NVIDIA_DRIVER_VERSION (needs --node-name and the API)",
+     "matches the Node's labels, then NVIDIA_DRIVER_VERSION (needs --node-name and the API); "
+     "the agent resolves it again every 60 s and acts on a change",
      "an absolute path to a YAML list of {selector: {label: value}, version: ..., "
-     "flavour: ...} entries", abs_path, RESOLVING),
+     "flavour: ...} entries", abs_path, RESOLVING | {"agent"}),
 )
 
 

@@ -230,23 +230,15 @@ class TestMigDevices:
     def test_a_containers_mig_device_is_its_gpu_shared(self, libs: Path,
                                                          fake_env: pytest.MonkeyPatch,
                                                          tmp_path: Path) -> None:
-        from native.nvmlsession import nvml_session
+        from native.nvmlsession import h100_mig_node, nvml_session
 
         from installer.agent.metrics.attribution import holdings
         from installer.agent.metrics.nvml import NvmlReader
         from installer.agent.metrics.snapshot import Snapshot
         from installer.stages.partition import nvml as partition
-        from installer.stages.partition.plan import GpuLayout, changes, layout
 
-        for name, setting in {"FAKE_NVML_MIG_DIR": tmp_path / "mig", "FAKE_NVML_GPUS": "2",
-                              "FAKE_NVML_PROC_DIR": tmp_path / "proc",
-                              "FAKE_NVML_NAME": "NVIDIA H100 80GB HBM3",
-                              "FAKE_NVML_MEMORY_MIB": "81559"}.items():
-            fake_env.setenv(name, str(setting))
+        h100_mig_node(libs, fake_env.setenv, tmp_path)
         with nvml_session(libs):
-            want = {0: GpuLayout(False, ()), 1: layout(True, {"1g.10gb": 2, "3g.40gb": 1})}
-            for change in changes(want, partition.read_gpus()):
-                partition.apply(change)
             migs = [d.uuid for d in partition.read_gpus()[1].mig_devices]
             result = NvmlReader(Log()).read()
         assert len(migs) == 3 and all(m.startswith("MIG-") for m in migs)

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pynvml  # type: ignore[import-untyped]
 import pytest
 from host.test_agent_metrics import GPUS, gpu_line, metrics_node, served, value
-from native.nvmlsession import nvml_session
+from native.nvmlsession import h100_mig_node, nvml_session
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -126,7 +127,16 @@ def gpu(index: int, gpm: GpmReading | None) -> GpuReading:
                       pci_bus_id=f"00000000:{index + 16:02X}:00.0", gpm=gpm)
 
 
-def render(snap: Snapshot) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def picked(samples: Samples, name: str, **labels: str) -> list[float]:
+    """The values of our family `name` whose labels include `labels`."""
+    return [v for (n, ls), v in samples.items()
+            if n == "gpu_node_installer_" + name and set(labels.items()) <= ls]
+
+
+def render(snap: Snapshot) -> Samples:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SnapshotCollector(lambda: snap, Log()))
     text = generate_latest(registry).decode()
@@ -146,11 +156,7 @@ class TestFamilies:
             ContainerDevices("ml", "alone", "main", "nvidia.com/gpu", ("GPU-0",)),
             ContainerDevices("ml", "slice", "main", "nvidia.com/gpu", ("GPU-1::0",)),
             ContainerDevices("ml", "slice2", "main", "nvidia.com/gpu", ("GPU-1::1",))))
-        samples = render(snap)
-
-        def get(name: str, **labels: str) -> list[float]:
-            return [v for (n, ls), v in samples.items()
-                    if n == "gpu_node_installer_" + name and set(labels.items()) <= ls]
+        get = partial(picked, render(snap))
 
         assert get("gpu_sm_active_ratio", gpu="0") == [pytest.approx(0.4)]
         assert get("gpu_tensor_active_ratio", gpu="1") == [pytest.approx(0.1)]
@@ -205,17 +211,7 @@ class TestMigInstances:
 
     @pytest.fixture
     def mig_node(self, libs: Path, fake_env: pytest.MonkeyPatch, readings: Path) -> Path:
-        for name, setting in {"FAKE_NVML_MIG_DIR": readings.parent / "mig",
-                              "FAKE_NVML_PROC_DIR": readings.parent / "proc",
-                              "FAKE_NVML_NAME": "NVIDIA H100 80GB HBM3",
-                              "FAKE_NVML_MEMORY_MIB": "81559"}.items():
-            fake_env.setenv(name, str(setting))
-        from installer.stages.partition import nvml as partition
-        from installer.stages.partition.plan import GpuLayout, changes, layout
-        with nvml_session(libs):
-            want = {0: GpuLayout(False, ()), 1: layout(True, {"1g.10gb": 2, "3g.40gb": 1})}
-            for change in changes(want, partition.read_gpus()):
-                partition.apply(change)
+        h100_mig_node(libs, fake_env.setenv, readings.parent)
         return readings
 
     def test_each_instance_its_own_activity(self, libs: Path, mig_node: Path) -> None:
@@ -261,11 +257,7 @@ class TestMigInstances:
             ContainerDevices("ml", "gke", "main", "nvidia.com/gpu", ("nvidia1/gi8",)),
             ContainerDevices("ml", "slice", "main", "nvidia.com/gpu", ("MIG-a::1",)),
             ContainerDevices("ml", "two-ci", "main", "nvidia.com/gpu", ("MIG-c",))))
-        samples = render(snap)
-
-        def get(name: str, **labels: str) -> list[float]:
-            return [v for (n, ls), v in samples.items()
-                    if n == "gpu_node_installer_" + name and set(labels.items()) <= ls]
+        get = partial(picked, render(snap))
 
         assert get("gpu_mig_sm_active_ratio", gpu="1", gpu_instance_id="7") == [
             pytest.approx(0.2)]

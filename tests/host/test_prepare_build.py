@@ -14,39 +14,16 @@ import json
 import subprocess
 from pathlib import Path
 
-import pytest
 from e2e import events, run_cli, standin_env
-from fallbacknode import RELEASE, headers_debs, make_node, unpack_headers
+from fallbacknode import RELEASE, make_node
 from helpers import node_args
-from native import build_standins
-from native.packages import standin_tree
-from nvsources import mini_source
-
-from installer.packages.builder import BuildRequest, build
+from host.test_fallback import headers_root, repo
 
 VERSION = "535.261.03"
 FLAVOUR = "open"  # the stand-in modules are GPL, like the open flavour
 INSTALL_DIR = "home/kubernetes/bin/nvidia"
 OLD = "6.1.0-9-cloud-amd64"
-
-
-@pytest.fixture(scope="module")
-def headers_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    debs = headers_debs()
-    if debs is None:
-        pytest.skip("needs dpkg-deb and gcc-12 (the kernel's compiler) on this machine: "
-                    "make deps")
-    return unpack_headers(debs, tmp_path_factory.mktemp("headers") / "root")
-
-
-@pytest.fixture(scope="module")
-def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A repository holding only a source package (stand-in user mode, stand-in sources)."""
-    work = tmp_path_factory.mktemp("source")
-    tree = standin_tree(work / "tree", build_standins(work / "built"), VERSION)
-    build(BuildRequest(trees=(tree,), nvidia_source=mini_source(work / "nv"),
-                       repo=work / "repo", aliases=("default",)))
-    return work / "repo"
+__all__ = ["headers_root", "repo"]  # the fixtures, as tests/host/test_fallback.py makes them
 
 
 def _boot(root: Path, release: str) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pynvml  # type: ignore[import-untyped]
@@ -41,3 +41,20 @@ def append_xids(path: Path, text: str) -> None:
     FAKE_NVML_XID_FILE names (each delivered once)."""
     with path.open("a") as handle:
         handle.write(text)
+
+
+def h100_mig_node(lib_dir: Path, setenv: Callable[[str, str], object], work: Path) -> None:
+    """Two H100s in the stand-in, GPU 1 partitioned (1g.10gb twice, 3g.40gb once: three
+    GPU instances, one MIG device each) by the product's own partition code."""
+    from installer.stages.partition import nvml as partition
+    from installer.stages.partition.plan import GpuLayout, changes, layout
+
+    for name, setting in {"FAKE_NVML_MIG_DIR": work / "mig", "FAKE_NVML_GPUS": "2",
+                          "FAKE_NVML_PROC_DIR": work / "proc",
+                          "FAKE_NVML_NAME": "NVIDIA H100 80GB HBM3",
+                          "FAKE_NVML_MEMORY_MIB": "81559"}.items():
+        setenv(name, str(setting))
+    with nvml_session(lib_dir):
+        want = {0: GpuLayout(False, ()), 1: layout(True, {"1g.10gb": 2, "3g.40gb": 1})}
+        for change in changes(want, partition.read_gpus()):
+            partition.apply(change)
