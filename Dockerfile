@@ -28,6 +28,8 @@ FROM ${BASE_IMAGE} AS base
 #     venv the runtime stage copies. So no step of the default target runs the target's code:
 #     an arm64 image builds on an x86_64 machine without emulation once its base exists
 #     (podman 4.3 needs `--build-arg BUILDPLATFORM=linux/amd64` for that: `make image` passes it).
+#     Every dependency is pinned with its hashes in requirements/runtime.txt (`make lock` writes
+#     it) and pip installs in --require-hashes mode, so the same lock gives the same wheels.
 #     Wheels come from PyPI or a mirror (PIP_INDEX_URL); a private CA for that index comes in
 #     as the build secret `pip-ca`: podman build --secret id=pip-ca,src=/path/to/ca.crt ...
 FROM --platform=${BUILDPLATFORM} ${BASE_IMAGE} AS builder
@@ -35,12 +37,11 @@ ARG PIP_INDEX_URL=https://pypi.org/simple
 ARG TARGETARCH
 ARG VERSION=0.1.0
 WORKDIR /src
-# Layer 1, the dependencies' wheels for the target, rebuilt only when pyproject.toml (or the
-# version) changes: their list comes from a wheel of the metadata alone. The target's wheel
-# tags are its machine name with every manylinux level up to the glibc of this (the same)
-# base, so pip picks what the target's interpreter would; layer 2 reads them back.
-COPY pyproject.toml README.md ./
-COPY installer/__init__.py ./installer/
+# Layer 1, rebuilt only when a lock changes: the dependencies' wheels for the target, and the
+# SBOM tool (cyclonedx-bom, its own lock) in the builder's venv. The target's wheel tags are its
+# machine name with every manylinux level up to the glibc of this (the same) base, so pip
+# picks what the target's interpreter would; layer 2 reads them back.
+COPY requirements/runtime.txt requirements/sbom.txt ./requirements/
 RUN --mount=type=secret,id=pip-ca,required=false \
     if [ -s /run/secrets/pip-ca ]; then export PIP_CERT=/run/secrets/pip-ca; fi \
     && case "${TARGETARCH}" in amd64) machine=x86_64 ;; arm64) machine=aarch64 ;; \
@@ -51,26 +52,36 @@ RUN --mount=type=secret,id=pip-ca,required=false \
          set -- "$@" --platform "manylinux_2_${minor}_${machine}"; minor=$((minor + 1)); done \
     && printf '%s\n' "$@" > /platform-args \
     && python3 -m venv /opt/build \
-    && /opt/build/bin/pip wheel --no-cache-dir --disable-pip-version-check --no-deps \
-       --index-url "${PIP_INDEX_URL}" --wheel-dir /metadata . \
     && /opt/build/bin/pip download --no-cache-dir --disable-pip-version-check \
-       --index-url "${PIP_INDEX_URL}" --only-binary=:all: "$@" --dest /wheels /metadata/*.whl \
-    && rm -r /metadata /wheels/gpu_node_installer-*.whl
-# Layer 2, the installer: its wheel, and the venv made here at its final path (scripts' #!
-# lines name it) without pip; `pip --python` installs with the venv's interpreter, `--target`
-# because pip allows a foreign platform only there.
+       --index-url "${PIP_INDEX_URL}" --only-binary=:all: "$@" --require-hashes \
+       --dest /wheels -r requirements/runtime.txt \
+    && /opt/build/bin/pip install --no-cache-dir --disable-pip-version-check \
+       --index-url "${PIP_INDEX_URL}" --only-binary=:all: --require-hashes \
+       -r requirements/sbom.txt
+# Layer 2, the installer: its wheel (hashed here, so the whole install stays in hash mode),
+# and the venv made here at its final path (scripts' #! lines name it) without pip; `pip
+# --python` installs with the venv's interpreter, `--target` because pip allows a foreign
+# platform only there. The installer's own requirements must be met by the lock's pins (no
+# index: a dependency missing from the lock fails here). The SBOM (CycloneDX JSON) then lists
+# the distributions installed there: cyclonedx-py reads their metadata through the venv's
+# interpreter, which is this stage's (the build platform's) python3, not the target's.
+COPY pyproject.toml README.md ./
 COPY installer ./installer
 RUN --mount=type=secret,id=pip-ca,required=false \
     if [ -s /run/secrets/pip-ca ]; then export PIP_CERT=/run/secrets/pip-ca; fi \
     && set -- && while read -r arg; do set -- "$@" "${arg}"; done < /platform-args \
     && /opt/build/bin/pip wheel --no-cache-dir --disable-pip-version-check --no-deps \
-       --index-url "${PIP_INDEX_URL}" --wheel-dir /wheels . \
+       --index-url "${PIP_INDEX_URL}" --wheel-dir /self . \
+    && for wheel in /self/gpu_node_installer-"${VERSION}"-*.whl; do \
+         sum=$(sha256sum "${wheel}") && echo "${wheel} --hash=sha256:${sum%% *}"; done > /self.txt \
     && python3 -m venv --without-pip /opt/gpu-node-installer \
     && site=$(/opt/gpu-node-installer/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))') \
     && /opt/build/bin/pip --python /opt/gpu-node-installer/bin/python install --no-cache-dir \
        --disable-pip-version-check --no-index --find-links /wheels --only-binary=:all: "$@" \
-       --target "${site}" "gpu-node-installer==${VERSION}" \
+       --require-hashes --target "${site}" -r requirements/runtime.txt -r /self.txt \
     && mv "${site}"/bin/* /opt/gpu-node-installer/bin/ && rmdir "${site}/bin" \
+    && /opt/build/bin/cyclonedx-py environment --output-reproducible --mc-type application \
+       --output-file /opt/gpu-node-installer/sbom.cdx.json /opt/gpu-node-installer/bin/python \
     && mkdir -p /link/usr/local/bin \
     && ln -s /opt/gpu-node-installer/bin/gpu-node-installer /link/usr/local/bin/gpu-node-installer
 

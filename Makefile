@@ -63,9 +63,11 @@ clean: ## remove the virtual environment and caches
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
 
 # --- deploy: the container image and the rendered manifests; docs/deploy.md -------
-.PHONY: image manifests
+.PHONY: image manifests lock push sbom
 IMAGE_VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' installer/__init__.py)
-IMAGE ?= ghcr.io/gpu-node-installer/gpu-node-installer:$(IMAGE_VERSION)
+# IMAGE_TARGET=build: the build image (compiler and make; the build farm's shards run it).
+IMAGE_TARGET ?=
+IMAGE ?= ghcr.io/gpu-node-installer/gpu-node-installer:$(IMAGE_VERSION)$(if $(IMAGE_TARGET),-$(IMAGE_TARGET))
 CONTAINER_ENGINE ?= $(shell command -v podman || command -v docker)
 BASE_IMAGE ?=
 PRELOADED_DIR ?= daemonset/preloaded
@@ -88,7 +90,7 @@ IMAGE_OUTPUT = $(if $(PLATFORMS),--platform $(PLATFORMS) \
 	$(if $(findstring podman,$(CONTAINER_ENGINE)),--manifest,-t) $(IMAGE),-t $(IMAGE))
 IMAGE_BUILD = $(if $(and $(PLATFORMS),$(findstring docker,$(CONTAINER_ENGINE))),buildx build,build)
 
-image: ## build the container image with podman or docker (BASE_IMAGE=, PRELOADED_DIR=, IMAGE=, PLATFORMS=)
+image: ## build the container image with podman or docker (BASE_IMAGE=, PRELOADED_DIR=, IMAGE=, PLATFORMS=, IMAGE_TARGET=)
 	@test -n "$(CONTAINER_ENGINE)" || { echo "make image: needs podman or docker" >&2; exit 1; }
 	$(if $(and $(PLATFORMS),$(findstring podman,$(CONTAINER_ENGINE))),\
 		$(CONTAINER_ENGINE) manifest exists $(IMAGE) && $(CONTAINER_ENGINE) manifest rm $(IMAGE) >/dev/null; true)
@@ -96,6 +98,7 @@ image: ## build the container image with podman or docker (BASE_IMAGE=, PRELOADE
 		$(if $(BASE_IMAGE),--build-arg BASE_IMAGE=$(BASE_IMAGE)) \
 		$(if $(findstring podman,$(CONTAINER_ENGINE)),--build-arg BUILDPLATFORM=$(BUILD_PLATFORM)) \
 		--build-arg VERSION=$(IMAGE_VERSION) --build-arg PRELOADED_DIR=$(PRELOADED_DIR) \
+		$(if $(IMAGE_TARGET),--target $(IMAGE_TARGET)) \
 		$(if $(PIP_CA),--secret id=pip-ca$(comma)src=$(PIP_CA)) $(IMAGE_OUTPUT) .
 
 manifests: venv ## render every kustomize overlay and the examples into build/manifests/
@@ -104,3 +107,65 @@ manifests: venv ## render every kustomize overlay and the examples into build/ma
 		out=$(MANIFESTS_DIR)/$$(basename $$dir).yaml; \
 		$(BIN)/kubectl kustomize $$dir > $$out || exit 1; echo "$$out"; \
 	done
+
+
+# Push $(IMAGE) to REGISTRY (host[:port]/path) under its own name and tag, print the digest
+# the registry stored, and pin it in OVERLAY, a kustomize overlay you keep outside daemonset/:
+# OVERLAY/image/ (rewritten by every push) holds the `images:` entry by digest and, with
+# PULL_SECRET=NAME, the pods' imagePullSecrets; OVERLAY/kustomization.yaml is written once, on
+# OVERLAY_BASE, and then yours. PUSH_FLAGS go to the engine's push (--tls-verify=false for a
+# registry without TLS, --creds or --authfile). With PLATFORMS, podman pushes the whole list.
+REGISTRY ?=
+OVERLAY ?=
+OVERLAY_BASE ?= daemonset/overlays/gke-cos
+PULL_SECRET ?=
+PUSH_FLAGS ?=
+PUSH_DIGEST_FILE ?= build/push.digest
+PUSH_IMAGE = $(REGISTRY)/$(notdir $(IMAGE))
+PUSH_REPOSITORY = $(REGISTRY)/$(firstword $(subst :, ,$(notdir $(IMAGE))))
+IS_PODMAN = $(findstring podman,$(CONTAINER_ENGINE))
+push: ## push IMAGE to REGISTRY=host[:port]/path and pin its digest in OVERLAY=dir (PULL_SECRET=, PUSH_FLAGS=)
+	@test -n "$(CONTAINER_ENGINE)" || { echo "make push: needs podman or docker" >&2; exit 1; }
+	@test -n "$(REGISTRY)" || { echo "make push: set REGISTRY=host[:port]/path" >&2; exit 1; }
+	@mkdir -p $(dir $(PUSH_DIGEST_FILE)) && rm -f $(PUSH_DIGEST_FILE)
+ifneq ($(and $(PLATFORMS),$(IS_PODMAN)),)
+	$(CONTAINER_ENGINE) manifest push --all $(PUSH_FLAGS) --digestfile $(PUSH_DIGEST_FILE) \
+		$(IMAGE) docker://$(PUSH_IMAGE)
+else
+	$(CONTAINER_ENGINE) tag $(IMAGE) $(PUSH_IMAGE)
+	$(if $(IS_PODMAN),$(CONTAINER_ENGINE) push $(PUSH_FLAGS) --digestfile $(PUSH_DIGEST_FILE) \
+		$(PUSH_IMAGE),$(CONTAINER_ENGINE) push $(PUSH_FLAGS) $(PUSH_IMAGE) && \
+		$(CONTAINER_ENGINE) inspect --format '{{range .RepoDigests}}{{println .}}{{end}}' \
+		$(PUSH_IMAGE) | sed -n 's|^$(PUSH_REPOSITORY)@||p' > $(PUSH_DIGEST_FILE))
+endif
+	@echo "pushed $(PUSH_REPOSITORY)@$$(cat $(PUSH_DIGEST_FILE))"
+	@$(if $(OVERLAY),$(PY) scripts/pin-image.py --overlay $(OVERLAY) \
+		--repository $(PUSH_REPOSITORY) --digest "$$(cat $(PUSH_DIGEST_FILE))" \
+		--base $(OVERLAY_BASE) $(if $(PULL_SECRET),--pull-secret $(PULL_SECRET)),true)
+
+# The image's SBOM (CycloneDX JSON of its Python environment, made by the build) copied out
+# beside it, without running the image: SBOM_OUT, and its sha256 (what `status` shows).
+SBOM_PATH := /opt/gpu-node-installer/sbom.cdx.json
+SBOM_OUT ?= build/$(notdir $(subst :,-,$(IMAGE))).sbom.cdx.json
+sbom: ## copy the image's SBOM out to SBOM_OUT (build/<image>.sbom.cdx.json)
+	@test -n "$(CONTAINER_ENGINE)" || { echo "make sbom: needs podman or docker" >&2; exit 1; }
+	@mkdir -p $(dir $(SBOM_OUT))
+	@id=$$($(CONTAINER_ENGINE) create $(IMAGE)) && \
+		{ $(CONTAINER_ENGINE) cp $$id:$(SBOM_PATH) $(SBOM_OUT); rc=$$?; \
+		  $(CONTAINER_ENGINE) rm $$id >/dev/null; exit $$rc; }
+	@sha256sum $(SBOM_OUT)
+
+# The image's locks (requirements/, checked in; the Dockerfile installs in --require-hashes
+# mode): every pin with the hashes of all its files, for Python 3.11 on any platform, so one
+# lock serves amd64 and arm64 images. uv runs from a throwaway venv and trusts the system's CAs; relock after changing
+# pyproject's dependencies (tests/unit/test_lock.py fails until then).
+UV_VERSION ?= 0.13.8
+LOCK_VENV ?= build/lock-venv
+LOCK_INDEX ?= https://pypi.org/simple
+UV_COMPILE = $(LOCK_VENV)/bin/uv pip compile --quiet --universal --python-version 3.11 \
+	--generate-hashes --system-certs --index-url $(LOCK_INDEX) --custom-compile-command "make lock"
+lock: ## relock the image's dependencies with hashes (requirements/*.txt) with uv
+	@test -x $(LOCK_VENV)/bin/uv || { $(PY) -m venv $(LOCK_VENV) \
+		&& $(LOCK_VENV)/bin/pip install -q uv==$(UV_VERSION); }
+	$(UV_COMPILE) -o requirements/runtime.txt pyproject.toml
+	$(UV_COMPILE) -o requirements/sbom.txt requirements/sbom.in

@@ -15,6 +15,7 @@ PACKAGES=(
   prometheus               # metrics tier: a real Prometheus scrapes the agent; promtool checks its output
   qemu-user-static binfmt-support arch-test   # image tier: the arm64 base (mmdebstrap) and running the arm64 image
   gcc-aarch64-linux-gnu    # kernel tier: package build cross-compiles arm64 modules (bookworm: gcc-12)
+  docker-registry          # image tier: `make push` to a real registry (the test starts its own)
 )
 
 # The Container Device Interface project's JSON schema (tests/host/test_cdi.py validates our
@@ -50,6 +51,11 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   echo "install-deps: installed ${missing[*]}"
+  # docker-registry's package enables a registry on every address's port 5000 where systemd
+  # runs; the tests start their own on 127.0.0.1 with a temp config, so that one is stopped.
+  if [[ " ${missing[*]} " == *" docker-registry "* ]] && [ -d /run/systemd/system ]; then
+    systemctl disable --now docker-registry.service >/dev/null 2>&1 || true
+  fi
 fi
 
 # qemu-user-static's binfmt handlers (arm64 code on an x86_64 machine, for the image tier) are

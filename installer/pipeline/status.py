@@ -3,7 +3,8 @@
 Read only. Detect's summary, the package cache, the loaded module, the staged versions,
 readiness, an upgrade the Node's upgrade.skip label held back (`.skipped.json`), the last
 verified run's stage timings (from `.state.json`), the node agent's view (its verdict,
-each GPU's fabric state, its daemons) and the CDI spec (where, which version it points at).
+each GPU's fabric state, its daemons), the CDI spec (where, which version it points at) and,
+in the image, the digest of its SBOM.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from installer.installdir.versions import current_name, previous_name, read_stag
 from installer.node import kmod
 from installer.node.facts import NodeInfo
 from installer.packages.documents import DocumentError, read_document, read_file
+from installer.pipeline import imagesbom
 
 
 @dataclass(frozen=True)
@@ -39,13 +41,14 @@ class StatusReport:
     cdi: dict[str, Any] | None = None  # our CDI spec: path, version, intact
     mig: dict[str, Any] | None = None  # the partition stage's record (.mig.json)
     requested: dict[str, str] | None = None  # the version chosen now, and by which rule
+    image: dict[str, Any] | None = None  # the image's version and SBOM digest (none: no image)
 
     def to_dict(self) -> dict[str, Any]:
         return {"node": self.node.to_dict(), "install_dir": self.install_dir,
                 "cache": self.cache, "loaded_modules": self.modules, "staged": self.staged,
                 "readiness": self.readiness, "upgrade": self.upgrade,
                 "last_run": self.last_run, "agent": self.agent, "cdi": self.cdi,
-                "mig": self.mig, "requested": self.requested,
+                "mig": self.mig, "requested": self.requested, "image": self.image,
                 "cuda": compat.cuda_support(self._driver())}
 
     def _driver(self) -> str | None:
@@ -77,6 +80,9 @@ class StatusReport:
         lines += agent_lines(self.agent)
         lines.append(cdi_line(self.cdi))
         lines += mig_lines(self.mig)
+        image = imagesbom.image_line(self.image)
+        if image:
+            lines.append(image)
         if self.last_run:
             timings = self.last_run.get("timings_ms")
             shown = timings.items() if isinstance(timings, dict) else ()
@@ -105,6 +111,7 @@ def collect(ctx: Context) -> StatusReport:
         cdi=cdifile.describe(ctx.config, ctx.host.roots),
         mig=migrecord.read(root),
         requested=_requested(ctx),
+        image=imagesbom.describe(),
     )
 
 

@@ -14,11 +14,15 @@ import hashlib
 import os
 import shutil
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 from deploy.manifests import REPO
+from installer import __version__
 
 CACHE = Path(os.environ.get("GNI_TEST_CACHE",
                             Path.home() / ".cache" / "gpu-node-installer-test")) / "deploy"
@@ -30,6 +34,10 @@ MMDEBSTRAP = (
     "bookworm",
 )
 GLOBAL = ("--cgroup-manager=cgroupfs", "--events-backend=file", "--runtime", "runc")
+# The image the image tier builds (test_image.py, test_push.py): the same context gives the
+# same layers, so the second build in a session is podman's cache.
+PROJECT_TAG = f"localhost/gpu-node-installer:test-{__version__}"
+PROJECT_PRELOADED = {"preloaded-by-test.txt": "baked into the image\n"}
 RUN = ("--rm", "--network", "none", "--ulimit", "nofile=20000:20000",
        "--ulimit", "nproc=4096:4096")
 
@@ -146,6 +154,9 @@ def build_context(target: Path, preloaded: dict[str, str]) -> Path:
     target.mkdir(parents=True)
     for name in ("Dockerfile", ".dockerignore", "pyproject.toml", "README.md"):
         shutil.copy2(REPO / name, target / name)
+    (target / "requirements").mkdir()
+    for name in ("runtime.txt", "sbom.txt"):
+        shutil.copy2(REPO / "requirements" / name, target / "requirements" / name)
     shutil.copytree(REPO / "installer", target / "installer",
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     shutil.copytree(REPO / "daemonset" / "preloaded", target / "daemonset" / "preloaded")
@@ -175,3 +186,28 @@ def build(context: Path, base: str, tag: str, version: str) -> float:
     started = time.monotonic()
     podman(*args, str(context), timeout=900)
     return time.monotonic() - started
+
+
+def project_image(tmp_path_factory: pytest.TempPathFactory, tag: str = PROJECT_TAG,
+                  preloaded: dict[str, str] | None = None) -> str:
+    """The project's image built from the local base (skips where podman cannot run
+    containers); timings go to stderr."""
+    reason = why_podman_cannot_run()
+    if reason is not None:
+        pytest.skip(reason)
+    base, rootfs_s, import_s = base_image()
+    probe = run(base, "true", check=False)
+    if probe.returncode != 0:
+        pytest.skip(f"podman cannot run containers here: {probe.stderr.strip()[-500:]}")
+    context = build_context(tmp_path_factory.mktemp("image") / "context",
+                            PROJECT_PRELOADED if preloaded is None else preloaded)
+    with open(CACHE / ".project-image.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a second builder (another worker) waits, then
+        build_s = build(context, base, tag, __version__)  # finds every layer cached
+
+    def seconds(value: float | None) -> str:
+        return "cached" if value is None else f"{value:.1f} s"
+
+    print(f"\nimage timings: rootfs {seconds(rootfs_s)}, import {seconds(import_s)}, "
+          f"build {seconds(build_s)}", file=sys.stderr)
+    return tag

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from installer.errors import error_table
 DOC = (REPO / "docs" / "deploy.md").read_text(encoding="utf-8")
 UPGRADING = (REPO / "docs" / "upgrading.md").read_text(encoding="utf-8")
 OPERATING = (REPO / "docs" / "operating.md").read_text(encoding="utf-8")
+DIGEST = "sha256:" + "0123456789abcdef" * 4
 
 
 def test_the_one_liner_is_documented_and_renders() -> None:
@@ -104,15 +106,17 @@ def test_the_documented_overlay_snippets_render_and_validate(tmp_path: Path) -> 
     _merge_generators(overlay["configMapGenerator"], mirror["configMapGenerator"])
     _merge_generators(overlay["configMapGenerator"], params["configMapGenerator"])
     overlay["patches"] = mirror["patches"]
+    assert overlay["components"] == ["image"]  # what `make push` writes: the image by digest
     docs = _render_beside_repo(tmp_path / "my-cluster", overlay, {
         "ca.crt": "-----BEGIN CERTIFICATE-----\n",
-        "module-params.conf": "nvidia.NVreg_EnableMSI=0\n"})
+        "module-params.conf": "nvidia.NVreg_EnableMSI=0\n",
+        "image/kustomization.yaml": _pinned_component(tmp_path / "pushed")})
     namespaced = {d["metadata"].get("namespace") for d in docs
                   if d["kind"] not in ("ClusterRole", "ClusterRoleBinding")}
     assert namespaced == {"kube-system"}
     daemonset = one(docs, "DaemonSet", "gpu-node-installer")
     (installer,) = pod_spec(daemonset)["initContainers"]
-    assert installer["image"] == "registry.example.internal/gpu-node-installer:0.1.0"
+    assert installer["image"] == f"registry.example.internal/gpu/gpu-node-installer@{DIGEST}"
     env = container_env(installer, docs)
     assert env["NVIDIA_DRIVER_VERSION"] == "535.261.03"
     ca_dir = mounts_by_volume(installer)["mirror-ca"]
@@ -124,6 +128,15 @@ def test_the_documented_overlay_snippets_render_and_validate(tmp_path: Path) -> 
         "module-params.conf": "nvidia.NVreg_EnableMSI=0\n"}
 
 
+def _pinned_component(scratch: Path) -> str:
+    """The `image/` component `make push OVERLAY=` writes (scripts/pin-image.py)."""
+    subprocess.run([sys.executable, str(REPO / "scripts" / "pin-image.py"),
+                    "--overlay", str(scratch), "--digest", DIGEST,
+                    "--repository", "registry.example.internal/gpu/gpu-node-installer"],
+                   check=True, capture_output=True, timeout=30)
+    return (scratch / "image" / "kustomization.yaml").read_text()
+
+
 def _render_beside_repo(overlay_dir: Path, overlay: dict[str, Any],
                         files: dict[str, str] | None = None) -> tuple[dict[str, Any], ...]:
     """Lay the overlay out as the docs say (this repository beside it, as
@@ -133,6 +146,7 @@ def _render_beside_repo(overlay_dir: Path, overlay: dict[str, Any],
     overlay_dir.mkdir()
     (overlay_dir / "kustomization.yaml").write_text(yaml.safe_dump(overlay))
     for name, text in (files or {}).items():
+        (overlay_dir / name).parent.mkdir(exist_ok=True)
         (overlay_dir / name).write_text(text)
     proc = subprocess.run([tool("kubectl"), "kustomize", str(overlay_dir)], capture_output=True,
                           text=True, timeout=120, check=False)

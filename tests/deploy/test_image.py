@@ -1,7 +1,8 @@
 """The image really builds (podman, from a local Debian base) and the installer runs in it:
 `--version`, `detect` against a sample node's host tree bind-mounted in, the default command
 with an overlay's rendered settings, the example's `wait-ready`, the agent's readiness probe
-commands, and what the Dockerfile promises (entrypoint, labels, wheels, no pip, preloaded)."""
+commands, and what the Dockerfile promises (entrypoint, labels, wheels, no pip, preloaded,
+the SBOM of exactly what is installed, which `status` names by digest)."""
 
 from __future__ import annotations
 
@@ -23,29 +24,14 @@ from installer.errors import error_table
 # The first test also makes the rootfs and builds the image: allow a slow mirror.
 pytestmark = [pytest.mark.image, pytest.mark.timeout(1800)]
 
-TAG = f"localhost/gpu-node-installer:test-{__version__}"
+TAG = podman.PROJECT_TAG
 PRELOADED = "/var/lib/gpu-node-installer/preloaded"
-MARKER = "preloaded-by-test.txt"
+(MARKER,) = podman.PROJECT_PRELOADED  # the file the build context adds to preloaded/
 
 
 @pytest.fixture(scope="module")
 def image(tmp_path_factory: pytest.TempPathFactory) -> str:
-    reason = podman.why_podman_cannot_run()
-    if reason is not None:
-        pytest.skip(reason)
-    base, rootfs_s, import_s = podman.base_image()
-    probe = podman.run(base, "true", check=False)
-    if probe.returncode != 0:
-        pytest.skip(f"podman cannot run containers here: {probe.stderr.strip()[-500:]}")
-    context = podman.build_context(tmp_path_factory.mktemp("image") / "context",
-                                   {MARKER: "baked into the image\n"})
-    build_s = podman.build(context, base, TAG, __version__)
-    def seconds(value: float | None) -> str:
-        return "cached" if value is None else f"{value:.1f} s"
-
-    print(f"\nimage timings: rootfs {seconds(rootfs_s)}, import {seconds(import_s)}, "
-          f"build {seconds(build_s)}", file=sys.stderr)
-    return TAG
+    return podman.project_image(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
@@ -204,3 +190,78 @@ class TestImage:
             {"ready": True, "reason": "fabric complete", "updated_at": time.time()}))
         assert podman.run(image, *args, entrypoint=probe, volumes=volume,
                           check=False).returncode == 0
+
+
+def test_a_wheel_not_in_the_lock_stops_the_build(tmp_path: Path) -> None:
+    """--require-hashes really checks: with every hash of one pin replaced, the builder
+    stage fails on that wheel's download and no image is made."""
+    reason = podman.why_podman_cannot_run()
+    if reason is not None:
+        pytest.skip(reason)
+    base, _, _ = podman.base_image()
+    context = podman.build_context(tmp_path / "context", {})
+    lock = context / "requirements" / "runtime.txt"
+    text = lock.read_text()
+    pin = re.search(r"^(idna==[^ ]+) \\\n((?:\s+--hash=sha256:[0-9a-f]{64}(?: \\)?\n)+)",
+                    text, re.MULTILINE)
+    assert pin, "idna is no longer in the lock: pick another pure-Python pin"
+    forged = re.sub(r"[0-9a-f]{64}", "0" * 64, pin.group(2))
+    lock.write_text(text.replace(pin.group(0), f"{pin.group(1)} \\\n{forged}"))
+    tag = "localhost/gpu-node-installer:test-forged-lock"
+    proc = podman.podman("build", "--isolation", "chroot", "--pull=never", "--network", "host",
+                         "--build-arg", f"BASE_IMAGE={base}", "--target", "builder",
+                         *(["--secret", f"id=pip-ca,src={podman.ca_bundle()}"]
+                           if podman.ca_bundle() else []),
+                         "-t", tag, str(context), timeout=600, check=False)
+    assert proc.returncode != 0
+    assert "THESE PACKAGES DO NOT MATCH THE HASHES" in proc.stdout + proc.stderr
+    assert re.search(r"idna.*\n.*Expected sha256 0{64}", proc.stdout + proc.stderr)
+    assert podman.podman("image", "exists", tag, check=False).returncode != 0
+
+
+class TestSbom:
+    """The build's CycloneDX SBOM (docs/image.md) in the image."""
+
+    SBOM = "/opt/gpu-node-installer/sbom.cdx.json"
+
+    def test_it_lists_every_installed_distribution_with_its_version(self, image: str) -> None:
+        """What the image's own interpreter finds installed, name and version, is what the
+        SBOM lists: nothing missing, nothing extra."""
+        code = ("import importlib.metadata as m, json; print(json.dumps(sorted("
+                "[d.metadata['Name'], d.version] for d in m.distributions())))")
+        installed = json.loads(podman.run(image, "-c", code,
+                                          entrypoint="/opt/gpu-node-installer/bin/python").stdout)
+        sbom = json.loads(podman.run(image, self.SBOM, entrypoint="cat").stdout)
+        assert sbom["bomFormat"] == "CycloneDX"
+        listed = sorted([c["name"], c["version"]] for c in sbom["components"])
+
+        def canonical(pairs: list[list[str]]) -> list[tuple[str, str]]:
+            return sorted((re.sub(r"[-_.]+", "-", name).lower(), version)
+                          for name, version in pairs)
+
+        assert canonical(listed) == canonical(installed)
+        assert ["gpu-node-installer", __version__] in listed
+        assert len(listed) >= 12  # the installer and its locked dependencies
+
+    def test_status_shows_its_digest(self, image: str, node: Path) -> None:
+        digest = podman.run(image, self.SBOM, entrypoint="sha256sum").stdout.split()[0]
+        args = ("status", "--host-root", "/node", "--proc-root", "/node/proc",
+                "--sys-root", "/node/sys")
+        volume = (f"{node}:/node:ro",)
+        report = json.loads(podman.run(image, *args, "-o", "json", volumes=volume).stdout)
+        assert report["image"] == {"version": __version__, "sbom": self.SBOM,
+                                   "sbom_sha256": digest}
+        text = podman.run(image, *args, volumes=volume).stdout
+        assert f"Image:           {__version__}, SBOM {self.SBOM} sha256:{digest}" in text
+
+    def test_make_sbom_copies_it_out(self, image: str, tmp_path: Path) -> None:
+        """image.md's `make sbom`: the file the image holds, copied out without running it."""
+        inside = podman.run(image, self.SBOM, entrypoint="sha256sum").stdout.split()[0]
+        out = tmp_path / "out" / "image.sbom.cdx.json"
+        done = subprocess.run(
+            ["make", "-s", "-C", str(REPO), "-o", "venv", "sbom", f"IMAGE={image}",
+             f"CONTAINER_ENGINE=podman {' '.join(podman.GLOBAL)}", f"SBOM_OUT={out}"],
+            capture_output=True, text=True, timeout=120, check=False)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.split() == [inside, str(out)]
+        assert json.loads(out.read_text())["bomFormat"] == "CycloneDX"

@@ -176,13 +176,19 @@ class TestMultiArchImage:
             assert wrong == {}, (platform, wrong)
 
     def test_both_platforms_have_the_same_packages(self, image: str) -> None:
-        """The same distributions at the same versions in both venvs."""
+        """The same distributions at the same versions in both venvs, and each image's SBOM
+        (made by the build machine's interpreter, also for arm64) lists exactly those."""
         code = ("import importlib.metadata as m; "
                 "print(sorted(f'{d.name}=={d.version}' for d in m.distributions()))")
         listings = {p: run_on(p, "-c", code, entrypoint="/opt/gpu-node-installer/bin/python")
                     for p in PLATFORMS}
         assert len(set(listings.values())) == 1, listings
         assert f"gpu-node-installer=={__version__}" in listings["linux/arm64"]
+        for platform in PLATFORMS:
+            sbom = json.loads(run_on(platform, "/opt/gpu-node-installer/sbom.cdx.json",
+                                     entrypoint="cat"))
+            listed = sorted(f"{c['name']}=={c['version']}" for c in sbom["components"])
+            assert str(listed) == listings[platform].strip(), platform
 
     def test_the_arm64_builder_stage_runs_on_the_build_machine(self, image: str) -> None:
         """The build runs no arm64 code: the arm64 build's builder stage (its layers are
