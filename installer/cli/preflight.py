@@ -111,7 +111,6 @@ def preflight(config: Config, kernels: tuple[str, ...], nodes_file: str | None,
     from installer.compat.pods.workloads import read_input
     from installer.errors import ConfigError
     from installer.pipeline import fleet
-    from installer.pipeline import preflight as check
 
     date = _today(today)
     if nodes_file and nodes_from_api:
@@ -120,26 +119,18 @@ def preflight(config: Config, kernels: tuple[str, ...], nodes_file: str | None,
     if rollout and not (nodes_file or nodes_from_api):
         raise ConfigError("--roll-out changes the kernel of the nodes in a Node list, and "
                           "none is given", remedy="give --nodes FILE|- (or use --kernel)")
-    new_kernels = fleet.roll_out(rollout)
-    gpu = fleet.gpu_option(gpus)
-    targets = fleet.kernel_targets(kernels, gpu)
-    targets += [fleet.cos_target(value, gpu) for value in cos_builds]
+    flags = fleet.Flags.parse(kernels, cos_builds, gpus, rollout)
     nodes = None
-    if nodes_file:
+    if nodes_file:  # checked before the pipeline (and its imports) load
         nodes = fleet.parse_nodes(read_input(nodes_file, too_large=fleet.NODES_REMEDY),
                                   nodes_file)
-    elif nodes_from_api:
+    from installer.pipeline import preflight as check
+
+    if nodes_from_api:
         nodes = check.nodes_from_api(config)
-    if nodes is not None:
-        cos_build = fleet.cos_target(cos_builds[0], gpu).cos_build if cos_builds else None
-        targets += fleet.node_targets(nodes, nodes_file or "from the API",
-                                      cos_build=cos_build, choose=check.chooser(config),
-                                      rollout=new_kernels)
-    if not targets:
-        raise ConfigError("preflight has nothing to check",
-                          remedy="give --kernel RELEASE[,ARCH], --nodes FILE|- or --cos-build")
-    report = check.run(config, logs.get_logger(),
-                       check.Plan(tuple(targets), date, strict=strict))
+    plan = check.plan(config, flags, nodes, nodes_file or "from the API", date,
+                      strict=strict)
+    report = check.run(config, logs.get_logger(), plan)
     if post_events:
         check.post_events(config, report)
     emit(report, output)

@@ -55,6 +55,25 @@ class Target:
         return dict(self.labels)
 
 
+@dataclass(frozen=True)
+class Flags:
+    """The targets the flags name, checked: `--kernel` and `--cos-build` targets, the
+    `--gpu` they drive, and `--roll-out`'s kernel per arch."""
+
+    targets: tuple[Target, ...]
+    gpu: tuple[str, str] | None
+    rollout: dict[str, str]
+    cos_build: str | None  # the first --cos-build, for the COS nodes of a Node list
+
+    @classmethod
+    def parse(cls, kernels: Iterable[str], cos_builds: Iterable[str], gpus: Iterable[str],
+              rollout: Iterable[str]) -> Flags:
+        gpu = gpu_option(gpus)
+        cos = [cos_target(value, gpu) for value in cos_builds]
+        return cls((*kernel_targets(kernels, gpu), *cos), gpu, roll_out(rollout),
+                   cos[0].cos_build if cos else None)
+
+
 @dataclass
 class _Group:
     first: Target

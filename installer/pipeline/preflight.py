@@ -41,6 +41,7 @@ from installer.node.pci import KIND_GPU, PciFunction
 from installer.packages.cache import Cache
 from installer.packages.manifest import DRIVER_VERSION_RE
 from installer.packages.repository import flavour_order, version_key
+from installer.pipeline import fleet
 from installer.pipeline.fleet import Target
 from installer.pipeline.preflightreport import (
     READY,
@@ -80,6 +81,19 @@ def chooser(config: Config) -> Callable[[dict[str, str], str], versionmap.Choice
     entries = version_rules(config)
     return lambda labels, node: versionmap.resolve(replace(config, node_name=node), entries,
                                                    labels)
+
+
+def plan(config: Config, flags: fleet.Flags, nodes: list[dict[str, Any]] | None,
+         source: str, today: datetime.date, *, strict: bool) -> Plan:
+    """Every target: the flags', then the Node list's grouped by pool and version rule."""
+    targets = list(flags.targets)
+    if nodes is not None:
+        targets += fleet.node_targets(nodes, source, cos_build=flags.cos_build,
+                                      choose=chooser(config), rollout=flags.rollout)
+    if not targets:
+        raise ConfigError("preflight has nothing to check",
+                          remedy="give --kernel RELEASE[,ARCH], --nodes FILE|- or --cos-build")
+    return Plan(tuple(targets), today, strict)
 
 
 def run(config: Config, log: Any, plan: Plan) -> Report:
