@@ -146,13 +146,14 @@ class LockHeldError(InstallerError):
 
 
 class IncompatibleError(InstallerError):
-    """The driver cannot serve the node's GPUs or a CUDA toolkit, or a workload would not
-    get a GPU or run on this node (`check-pod`)."""
+    """The driver cannot serve the node's GPUs or a CUDA toolkit, a workload would not
+    get a GPU or run on this node (`check-pod`), or a kernel of the fleet has no driver
+    package (`preflight`)."""
 
     code = 14
     slug = "incompatible"
-    summary = ("driver does not support this GPU or CUDA toolkit, or a workload breaks a "
-               "GPU pod rule (check-pod)")
+    summary = ("driver does not support this GPU or CUDA toolkit, a workload breaks a "
+               "GPU pod rule (check-pod), or a kernel has no driver package (preflight)")
     default_remedy = ("pick a driver version that supports the GPU (see `compat`), or fix "
                       "the workload as check-pod says")
 

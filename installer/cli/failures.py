@@ -71,10 +71,11 @@ def _config_of(ctx: click.Context) -> Config | None:
     return None if obj is None else obj.get("config")
 
 
-# Commands run by hand to look at a node or a workload, and `prepare` (the agent runs it
-# beside its own work): their failure is no pod's last word, so it never goes to a
+# Commands run by hand to look at a node, a workload or a fleet, and `prepare` (the agent
+# runs it beside its own work): their failure is no pod's last word, so it never goes to a
 # termination log (nor creates one in a laptop's real /dev).
-LOOK_ONLY = frozenset({"check-pod", "compat", "detect", "prepare", "status", "versions"})
+LOOK_ONLY = frozenset({"check-pod", "compat", "detect", "preflight", "prepare", "status",
+                       "versions"})
 
 
 def _report(ctx: click.Context, error: InstallerError) -> None:

@@ -27,6 +27,12 @@ MIG = frozenset({"install", "partition"})
 AGENT = frozenset({"agent"})
 DAEMONS = frozenset({"agent", "install"})
 CACHE = LOCKED | {"prepare", "status", "versions"}
-RESOLVING = FETCHING | {"status"}
+RESOLVING = FETCHING | {"status", "preflight"}
 LABELS = SIGNALLING | {"check-pod"}
 VERIFYING = frozenset({"agent", "install", "signal", "verify"})
+# `preflight` reads no node: the version rules, the mirrors and downloads, the API (Events,
+# the Node list) and the log settings
+PREFLIGHT = frozenset({"preflight"})
+DOWNLOADING = FETCHING | PREFLIGHT
+KUBE_API = KUBE | PREFLIGHT
+LOGS = NODE | PREFLIGHT

@@ -62,14 +62,16 @@ def _looking(arena: Arena) -> dict[str, tuple[list[str], int, str]]:
         "versions": (["versions", *node, "--driver-version", "x"], 2, "--driver-version='x'"),
         "compat": (["compat", "--cuda", "nope", "--driver", VERSION], 2, "--cuda 'nope'"),
         "check-pod": (["check-pod", str(_bad_pod(arena)), *node], 14, "rule(s) fail"),
+        "preflight": (["preflight", "--kernel", "no kernel"], 2, "--kernel 'no kernel'"),
     }
 
 
 @pytest.mark.parametrize("kubelet", [False, True], ids=["no log", "kubelet's log"])
 def test_12_looking_commands_never_write_the_termination_log(arena: Arena, kubelet: bool
                                                              ) -> None:
-    """Item 12: check-pod, compat, detect, status, versions and --help, run by hand as root,
-    neither create /dev/termination-log nor overwrite one the kubelet provided."""
+    """Item 12: check-pod, compat, detect, preflight, status, versions and --help, run by
+    hand as root, neither create /dev/termination-log nor overwrite one the kubelet
+    provided."""
     dev = _private_dev(arena)
     if kubelet:
         (dev / "termination-log").write_text("")

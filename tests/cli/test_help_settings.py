@@ -23,7 +23,7 @@ from packages import KERNEL, write_index, write_package
 
 from installer.cli import cli
 from installer.config import SETTINGS, Config
-from installer.config.readers import NODE
+from installer.config.readers import NODE, PREFLIGHT
 
 NodeMaker = Callable[[str], Path]
 FIELDS = frozenset(f.name for f in dataclasses.fields(Config))
@@ -122,7 +122,7 @@ def _flags_in_help(text: str) -> set[str]:
             for flag in re.findall(r"(?:^ *|  )(--[a-z-]+)", line)}
 
 
-@pytest.mark.parametrize("command", sorted(NODE))
+@pytest.mark.parametrize("command", sorted(NODE | PREFLIGHT))
 def test_help_fits_and_lists_exactly_the_settings_read(command: str) -> None:
     text = _help(command)
     assert len(text.splitlines()) <= 60
@@ -194,4 +194,23 @@ def test_top_level_exit_codes_keep_one_line_each() -> None:
 
 
 def test_every_setting_has_readers() -> None:
-    assert all(s.commands and s.commands <= NODE for s in SETTINGS)
+    assert all(s.commands and s.commands <= NODE | PREFLIGHT for s in SETTINGS)
+
+
+def test_preflight_reads_only_the_settings_it_shows(tmp_path: Path) -> None:
+    """preflight reads no node: no root or install-dir setting, only the version rules,
+    the mirrors, the downloads and the logs (it runs where no /host exists)."""
+    repo = tmp_path / "repo"
+    write_package(repo, kernel=KERNEL)
+    write_index(repo)
+    pools = tmp_path / "map.yaml"
+    pools.write_text('- {selector: {pool: a}, version: "535"}\n')
+    reads: set[str] = set()
+    done = CliRunner().invoke(cli, ["preflight", "--kernel", f"{KERNEL},x86_64", "--mirror",
+                                    repo.as_uri(), "--driver-version-map", str(pools)],
+                              obj={"config_view": recording(reads)},
+                              env={"TERMINATION_LOG": str(tmp_path / "termination-log")})
+    assert done.exit_code == 0, done.output
+    assert {"mirrors", "driver_version", "log_format", "download_deadline"} <= reads
+    assert reads <= shown("preflight"), sorted(reads - shown("preflight"))
+    assert not {"host_root", "install_dir", "cache_dir"} & shown("preflight")
