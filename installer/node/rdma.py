@@ -12,7 +12,8 @@ Signs, in the kernel's own terms:
   `ofed_info` script's release name; inbox, the kernel release.
 `loaded_exports` finds the CRCs the loaded `ib_core` exports (`installer.node.modversions`):
 the kernel shows none in sysfs, so they are read from the module file that is loaded (its
-`srcversion` equal to `/sys/module/ib_core/srcversion`), else from OFED's `Module.symvers`.
+`srcversion` equal to `/sys/module/ib_core/srcversion`, or its GNU build ID equal to the
+loaded module's note in `/sys/module/ib_core/notes`), else from OFED's `Module.symvers`.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from installer.node import kmod, modversions
+from installer.node import elf, kmod, modversions
 from installer.node.host import Host
 
 IB_CORE = "ib_core"
@@ -34,6 +35,7 @@ MELLANOX_VENDOR = 0x15B3
 CLASS_INFINIBAND, CLASS_ETHERNET = 0x0207, 0x0200
 MAX_MODULE_BYTES = 64 * 1024 * 1024  # ib_core.ko is about 1 MiB
 MAX_SYMVERS_BYTES = 32 * 1024 * 1024
+BUILD_ID = ".note.gnu.build-id"
 OFED_SRC = Path("usr/src/ofa_kernel")
 OFED_INFO = Path("usr/bin/ofed_info")
 _OFED_RELEASE_RE = re.compile(r"\b((?:MLNX_OFED_LINUX|OFED-internal|DOCA[-_A-Za-z]*)"
@@ -120,10 +122,9 @@ def loaded_exports(host: Host, stack: RdmaStack, release: str) -> tuple[dict[str
         except (ValueError, OSError, EOFError, zlib.error, lzma.LZMAError) as exc:
             reasons.append(f"{path}: {exc}")
             continue
-        file_src = (info.get("srcversion") or [""])[0]
-        if stack.srcversion and file_src != stack.srcversion:
-            reasons.append(f"{path} is not the loaded ib_core (srcversion {file_src}, "
-                           f"loaded {stack.srcversion})")
+        other = _not_loaded_one(host, path, data, info, stack)
+        if other is not None:
+            reasons.append(other)
             continue
         try:
             return modversions.exported(data), str(path)
@@ -144,6 +145,26 @@ def loaded_exports(host: Host, stack: RdmaStack, release: str) -> tuple[dict[str
                 reasons.append(f"{symvers}: {exc}")
     raise ExportsUnknown("; ".join(reasons) or "no ib_core module file or Module.symvers "
                          f"for kernel {release} on the node")
+
+
+def _not_loaded_one(host: Host, path: Path, data: bytes, info: dict[str, list[str]],
+                    stack: RdmaStack) -> str | None:
+    """Why the file is not the loaded ib_core, or None: its `srcversion` (when the kernel
+    shows one), else its GNU build ID against `/sys/module/ib_core/notes` (the kernel keeps
+    each loaded module's note sections there; Debian builds without srcversion)."""
+    if stack.srcversion:
+        ours = (info.get("srcversion") or ["none"])[0]
+        return None if ours == stack.srcversion else (
+            f"{path} is not the loaded ib_core (srcversion {ours}, loaded {stack.srcversion})")
+    loaded = host.read_bytes(host.roots.sys / "module" / IB_CORE / "notes" / BUILD_ID, 4096)
+    if not loaded:
+        return None
+    try:
+        ours_id = elf.section(data, BUILD_ID.encode())
+    except elf.ElfError:
+        ours_id = b""
+    return None if ours_id == loaded else (
+        f"{path} is not the loaded ib_core (its GNU build ID differs from the loaded one's)")
 
 
 def _ib_core_files(host: Host, release: str) -> list[Path]:

@@ -36,7 +36,7 @@ def module_file_bytes(name: str, version: str | None = None, depends: Sequence[s
                       *, signed: bool = False, kernel_release: str = "6.1.0",
                       versions: Mapping[str, int] | None = None,
                       exports: Mapping[str, int] | None = None,
-                      srcversion: str | None = None) -> bytes:
+                      srcversion: str | None = None, build_id: bytes | None = None) -> bytes:
     """A minimal ELF64 relocatable object with a `.modinfo` section, like a real .ko (and
     its symbol versions: `installer.testing.kobject`)."""
     info = [f"name={name}", f"depends={','.join(depends)}",
@@ -45,7 +45,7 @@ def module_file_bytes(name: str, version: str | None = None, depends: Sequence[s
         info.insert(0, f"version={version}")
     if srcversion:
         info.append(f"srcversion={srcversion}")
-    body = module_object(info, versions=versions, exports=exports)
+    body = module_object(info, versions=versions, exports=exports, build_id=build_id)
     return body + (b"\0" * 16 + kmod.SIGNATURE_MARKER if signed else b"")
 
 

@@ -14,15 +14,19 @@ import struct
 from collections.abc import Mapping, Sequence
 
 _SHDR = "<IIQQQQIIQQ"
-_SHT_PROGBITS, _SHT_SYMTAB, _SHT_STRTAB = 1, 2, 3
+_SHT_PROGBITS, _SHT_SYMTAB, _SHT_STRTAB, _SHT_NOTE = 1, 2, 3, 7
 _SHF_ALLOC = 2
 
 
 def module_object(modinfo: Sequence[str], *, versions: Mapping[str, int] | None = None,
-                  exports: Mapping[str, int] | None = None) -> bytes:
-    """An ELF64 x86_64 relocatable object: `.modinfo`, and `__versions` (imports -> CRC)
-    and `__kcrctab` + `__crc_<sym>` symbols (exports -> CRC) when given."""
+                  exports: Mapping[str, int] | None = None,
+                  build_id: bytes | None = None) -> bytes:
+    """An ELF64 x86_64 relocatable object: `.modinfo`, and `__versions` (imports -> CRC),
+    `__kcrctab` + `__crc_<sym>` symbols (exports -> CRC) and a `.note.gnu.build-id` section
+    (these bytes, as the kernel shows them in /sys/module/<name>/notes) when given."""
     sections: list[tuple[str, int, int, bytes, int, int, int]] = []  # name type flags data
+    if build_id is not None:
+        sections.append((".note.gnu.build-id", _SHT_NOTE, _SHF_ALLOC, build_id, 0, 0, 0))
     sections.append((".modinfo", _SHT_PROGBITS, _SHF_ALLOC,            # link info entsize
                      b"".join(f.encode() + b"\0" for f in modinfo), 0, 0, 0))
     if versions is not None:

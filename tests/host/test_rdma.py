@@ -179,6 +179,27 @@ class TestRefusals:
         assert again.rdma is not None and again.rdma.reason == "SymbolVersionsUnknown"
         assert "srcversion NEWER, loaded 5D9E1A0C7B2F4E6A8C0D1E2" in again.rdma.message
 
+    @pytest.mark.parametrize(("loaded_id", "ready"), [(b"\x04GNU-id-1", True),
+                                                      (b"\x04GNU-id-2", False)])
+    def test_without_srcversion_the_build_id_tells(self, tmp_path: Path, loaded_id: bytes,
+                                                   ready: bool) -> None:
+        """Debian's modules have no srcversion: the GNU build ID note identifies the file."""
+        host = _node(tmp_path)
+        path = _tree(host) / INBOX_CORE
+        path.parent.mkdir(parents=True)
+        path.write_bytes(module_file_bytes("ib_core", exports=INBOX, build_id=b"\x04GNU-id-1"))
+        (_tree(host) / "modules.dep").write_text(f"{INBOX_CORE}:\n")
+        host.finit_module(path, "")
+        notes = host.roots.sys / "module/ib_core/notes"
+        notes.mkdir()
+        (notes / ".note.gnu.build-id").write_bytes(loaded_id)
+        result = load.load_package(host, _package(tmp_path, {REGISTER: INBOX[REGISTER]}),
+                                   rdma_mode="auto")
+        assert result.rdma is not None and result.rdma.ready is ready, result.rdma
+        if not ready:
+            assert result.rdma.reason == "SymbolVersionsUnknown"
+            assert "GNU build ID differs" in result.rdma.message
+
     def test_kernel_refusal_keeps_the_gpus(self, tmp_path: Path) -> None:
         host = _node(tmp_path)
         _ib_core(host, INBOX)
