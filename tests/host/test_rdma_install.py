@@ -100,7 +100,7 @@ def _condition(calls: list[dict[str, object]]) -> dict[str, object]:
 def test_mismatched_peermem_is_refused_and_the_gpus_are_ready(
         tmp_path: Path, api: tuple[str, list[dict[str, object]]]) -> None:
     scene = _rdma_scene(tmp_path)
-    code, stdout, stderr = _install(scene, 0x0BAD0BAD, api, tmp_path)
+    code, _, stderr = _install(scene, 0x0BAD0BAD, api, tmp_path)
     assert code == 0, stderr
     ready = json.loads((scene.install_dir / ".ready.json").read_text())
     assert ready["driver_version"] == V1
