@@ -26,6 +26,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from installer.errors import InstallerError
 from installer.node import elf, kmod, modversions
 from installer.node.host import Host
 
@@ -122,6 +123,9 @@ def loaded_exports(host: Host, stack: RdmaStack, release: str) -> tuple[dict[str
         except (ValueError, OSError, EOFError, zlib.error, lzma.LZMAError) as exc:
             reasons.append(f"{path}: {exc}")
             continue
+        except InstallerError as exc:  # not a regular file, not readable
+            reasons.append(exc.message)
+            continue
         other = _not_loaded_one(host, path, data, info, stack)
         if other is not None:
             reasons.append(other)
@@ -132,7 +136,11 @@ def loaded_exports(host: Host, stack: RdmaStack, release: str) -> tuple[dict[str
             reasons.append(f"{path}: {exc}")
     if stack.kind == "ofed":
         for symvers in _ofed_symvers(host, release):
-            text = host.read_bytes(symvers, MAX_SYMVERS_BYTES + 1)
+            try:
+                text = host.read_bytes(symvers, MAX_SYMVERS_BYTES + 1)
+            except InstallerError as exc:
+                reasons.append(exc.message)
+                continue
             if text is None:
                 continue
             if len(text) > MAX_SYMVERS_BYTES:
@@ -243,6 +251,13 @@ class RdmaVerdict:
     message: str
     stack: RdmaStack
     mode: str = "auto"
+
+    @property
+    def concerns_node(self) -> bool:
+        """Worth a node condition: RDMA=on, or the node has some RDMA (ib_core, a device or
+        a NIC). A GPU node without any says nothing about RDMA."""
+        stack = self.stack
+        return self.mode == "on" or stack.ib_core_loaded or bool(stack.devices or stack.nics)
 
     def to_dict(self) -> dict[str, object]:
         return {"ready": self.ready, "reason": self.reason, "message": self.message,

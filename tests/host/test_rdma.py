@@ -341,3 +341,11 @@ class TestCondition:
         assert condition["type"] == "gpu-node-installer/RDMAReady"
         assert (condition["status"], condition["reason"]) == (status, reason)
         assert len(condition["message"]) == 1024
+
+    def test_only_nodes_with_some_rdma_get_the_condition(self) -> None:
+        bare = RdmaStack(False, "none", None, (), ())
+        assert not RdmaVerdict(False, "NoRdmaStack", "m", bare, "auto").concerns_node
+        assert not RdmaVerdict(False, "RdmaDisabled", "m", bare, "off").concerns_node
+        assert RdmaVerdict(False, "PeermemLoadFailed", "m", bare, "on").concerns_node
+        nic = RdmaStack(False, "none", None, (), ("0000:1a:00.0",))
+        assert RdmaVerdict(False, "NoRdmaStack", "m", nic, "auto").concerns_node

@@ -7,9 +7,9 @@ consumers wait for and source. Both are first held in the agent's work area; on 
 an NVLink fabric they are published only once every GPU's fabric has completed
 (`fabricgate`), else the agent publishes the held bytes when it does, and the status label
 says not-ready meanwhile.
-Labels, an Event and (after a load in this run) the condition `gpu-node-installer/RDMAReady`
-(nvidia-peermem loaded, or why not) are a courtesy: failing to post them is a warning. The
-labels describe the GPUs too (`installer.compat.nodelabels`), so pods can select a GPU type;
+Labels, an Event and (after a load in this run, on a node with some RDMA or RDMA=on) the
+condition `gpu-node-installer/RDMAReady` (nvidia-peermem loaded, or why not) are a courtesy:
+failing to post them is a warning. The labels describe the GPUs too (`installer.compat.nodelabels`), so pods can select a GPU type;
 they are also kept in `.ready.json`, where `check-pod --here` reads them.
 Before readiness, the CDI spec for the version in service is written (or ours removed:
 CDI=off, no GPU device node), so a runtime that reads CDI has it once the node is ready;
@@ -225,7 +225,7 @@ def _publish(ctx: Context, verified: Verified, labels: dict[str, str], *,
             kube.post_node_event(api, node, reason="DriverReady", message=message)
     except kube.KubeError as exc:
         warnings.append(f"could not post an Event: {exc}")
-    if ctx.rdma is not None:
+    if ctx.rdma is not None and ctx.rdma.concerns_node:
         try:
             kube.patch_node_status(api, node, [rdma_condition(ctx.rdma)])
         except kube.KubeError as exc:
