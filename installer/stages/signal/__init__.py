@@ -9,8 +9,9 @@ an NVLink fabric they are published only once every GPU's fabric has completed
 says not-ready meanwhile.
 Labels, an Event and (after a load in this run, on a node with some RDMA or RDMA=on) the
 condition `gpu-node-installer/RDMAReady` (nvidia-peermem loaded, or why not) are a courtesy:
-failing to post them is a warning. The labels describe the GPUs too (`installer.compat.nodelabels`), so pods can select a GPU type;
-they are also kept in `.ready.json`, where `check-pod --here` reads them.
+failing to post them is a warning. The labels describe the GPUs too
+(`installer.compat.nodelabels`), so pods can select a GPU type; they are also kept in
+`.ready.json`, where `check-pod --here` reads them.
 Before readiness, the CDI spec for the version in service is written (or ours removed:
 CDI=off, no GPU device node), so a runtime that reads CDI has it once the node is ready;
 after a repartition (`partition` signals again) it names the new MIG devices.
