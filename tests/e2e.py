@@ -55,12 +55,13 @@ def make_scene(base: Path, spec: NodeSpec | None = None) -> Scene:
 
 
 def add_version(scene: Scene, version: str, *, aliases: tuple[str, ...] = ("default", "latest"),
-                padding: int = 0, broken_nvml: bool = False, flavour: str = "proprietary"
-                ) -> str:
+                padding: int = 0, broken_nvml: bool = False, flavour: str = "proprietary",
+                extra_modules: dict[str, bytes] | None = None) -> str:
     """Build a package of `version` into the repository; returns its manifest digest.
 
     `padding` bytes of extra (ELF) library make fetch and stage take measurable time;
-    `broken_nvml` builds an NVML stand-in without nvmlSystemGetDriverVersion (error 13).
+    `broken_nvml` builds an NVML stand-in without nvmlSystemGetDriverVersion (error 13);
+    `extra_modules` are more module files (`nvidia-peermem.ko`: shipped, not listed).
     """
     work = scene.work / f"{version}-{flavour}-{padding}-{broken_nvml}"
     built = build_standins(work / "built", omit_driver_version=broken_nvml)
@@ -69,6 +70,8 @@ def add_version(scene: Scene, version: str, *, aliases: tuple[str, ...] = ("defa
         lib = tree / "usr/lib/x86_64-linux-gnu/nvidia/current"
         _padding_library(work, lib / f"libnvidia-padding.so.{version}", padding)
     fake_module_set(work / "modules", version, kernel_release=KERNEL)
+    for name, data in (extra_modules or {}).items():
+        (work / "modules" / name).write_bytes(data)
     result = build(BuildRequest(trees=(tree,), modules_dir=work / "modules",
                                 driver_version=version, kernel_release=KERNEL,
                                 flavour=flavour, repo=scene.repo, aliases=aliases,

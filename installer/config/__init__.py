@@ -181,6 +181,12 @@ SETTINGS: tuple[Setting, ...] = (
             "load even when preflight predicts a refusal (signature enforcement, GPU bound "
             "to nouveau/vfio-pci, package built for another kernel)", "true or false",
             values.boolean, readers.LOADING, is_flag=True),
+    Setting("rdma", "--rdma", "RDMA", "auto",
+            "nvidia-peermem (GPUDirect RDMA): auto loads it when the node has an RDMA stack "
+            "(ib_core loaded, an RDMA device or NIC), on whenever the package ships it, off "
+            "never; it is loaded only when its symbol versions match the loaded ib_core, and "
+            "never fails the install (node condition gpu-node-installer/RDMAReady says why)",
+            "one of auto, on, off", values.choice("auto", "on", "off"), readers.LOADING),
     # on-node build when no package exists for the kernel (fetch stage)
     Setting("build_fallback", "--build-fallback", "BUILD_FALLBACK", "never",
             "when no package exists for the running kernel: build one on the node from a "
@@ -337,6 +343,7 @@ class Config(mig.MigSettings):
     metrics_web_config_file: str = ""  # a path, read by the agent (config.webconfig.load)
     xid_critical: tuple[int, ...] = health.GKE_CRITICAL
     cdi: str = "on"
+    rdma: str = "auto"
     cdi_spec_dir: PurePosixPath = PurePosixPath("/var/run/cdi")
     pod_resources_dir: Path = Path(agent.POD_RESOURCES_DIR)
     startup_taint: taint.Taint | None = taint.DEFAULT_TAINT

@@ -177,6 +177,91 @@ def machine(head: bytes) -> str | None:
     return MACHINES.get(number)
 
 
+@dataclass(frozen=True)
+class Section:
+    """One section header of an object held in memory: where its bytes are."""
+
+    index: int
+    name: bytes
+    kind: int
+    offset: int
+    size: int
+    link: int
+    entsize: int
+
+
+_SHDR64, _SHDR32 = "IIQQQQIIQQ", "IIIIIIIIII"  # sh_name .. sh_entsize
+
+
+def sections(data: bytes) -> tuple[_Layout, list[Section]]:
+    """Every section header of an ELF object in memory, each checked to lie in the data.
+
+    Raises ElfError when the object is damaged (a header or a section outside the data).
+    """
+    layout = _layout(data[:16])
+    if len(data) < 16 + struct.calcsize(layout.header):
+        raise ElfError("truncated ELF header")
+    header = struct.unpack_from(layout.header, data, 16)
+    shoff, shentsize, shnum, shstrndx = header[5], header[10], header[11], header[12]
+    fmt = layout.order + (_SHDR64 if layout.is64 else _SHDR32)
+    if (shoff == 0 or shstrndx >= shnum or shentsize < struct.calcsize(fmt)
+            or shoff + shnum * shentsize > len(data)):
+        raise ElfError("ELF section table missing or truncated")
+    raw = [struct.unpack_from(fmt, data, shoff + i * shentsize) for i in range(shnum)]
+    names_off, names_size = raw[shstrndx][4], raw[shstrndx][5]
+    names = data[names_off:names_off + names_size]
+    found = []
+    for index, fields in enumerate(raw):
+        name_end = names.find(b"\0", fields[0])
+        kind, offset, size = fields[1], fields[4], fields[5]
+        if kind != _SHT_NOBITS and offset + size > len(data):
+            raise ElfError(f"section {index} lies outside the file")
+        found.append(Section(index, names[fields[0]:name_end] if name_end >= 0 else b"",
+                             kind, offset, size, fields[6], fields[9]))
+    return layout, found
+
+
+_SHT_NOBITS = 8
+_SHN_ABS = 0xFFF1
+
+
+@dataclass(frozen=True)
+class Symbol:
+    """A `.symtab` entry: its name, value and the section it is defined in."""
+
+    name: bytes
+    value: int
+    shndx: int
+
+    @property
+    def absolute(self) -> bool:
+        return self.shndx == _SHN_ABS
+
+
+def symbols(data: bytes, prefix: bytes = b"") -> list[Symbol]:
+    """The `.symtab` entries whose names start with `prefix` (a relocatable `.ko` keeps its
+    symbol table: modules are only --strip-debug'ed)."""
+    layout, table = sections(data)
+    symtab = next((s for s in table if s.name == b".symtab"), None)
+    if symtab is None or symtab.link >= len(table):
+        return []
+    strtab = table[symtab.link]
+    strings = data[strtab.offset:strtab.offset + strtab.size]
+    fmt = layout.order + ("IBBHQQ" if layout.is64 else "IIIBBH")
+    size = struct.calcsize(fmt)
+    found = []
+    for start in range(symtab.offset, symtab.offset + symtab.size - size + 1, size):
+        fields = struct.unpack_from(fmt, data, start)
+        name_off = fields[0]
+        value, shndx = (fields[4], fields[3]) if layout.is64 else (fields[1], fields[5])
+        if not strings.startswith(prefix, name_off):
+            continue
+        end = strings.find(b"\0", name_off)
+        found.append(Symbol(strings[name_off:end if end >= 0 else len(strings)], value,
+                            shndx))
+    return found
+
+
 def section(data: bytes, wanted: bytes) -> bytes:
     """One section's bytes from an ELF object held in memory (a `.ko` file's `.modinfo`).
 

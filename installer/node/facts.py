@@ -1,5 +1,5 @@
 """What this node is, read through the host seam: OS, kernel, NVIDIA PCI functions,
-the loaded driver and whether the kernel insists on signed modules.
+the loaded driver, the RDMA stack and whether the kernel insists on signed modules.
 
 Read only. The detect stage reports it; fetch, load, verify and status read the same facts.
 `node_text` is their human-readable form for the debugging commands (`detect`, `status`).
@@ -14,6 +14,7 @@ from typing import Any
 
 from installer.node import arches, kmod, pci
 from installer.node import fabric as _fabric
+from installer.node import rdma as _rdma
 from installer.node.host import Host
 from installer.node.osinfo import OsInfo, read_os_info
 
@@ -46,6 +47,7 @@ class NodeInfo:
     security: Security
     notes: tuple[str, ...] = field(default=())
     fabric: _fabric.FabricFacts = field(default=_fabric.FabricFacts("none"))
+    rdma: _rdma.RdmaStack | None = None
 
     @property
     def gpus(self) -> list[pci.PciFunction]:
@@ -72,6 +74,7 @@ class NodeInfo:
                          "requires_signed_modules": self.security.requires_signed_modules},
             "notes": list(self.notes),
             "fabric": self.fabric.to_dict(),
+            "rdma": self.rdma.to_dict() if self.rdma else None,
         }
 
     def to_json(self) -> str:
@@ -113,6 +116,8 @@ def node_text(node: NodeInfo) -> str:
     if node.nvswitches:
         lines.append(f"NVSwitches:      {len(node.nvswitches)}")
     lines.append(f"Fabric:          {node.fabric.text}")
+    if node.rdma is not None:
+        lines.append(f"RDMA:            {node.rdma.text}")
     if not node.gpus:
         lines.append("  no NVIDIA GPU on this node")
     lines.extend(f"Note: {note}" for note in node.notes)
@@ -133,6 +138,7 @@ def detect_node(host: Host) -> NodeInfo:
         security=read_security(host),
         notes=tuple(_binding_notes(functions)) + tuple(_fabric_notes(fabric)),
         fabric=fabric,
+        rdma=_rdma.read_stack(host),
     )
 
 

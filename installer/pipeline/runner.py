@@ -90,6 +90,7 @@ def load(ctx: Context) -> LoadResult:
 
     result = run_stage(ctx, "load", stage.run)
     ctx.modules_loaded = True
+    ctx.rdma = result.rdma
     return result
 
 

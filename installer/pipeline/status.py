@@ -1,6 +1,7 @@
 """`status`: one report of everything an operator asks first about a GPU node.
 
-Read only. Detect's summary, the package cache, the loaded module, the staged versions,
+Read only. Detect's summary (the RDMA stack too), the package cache, the loaded modules
+and why an optional one (nvidia-peermem) is not, the staged versions,
 readiness, an upgrade the Node's upgrade.skip label held back (`.skipped.json`), the last
 verified run's stage timings (from `.state.json`), the node agent's view (its verdict,
 each GPU's fabric state, its daemons), the CDI spec (where, which version it points at) and,
@@ -42,6 +43,7 @@ class StatusReport:
     mig: dict[str, Any] | None = None  # the partition stage's record (.mig.json)
     requested: dict[str, str] | None = None  # the version chosen now, and by which rule
     image: dict[str, Any] | None = None  # the image's version and SBOM digest (none: no image)
+    optional: dict[str, Any] | None = None  # optional modules: loaded, or why not
 
     def to_dict(self) -> dict[str, Any]:
         return {"node": self.node.to_dict(), "install_dir": self.install_dir,
@@ -49,6 +51,7 @@ class StatusReport:
                 "readiness": self.readiness, "upgrade": self.upgrade,
                 "last_run": self.last_run, "agent": self.agent, "cdi": self.cdi,
                 "mig": self.mig, "requested": self.requested, "image": self.image,
+                "optional": self.optional,
                 "cuda": compat.cuda_support(self._driver())}
 
     def _driver(self) -> str | None:
@@ -62,6 +65,7 @@ class StatusReport:
         lines = [self.node.to_text(),
                  f"CUDA:            {compat.cuda_support_text(self._driver())}",
                  f"Loaded modules:  {', '.join(self.modules) or 'none'}",
+                 *optional_lines(self.optional),
                  f"Install dir:     {self.install_dir}",
                  f"Staged:          {staged['current'] or 'nothing'}"
                  f" (previous: {staged['previous'] or 'none'})",
@@ -112,7 +116,29 @@ def collect(ctx: Context) -> StatusReport:
         mig=migrecord.read(root),
         requested=_requested(ctx),
         image=imagesbom.describe(),
+        optional=_optional(ctx, readiness.document),
     )
+
+
+def _optional(ctx: Context, document: dict[str, Any] | None) -> dict[str, Any]:
+    """nvidia-peermem: loaded now, and the last install's word on it (`.ready.json`)."""
+    verdict = (document or {}).get("rdma")
+    verdict = verdict if isinstance(verdict, dict) else {}
+    return {"nvidia_peermem": {
+        "loaded": kmod.module_state(ctx.host, "nvidia_peermem") is not None,
+        "reason": str(verdict.get("reason") or ""), "message": str(verdict.get("message")
+                                                                   or "")}}
+
+
+def optional_lines(optional: dict[str, Any] | None) -> list[str]:
+    """One line per optional module: loaded, or not and why (the install's reason)."""
+    lines = []
+    for name, entry in (optional or {}).items():
+        state = "loaded" if entry.get("loaded") else "not loaded"
+        why = (f" ({entry['reason']}: {entry['message']})" if entry.get("reason")
+               else " (no install on record decided it)")
+        lines.append(f"Optional:        {name.replace('_', '-')} {state}{why}")
+    return lines
 
 
 def _requested(ctx: Context) -> dict[str, str]:

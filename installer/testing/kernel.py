@@ -15,15 +15,15 @@ import hashlib
 import json
 import os
 import shutil
-import struct
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from installer.node import kmod, syscalls
+from installer.node import kmod, modversions, syscalls
 from installer.node.host import RealHost, Roots
 from installer.packages.manifest import Package
 from installer.packages.tree import read_tree
+from installer.testing.kobject import module_object
 
 # What loading each module makes appear: char devices (None = dynamic major) and procfs.
 CHARDEVS: dict[str, dict[str, int | None]] = {
@@ -33,29 +33,25 @@ CHARDEVS: dict[str, dict[str, int | None]] = {
 
 
 def module_file_bytes(name: str, version: str | None = None, depends: Sequence[str] = (),
-                      *, signed: bool = False, kernel_release: str = "6.1.0") -> bytes:
-    """A minimal ELF64 relocatable object with a `.modinfo` section, like a real .ko."""
+                      *, signed: bool = False, kernel_release: str = "6.1.0",
+                      versions: Mapping[str, int] | None = None,
+                      exports: Mapping[str, int] | None = None,
+                      srcversion: str | None = None, build_id: bytes | None = None) -> bytes:
+    """A minimal ELF64 relocatable object with a `.modinfo` section, like a real .ko (and
+    its symbol versions: `installer.testing.kobject`)."""
     info = [f"name={name}", f"depends={','.join(depends)}",
             f"vermagic={kernel_release} SMP mod_unload"]
     if version:
         info.insert(0, f"version={version}")
-    body = elf_with_modinfo(info)
+    if srcversion:
+        info.append(f"srcversion={srcversion}")
+    body = module_object(info, versions=versions, exports=exports, build_id=build_id)
     return body + (b"\0" * 16 + kmod.SIGNATURE_MARKER if signed else b"")
 
 
 def elf_with_modinfo(fields: Sequence[str]) -> bytes:
     """The smallest ELF64 x86_64 relocatable object whose `.modinfo` holds these fields."""
-    modinfo = b"".join(entry.encode() + b"\0" for entry in fields)
-    shstrtab = b"\0.modinfo\0.shstrtab\0"
-    shoff = 64 + len(modinfo) + len(shstrtab)
-    header = (b"\x7fELF\x02\x01\x01" + b"\0" * 9
-              + struct.pack("<HHIQQQIHHHHHH", 1, 62, 1, 0, 0, shoff, 0, 64, 0, 0, 64, 3, 2))
-    section = "<IIQQQQIIQQ"
-    sections = (struct.pack(section, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
-                + struct.pack(section, 1, 1, 2, 0, 64, len(modinfo), 0, 0, 1, 0)
-                + struct.pack(section, 10, 3, 0, 0, 64 + len(modinfo), len(shstrtab), 0, 0,
-                              1, 0))
-    return header + modinfo + shstrtab + sections
+    return module_object(fields)
 
 
 @dataclass
@@ -67,6 +63,8 @@ class FakeModule:
     params: str
     open_files: int = 0
     majors: dict[str, int] = field(default_factory=dict)
+    crcs: dict[str, int] = field(default_factory=dict)  # its exports' symbol versions
+    srcversion: str | None = None
 
 
 class FakeKernelHost(RealHost):
@@ -98,7 +96,8 @@ class FakeKernelHost(RealHost):
         except (OSError, ValueError):
             return
         self.modules = {name: FakeModule(m["version"], tuple(m["depends"]), m["params"],
-                                         m["open_files"], dict(m["majors"]))
+                                         m["open_files"], dict(m["majors"]),
+                                         dict(m.get("crcs", {})), m.get("srcversion"))
                         for name, m in data["modules"].items()}
         self.nodes = {Path(p): (n[0], n[1], n[2]) for p, n in data["nodes"].items()}
         self._next_major = data["next_major"]
@@ -106,7 +105,9 @@ class FakeKernelHost(RealHost):
     def _snapshot(self) -> None:
         data = {"modules": {name: {"version": m.version, "depends": list(m.depends),
                                    "params": m.params, "open_files": m.open_files,
-                                   "majors": m.majors} for name, m in self.modules.items()},
+                                   "majors": m.majors, "crcs": m.crcs,
+                                   "srcversion": m.srcversion}
+                            for name, m in self.modules.items()},
                 "nodes": {str(p): list(n) for p, n in self.nodes.items()},
                 "next_major": self._next_major}
         snapshot = self.roots.proc / self.SNAPSHOT  # atomic: the source of truth on restart
@@ -134,8 +135,11 @@ class FakeKernelHost(RealHost):
         depends = kmod.modinfo_depends(data)
         if any(dep not in self.modules for dep in depends):
             raise OSError(errno.ENOENT, "No such file or directory")
+        if self._disagrees(data):
+            raise OSError(errno.EINVAL, "Invalid argument")
         version = info.get("version", [None])[0]
-        module = FakeModule(version, depends, params)
+        module = FakeModule(version, depends, params, crcs=_exports(data),
+                            srcversion=info.get("srcversion", [None])[0])
         for chardev, major in CHARDEVS.get(name, {}).items():
             module.majors[chardev] = major if major is not None else self._dynamic_major()
         self.modules[name] = module
@@ -199,6 +203,15 @@ class FakeKernelHost(RealHost):
         module = self.modules.get(kmod.normalize(name))
         return module.version if module else None
 
+    def _disagrees(self, data: bytes) -> bool:
+        """The kernel's check_version(): a recorded CRC that differs from the loaded
+        exporter's ("disagrees about version of symbol"; kernel/module/version.c)."""
+        try:
+            imported = modversions.recorded(data)
+        except modversions.ModversionsError:
+            return False  # what the fake kernel never checked before: it loads as it did
+        return any(modversions.mismatches(imported, m.crcs) for m in self.modules.values())
+
     def _enforcing(self) -> bool:
         param = self.roots.sys / "module" / "module" / "parameters" / "sig_enforce"
         return param.exists() and param.read_text().strip() == "Y"
@@ -241,6 +254,8 @@ class FakeKernelHost(RealHost):
         (base / "initstate").write_text("live\n")
         if module.version:
             (base / "version").write_text(module.version + "\n")
+        if module.srcversion:
+            (base / "srcversion").write_text(module.srcversion + "\n")
 
     def _write_driver_proc(self, nvidia: Path) -> None:
         module = self.modules.get("nvidia")
@@ -265,6 +280,13 @@ class FakeKernelHost(RealHost):
         for cap, minor, mode in (("config", 1, 256), ("monitor", 2, 292)):
             (nvidia / "capabilities" / "mig" / cap).write_text(
                 f"DeviceFileMinor: {minor}\nDeviceFileMode: {mode}\nDeviceFileModify: 1\n")
+
+
+def _exports(data: bytes) -> dict[str, int]:
+    try:
+        return modversions.exported(data)
+    except modversions.ModversionsError:
+        return {}
 
 
 @dataclass(frozen=True)
@@ -325,8 +347,10 @@ def fake_module_set(directory: Path, version: str, *, signed: bool = False,
 
 
 def write_host_module(modules_root: Path, relpath: str, name: str, depends: Sequence[str] = (),
-                      *, signed: bool = True) -> None:
+                      *, signed: bool = True, exports: Mapping[str, int] | None = None,
+                      srcversion: str | None = None) -> None:
     """Put a (fake) module file into a node's /lib/modules/<release> tree."""
     target = modules_root / relpath
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_bytes(module_file_bytes(name, None, depends, signed=signed))
+    target.write_bytes(module_file_bytes(name, None, depends, signed=signed, exports=exports,
+                                         srcversion=srcversion))

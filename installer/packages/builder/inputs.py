@@ -27,7 +27,7 @@ from installer.packages import makeself
 from installer.packages.manifest import LinkEntry
 
 MODULE_ORDER = ("nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm")
-OPTIONAL_MODULES = ("nvidia_peermem",)  # only with Mellanox NICs: shipped, not loaded
+OPTIONAL_MODULES = ("nvidia_peermem",)  # shipped, not listed: RDMA decides (load/rdma.py)
 OPEN_LICENSES = ("Dual MIT/GPL", "GPL", "Dual BSD/GPL")
 # in a .run but not part of a node's driver: the installer itself and the X11/GUI tools
 NOT_SHIPPED = ("nvidia-installer", "nvidia-uninstall", "nvidia-settings", "nvidia-xconfig")

@@ -28,8 +28,9 @@ from installer.installdir.readiness import clear_readiness
 from installer.node import interrupts, kmod, syscalls
 from installer.node.holders import processes_using_nvidia as processes_using_nvidia
 from installer.node.host import Host
+from installer.node.rdma import RdmaVerdict
 from installer.packages.manifest import Package
-from installer.stages.load import devnodes, failures
+from installer.stages.load import devnodes, failures, rdma
 from installer.stages.load import plan as modplan
 from installer.stages.load.plan import PlannedModule
 
@@ -50,6 +51,7 @@ class LoadResult:
     nodes: devnodes.NodesResult = field(default_factory=devnodes.NodesResult)
     firmware_path: str | None = None
     warnings: list[str] = field(default_factory=list)
+    rdma: RdmaVerdict | None = None  # nvidia-peermem's verdict (None: not considered)
 
     @property
     def changed(self) -> bool:
@@ -65,7 +67,8 @@ class LoadResult:
                 "host_modules": self.host_modules, "changed": self.changed,
                 "device_nodes": {"created": self.nodes.created,
                                  "replaced": self.nodes.replaced, "kept": self.nodes.kept},
-                "firmware_path": self.firmware_path, "warnings": self.warnings}
+                "firmware_path": self.firmware_path, "warnings": self.warnings,
+                "rdma": self.rdma.to_dict() if self.rdma else None}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
@@ -80,6 +83,10 @@ class LoadResult:
                  f"{len(self.nodes.replaced)} replaced, {len(self.nodes.kept)} kept"]
         if self.firmware_path:
             lines.append(f"Firmware path:   {self.firmware_path}")
+        if self.rdma is not None:
+            lines.append(f"RDMA:            {self.rdma.stack.text}")
+            lines.append(f"nvidia-peermem:  {'loaded' if self.rdma.ready else 'not loaded'} "
+                         f"({self.rdma.reason}: {self.rdma.message})")
         lines += [f"Warning: {warning}" for warning in self.warnings]
         return "\n".join(lines)
 
@@ -112,7 +119,8 @@ def run(ctx: Context) -> LoadResult:
                         force=ctx.config.force_load,
                         firmware_dir=f"{ctx.config.install_dir}/firmware", log=ctx.log,
                         withdraw=lambda: clear_readiness(ctx.config, ctx.host.roots),
-                        hold=ctx.held_device_nodes, record=node_record(ctx))
+                        hold=ctx.held_device_nodes, record=node_record(ctx),
+                        rdma_mode=ctx.config.rdma)
 
 
 def node_record(ctx: Context) -> Path | None:
@@ -142,13 +150,15 @@ def release_gate(ctx: Context) -> list[str]:
 def load_package(host: Host, package: Package, *, params: modplan.Params = (),
                  force: bool = False, firmware_dir: str | None = None,
                  log: Any = None, withdraw: Callable[[], None] = lambda: None,
-                 hold: Collection[str] = (), record: Path | None = None) -> LoadResult:
+                 hold: Collection[str] = (), record: Path | None = None,
+                 rdma_mode: str | None = None) -> LoadResult:
     """Plan, preflight, replace another version if free, load, make device nodes (but
     not those in `hold` while they are absent; `record`: see devnodes).
 
     `withdraw` (readiness) runs once the kernel's driver is about to change (another version
     unloaded, or modules loaded), never before a refusal: a same-version run and a driver in
-    use keep what serves declared ready."""
+    use keep what serves declared ready. `rdma_mode` (auto, on, off) decides nvidia-peermem
+    last (`rdma`): whatever it decides, the driver loaded stays loaded."""
     require_module_support(host)
     plan = modplan.plan(host, package, params)
     result = LoadResult(package.manifest.driver_version)
@@ -170,6 +180,16 @@ def load_package(host: Host, package: Package, *, params: modplan.Params = (),
         load_plan(host, plan, package.manifest.driver_version, result)
     result.nodes = devnodes.ensure_nodes(host, devnodes.plan(host), hold=hold,
                                          record=record)
+    if rdma_mode is not None:
+        was_loaded = kmod.module_state(host, rdma.PEERMEM) is not None
+        result.rdma = rdma.load_peermem(host, package, rdma_mode)
+        if result.rdma.ready:
+            (result.kept if was_loaded else result.loaded).append(rdma.PEERMEM)
+        elif not result.rdma.ready and result.rdma.reason in rdma.REFUSALS:
+            result.warnings.append(result.rdma.message)
+            if log is not None:
+                log.warning("nvidia-peermem refused", reason=result.rdma.reason,
+                            detail=result.rdma.message)
     return result
 
 

@@ -150,7 +150,7 @@ def plan(host: Host, package: Package, params: Params) -> list[PlannedModule]:
         depends = tuple(dict.fromkeys(declared + _file_depends(path, module.file)))
         for dep in depends:
             if dep not in ours:
-                _add_host_module(host, node, dep, planned, needed_by=name)
+                add_host_module(host, node, dep, planned, needed_by=name)
         planned.append(PlannedModule(name, path, module.file, False, depends, merged[name]))
     return planned
 
@@ -165,8 +165,9 @@ def _file_depends(path: Path, source: str) -> tuple[str, ...]:
         return ()
 
 
-def _add_host_module(host: Host, node: HostModules, name: str, planned: list[PlannedModule],
-                     *, needed_by: str, depth: int = 0) -> None:
+def add_host_module(host: Host, node: HostModules, name: str, planned: list[PlannedModule],
+                    *, needed_by: str, depth: int = 0) -> None:
+    """Plan the node's module `name` after what it needs (modules.dep), unless loaded."""
     if any(p.name == name for p in planned) or name in node.builtin or depth > 32:
         return
     if name not in node.deps:
@@ -179,7 +180,7 @@ def _add_host_module(host: Host, node: HostModules, name: str, planned: list[Pla
             remedy="use a package built for this kernel, or a node image that ships it")
     relpath, deps = node.deps[name]
     for dep in reversed(deps):  # modules.dep lists the deepest dependency last
-        _add_host_module(host, node, kmod.module_name(dep), planned, needed_by=name,
+        add_host_module(host, node, kmod.module_name(dep), planned, needed_by=name,
                          depth=depth + 1)
     assert node.root is not None
     # modules.dep paths are relative to the tree; very old depmod wrote absolute node paths

@@ -7,9 +7,11 @@ consumers wait for and source. Both are first held in the agent's work area; on 
 an NVLink fabric they are published only once every GPU's fabric has completed
 (`fabricgate`), else the agent publishes the held bytes when it does, and the status label
 says not-ready meanwhile.
-Labels and an Event on the Node are a courtesy: failing to post them is a warning. The
-labels describe the GPUs too (`installer.compat.nodelabels`), so pods can select a GPU type;
-they are also kept in `.ready.json`, where `check-pod --here` reads them.
+Labels, an Event and (after a load in this run, on a node with some RDMA or RDMA=on) the
+condition `gpu-node-installer/RDMAReady` (nvidia-peermem loaded, or why not) are a courtesy:
+failing to post them is a warning. The labels describe the GPUs too
+(`installer.compat.nodelabels`), so pods can select a GPU type; they are also kept in
+`.ready.json`, where `check-pod --here` reads them.
 Before readiness, the CDI spec for the version in service is written (or ours removed:
 CDI=off, no GPU device node), so a runtime that reads CDI has it once the node is ready;
 after a repartition (`partition` signals again) it names the new MIG devices.
@@ -38,9 +40,11 @@ from installer.installdir.readiness import (
 )
 from installer.installdir.versions import current_name
 from installer.node.pci import bus_key
+from installer.node.rdma import RdmaVerdict
 
 LABEL_PREFIX = "gpu-node-installer"
 STATUS_LABEL = f"{LABEL_PREFIX}/status"
+RDMA_CONDITION = f"{LABEL_PREFIX}/RDMAReady"
 
 
 class NotVerifiedError(VerificationError):
@@ -139,6 +143,7 @@ def ready_document(ctx: Context, verified: Verified) -> dict[str, Any]:
                  for g in verified.gpus],
         "timings_ms": dict(ctx.timings_ms),
         "installer_version": __version__,
+        "rdma": ctx.rdma.to_dict() if ctx.rdma is not None else None,
         "written_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
 
@@ -183,6 +188,15 @@ def _mig_labels(ctx: Context) -> dict[str, str]:
 
 
 
+def rdma_condition(verdict: RdmaVerdict) -> dict[str, str]:
+    """`gpu-node-installer/RDMAReady`: nvidia-peermem loaded, or why not (the GPUs' own
+    readiness does not depend on it)."""
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    return {"type": RDMA_CONDITION, "status": "True" if verdict.ready else "False",
+            "reason": verdict.reason, "message": verdict.message[:1024],
+            "lastHeartbeatTime": now, "lastTransitionTime": now}
+
+
 def _publish(ctx: Context, verified: Verified, labels: dict[str, str], *,
              announce: bool) -> list[str]:
     """Label the node and (`announce`: readiness was published) post an Event when running
@@ -212,6 +226,11 @@ def _publish(ctx: Context, verified: Verified, labels: dict[str, str], *,
             kube.post_node_event(api, node, reason="DriverReady", message=message)
     except kube.KubeError as exc:
         warnings.append(f"could not post an Event: {exc}")
+    if ctx.rdma is not None and ctx.rdma.concerns_node:
+        try:
+            kube.patch_node_status(api, node, [rdma_condition(ctx.rdma)])
+        except kube.KubeError as exc:
+            warnings.append(f"could not set the node condition {RDMA_CONDITION}: {exc}")
     for warning in warnings:
         ctx.log.warning("kubernetes API call failed", detail=warning)
     return warnings

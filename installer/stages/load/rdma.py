@@ -1,0 +1,159 @@
+"""nvidia-peermem, right or not at all: the optional RDMA companion of the driver.
+
+RDMA=auto loads it when the node has an RDMA stack (`ib_core` loaded and an RDMA device or
+NIC, `installer.node.rdma`), on loads it whenever the package ships it (the node's own
+`ib_core` loaded first from modules.dep), off never. It goes in after `nvidia` and
+`ib_core`, and only once the symbol versions it recorded for `ib_core`'s exports (its
+`__versions`) equal what the loaded `ib_core` exports: a module built against the inbox
+`ib_core` and loaded beside MLNX_OFED's is refused by the kernel ("disagrees about version
+of symbol"), and that refusal is predicted here, named in one line, instead.
+Nothing here fails the install: every outcome is an `RdmaVerdict` (the node condition
+`gpu-node-installer/RDMAReady`), and the GPUs stay ready whatever it says. A rebuild on
+the node against the loaded stack's headers is not attempted (docs/rdma.md says why).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from installer.errors import InstallerError
+from installer.node import kmod, modversions, rdma, syscalls
+from installer.node.host import Host
+from installer.node.rdma import RdmaStack, RdmaVerdict
+from installer.packages.manifest import Package
+from installer.packages.tree import verify_file
+from installer.stages.load import failures
+from installer.stages.load import plan as modplan
+
+PEERMEM = "nvidia_peermem"
+MAX_PEERMEM_BYTES = 16 * 1024 * 1024  # nvidia-peermem.ko is some 30 KiB
+# ib_core's peer-memory API: MLNX_OFED/DOCA export it, the inbox ib_core does not
+PEER_API = ("ib_register_peer_memory_client", "ib_unregister_peer_memory_client")
+# the verdicts that refuse or fail (the others: RDMA off, no stack, nothing shipped)
+REFUSALS = ("SymbolVersionMismatch", "SymbolVersionsUnknown", "PeerMemoryApiMissing",
+            "PeermemInvalid", "PeermemLoadFailed", "RdmaStackUnreadable")
+REMEDY = ("rebuild nvidia-peermem against the loaded RDMA stack's headers, or use DMA-BUF "
+          "(docs/rdma.md); the GPUs are ready without it")
+
+
+def peermem_file(package: Package) -> str | None:
+    """The package path of nvidia-peermem (shipped as a module file, not in `modules`)."""
+    return next((f.path for f in package.manifest.files
+                 if f.kind == "module" and kmod.module_name(f.path) == PEERMEM), None)
+
+
+def load_peermem(host: Host, package: Package, mode: str) -> RdmaVerdict:
+    """Decide, check and load; never raises for the node's or the package's state."""
+    try:
+        stack = rdma.read_stack(host)
+    except InstallerError as exc:
+        return _no(rdma.RdmaStack(False, "none", None, (), ()), mode, "RdmaStackUnreadable",
+                   f"nvidia-peermem not loaded: the RDMA stack cannot be read: {exc.message}")
+    try:
+        return _decide(host, package, mode, stack)
+    except InstallerError as exc:
+        return _no(stack, mode, "PeermemLoadFailed", f"nvidia-peermem not loaded: "
+                   f"{exc.message}")
+    except OSError as exc:
+        return _no(stack, mode, "PeermemInvalid", f"nvidia-peermem not loaded: cannot read "
+                   f"it: {exc.strerror or exc}")
+
+
+def _no(stack: RdmaStack, mode: str, reason: str, message: str) -> RdmaVerdict:
+    return RdmaVerdict(False, reason, message, stack, mode)
+
+
+def _decide(host: Host, package: Package, mode: str, stack: RdmaStack) -> RdmaVerdict:
+    version = package.manifest.driver_version
+    state = kmod.module_state(host, PEERMEM)
+    if mode == "off":
+        extra = " (it is loaded, not by the installer)" if state is not None else ""
+        return _no(stack, mode, "RdmaDisabled", f"RDMA=off: nvidia-peermem is not loaded by "
+                   f"the installer{extra}")
+    relpath = peermem_file(package)
+    if relpath is None:
+        return _no(stack, mode, "PeermemNotShipped", f"the driver package {version} ships no "
+                   "nvidia-peermem")
+    if mode == "auto" and not stack.present:
+        return _no(stack, mode, "NoRdmaStack", f"RDMA=auto and no RDMA stack: {stack.text}")
+    if state is not None and state.version == version:
+        return RdmaVerdict(True, "PeermemLoaded", f"nvidia-peermem {version} is loaded "
+                           f"(RDMA stack: {stack.text})", stack, mode)
+    path = package.path_of(relpath)
+    verify_file(path, package.manifest.file(relpath), f"package {package.source}",
+                None if package.by_hash else package.root)
+    data = _read(path)
+    if data is None:
+        return _no(stack, mode, "SymbolVersionsUnknown", f"nvidia-peermem not loaded: "
+                   f"{relpath} is compressed or larger than {MAX_PEERMEM_BYTES} bytes, so "
+                   "its symbol versions cannot be checked")
+    depends = kmod.modinfo_depends(data)
+    _load_host_dependencies(host, package, depends)
+    if not stack.ib_core_loaded:
+        stack = rdma.read_stack(host)
+    return _check_and_load(host, package, relpath, path, data, stack, mode)
+
+
+def _check_and_load(host: Host, package: Package, relpath: str, path: Path, data: bytes,
+                    stack: RdmaStack, mode: str) -> RdmaVerdict:
+    version = package.manifest.driver_version
+    built = f"nvidia-peermem {version} (built for kernel {package.manifest.kernel_release})"
+    try:
+        imported = modversions.recorded(data)
+    except modversions.ModversionsError as exc:
+        return _no(stack, mode, "PeermemInvalid", f"{built} not loaded: its __versions "
+                   f"section is refused: {exc}")
+    release = modplan.kernel_release(host)
+    try:
+        exports, source = rdma.loaded_exports(host, stack, release)
+    except rdma.ExportsUnknown as exc:
+        return _no(stack, mode, "SymbolVersionsUnknown", f"{built} not loaded: the symbol "
+                   f"versions of the loaded ib_core ({stack.text}) cannot be read: {exc}")
+    loaded = f"the loaded {stack.text.split(';')[0]} (CRCs from {source})"
+    missing = [name for name in PEER_API if name in imported and name not in exports]
+    if missing:
+        return _no(stack, mode, "PeerMemoryApiMissing", f"{built} not loaded: it needs "
+                   f"{missing[0]}, which {loaded} does not export; {REMEDY}")
+    wrong = modversions.mismatches(imported, exports)
+    if wrong:
+        name, ours, theirs = wrong[0]
+        more = f" (and {len(wrong) - 1} more symbols)" if len(wrong) > 1 else ""
+        return _no(stack, mode, "SymbolVersionMismatch", f"{built} not loaded: it was built "
+                   f"against an ib_core whose {name} has CRC {ours:#010x}, {loaded} exports "
+                   f"{theirs:#010x}{more}; {REMEDY}")
+    flags = syscalls.MODULE_INIT_COMPRESSED_FILE if kmod.is_compressed(path) else 0
+    try:
+        host.finit_module(path, "", flags=flags)
+    except OSError as exc:
+        error = failures.load_failure(exc, PEERMEM, compressed=bool(flags))
+        return _no(stack, mode, "PeermemLoadFailed", f"{built} not loaded: {error.message}")
+    return RdmaVerdict(True, "PeermemLoaded", f"{built} loaded after nvidia and ib_core "
+                       f"({stack.text})", stack, mode)
+
+
+def _read(path: Path) -> bytes | None:
+    """The module's bytes when they can be checked here (uncompressed, bounded)."""
+    if kmod.is_compressed(path):
+        return None
+    with path.open("rb") as handle:
+        data = handle.read(MAX_PEERMEM_BYTES + 1)
+    return None if len(data) > MAX_PEERMEM_BYTES else data
+
+
+def _load_host_dependencies(host: Host, package: Package, depends: tuple[str, ...]) -> None:
+    """The node's modules peermem needs (ib_core and what it needs), deepest first."""
+    ours = {kmod.normalize(m.name) for m in package.manifest.modules}
+    node = modplan.host_modules(host, modplan.kernel_release(host))
+    planned: list[modplan.PlannedModule] = []
+    for dep in depends:
+        if dep not in ours:
+            modplan.add_host_module(host, node, dep, planned, needed_by=PEERMEM)
+    for module in planned:
+        if kmod.module_state(host, module.name) is not None:
+            continue
+        try:
+            host.finit_module(module.path, "", flags=syscalls.MODULE_INIT_COMPRESSED_FILE
+                              if module.compressed else 0)
+        except OSError as exc:
+            raise failures.load_failure(exc, module.name,
+                                        compressed=module.compressed) from exc
