@@ -40,7 +40,7 @@ def _steps() -> list[tuple[str, Callable[[], object]]]:
     guests first and the arm64 ones last: tests/kernel/conftest.py)."""
     import artifacts
     from deploy import podman
-    from kernel import arm64, arm64cross, assets, matrixrepos, trixie
+    from kernel import arm64, arm64cross, assets, matrixrepos, nextkernel, trixie
 
     @functools.cache
     def x86() -> assets.Kernel:  # once: the steps after it reuse the kernel it made
@@ -52,6 +52,7 @@ def _steps() -> list[tuple[str, Callable[[], object]]]:
         ("image base rootfs (amd64)", podman.base_tarball),
         ("image base rootfs (arm64, emulated)", lambda: _foreign_base(podman)),
         ("bookworm kernel, headers, busybox, test modules", x86),
+        ("bookworm's previous kernel (the next-kernel reboot)", nextkernel.old_kernel),
         ("NVIDIA 535 compiled for it", lambda: assets.build_nvidia_cli(x86())),
         ("535 for two kernels (matrix)", lambda: matrixrepos.two_kernels_repo(x86())),
         ("550 in both flavours (matrix)", lambda: matrixrepos.both_flavours_repo(x86())),

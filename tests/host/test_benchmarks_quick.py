@@ -165,6 +165,15 @@ def test_bench_fallback(tmp_path: Path) -> None:
              "fast_path_median_s", "fast_path_min_s", "fast_path_max_s", "cold_peak_rss_mb")
 
 
+def test_next_kernel(tmp_path: Path) -> None:
+    """The scene's kernels, headers and mirror; its boots are the kernel tier's
+    (tests/kernel/test_next_kernel.py boots the old kernel and the prepared new one)."""
+    _needs_compiler()
+    out = _quick("next_kernel", tmp_path, 300)
+    _has(out, rf"^mirror for 6\.1\.0-56-amd64 \(\+ a source package\): {NUM} s",
+         r"^boots: not run with --quick")
+
+
 def test_every_benchmark_has_a_quick_run_here() -> None:
     """A new benchmark gets its quick run in this module, or it could rot unnoticed."""
     tested = {name.removeprefix("test_") for name in globals() if name.startswith("test_")}
