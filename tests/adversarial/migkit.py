@@ -32,7 +32,7 @@ A100 = ("NVIDIA A100-SXM4-40GB", 40960, 0x20B0)
 GPUS = 8
 A100_SIZES = "1g.5gb, 1g.5gb+me, 1g.10gb, 2g.10gb, 3g.20gb, 4g.20gb, 7g.40gb"
 FAKENODE_GPUS = Path(__file__).resolve().parents[1] / "fakenode_gpus.py"
-TIMEOUT = 5  # seconds per refused run
+TIMEOUT = 20  # seconds per refused run (a Python start in the sandbox, on a loaded machine)
 # What a refused `partition` may change: the readiness it withdraws (the node is not as
 # configured: the held copy the agent would publish goes too), the installer's own work
 # area, the simulated kernel's and the NVML stand-in's bookkeeping (its lock; a GPU's MIG

@@ -268,7 +268,9 @@ def test_a_trickling_mirror_cannot_outlast_the_deadline(
                                            "--read-timeout", "30"), timeout=30)
     took = time.monotonic() - started
     assert_refused(done, 6, f"download deadline of {DEADLINE:g} s", server.url)
-    assert took < DEADLINE + 2, took
+    # the whole run, Python's start-up on a loaded machine included; without the deadline
+    # the trickle lasts until the 30 s read timeout
+    assert took < DEADLINE + 6, took
     assert_only(before, arena.snapshot(), CACHE)
 
 

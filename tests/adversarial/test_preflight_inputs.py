@@ -18,7 +18,7 @@ from e2e import KERNEL
 
 from adversarial.harness import Arena, Result, assert_refused, assert_untouched
 
-TIMEOUT = 5  # seconds per run
+TIMEOUT = 20  # seconds per run: a hang is cut off; a loaded machine still finishes
 MAX_LINE = 700  # a refusal quotes at most a bounded prefix of what it refuses
 
 

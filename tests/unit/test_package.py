@@ -199,6 +199,7 @@ class TestHypothesis:
             return
         assert parse_manifest(dump_manifest(manifest)) == manifest
 
+    @settings(deadline=None)  # a round-trip property, not a timing: a loaded machine is slow
     @given(st.lists(st.from_regex(r"[a-z0-9]{1,6}(/[a-z0-9._-]{1,6}){0,2}", fullmatch=True),
                     min_size=1, max_size=6, unique=True),
            st.integers(min_value=0, max_value=2**33))
