@@ -89,7 +89,26 @@ class SettingOption(click.Option):
 
 
 class NodeCommand(click.Command):
-    """A node command: its own options as usual, then its settings one line each."""
+    """A node command: its own options as usual, then its settings one line each.
+
+    The settings' options (every setting, on every node command) are built the first time
+    the command's parameters are asked for (to parse, complete or show help): a run builds
+    its own command's only, not those of every command at import."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._settings_of: str | None = getattr(kwargs.get("callback"), SETTINGS_OF, None)
+        super().__init__(*args, **kwargs)
+
+    @property
+    def params(self) -> list[click.Parameter]:
+        if self._settings_of is not None:
+            command, self._settings_of = self._settings_of, None
+            self._params.extend(setting_options(command))
+        return self._params
+
+    @params.setter
+    def params(self, value: list[click.Parameter]) -> None:
+        self._params = value
 
     def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         own = [record for p in self.get_params(ctx) if not isinstance(p, SettingOption)
@@ -131,11 +150,17 @@ def command_name(fn: Any) -> str:
     return str(fn.__name__).removesuffix("_command").replace("_", "-")
 
 
+SETTINGS_OF = "_gni_settings_of"  # on a command's callback: whose settings it takes
+
+
 def add_settings(fn: F) -> F:
-    """Every setting as an option of the command `fn` becomes, shown only where it reads it."""
-    command = command_name(fn)
-    decorated: Any = fn
-    for setting in reversed(SETTINGS):
-        decorated = click.option(setting.flag, setting.name, cls=SettingOption, setting=setting,
-                                 shown=command in setting.commands)(decorated)
-    return decorated  # type: ignore[no-any-return]
+    """Every setting as an option of the command `fn` becomes, shown only where it reads it
+    (`NodeCommand` builds them when they are first needed)."""
+    setattr(fn, SETTINGS_OF, command_name(fn))
+    return fn
+
+
+def setting_options(command: str) -> list[click.Parameter]:
+    """Every setting's option for `command`, in the table's order."""
+    return [SettingOption([setting.flag, setting.name], setting=setting,
+                          shown=command in setting.commands) for setting in SETTINGS]
