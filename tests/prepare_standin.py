@@ -1,7 +1,9 @@
 """A stand-in for `gpu-node-installer prepare --kernel R -o json`, for the agent's tests.
 
-It follows the command's contract as the issue gives it (the real command is
-installer/pipeline/prepare.py): exit 0 when the package is ready in the host cache, 5 when
+It follows the command's contract as issue 41's agent part gives it; the anchor is this
+project's own command, installer/cli/prepare.py and installer/pipeline/prepare.py at commit
+638b52b (tests/host/test_next_kernel_prepare.py also runs the real one, so the two are
+checked against each other): exit 0 when the package is ready in the host cache, 5 when
 no source has it, any other code on failure; stdout is ONE JSON object with `kernel`,
 `arch`, `driver_version`, `flavour`, `state` (ready, missing, failed), `source`, `digest`,
 `build_command` (str or null), `error` (str or null) and `duration_s`. What it does is set

@@ -41,7 +41,9 @@ class Job:
                  timeout_s: float, limit: int) -> None:
         self.argv, self.timeout_s, self.limit = tuple(argv), timeout_s, limit
         log_file.parent.mkdir(parents=True, exist_ok=True)
-        with open(log_file, "wb") as log:
+        # the agent's own work area; a link put where the log goes is not followed
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+        with os.fdopen(os.open(log_file, flags, 0o644), "wb") as log:
             self.process = subprocess.Popen(
                 list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log,
                 env=dict(env), start_new_session=True, close_fds=True)

@@ -10,7 +10,6 @@ than the running one, and NEXT_KERNEL_PREPARE=off, run nothing.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import socket
 import time
@@ -221,8 +220,6 @@ class TestNothingRun:
             assert "Next kernel:     not watched (NEXT_KERNEL_PREPARE=off)" in status_out.stdout
 
 
-@pytest.mark.skipif(importlib.util.find_spec("installer.pipeline.prepare") is None,
-                    reason="the `prepare` command is not in this tree yet")
 class TestRealPrepare:
     """The agent with the real `prepare` (no stand-in on PATH): a second kernel no source
     has is said `missing`, with the build command the real command names."""

@@ -6,7 +6,6 @@ hanging -> failed, bounded); outcomes remembered, failures retried with backoff.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import os
 import sys
@@ -190,12 +189,9 @@ class TestNothingForOtherNames:
         watch.close()
 
 
-@pytest.mark.skipif(importlib.util.find_spec("installer.pipeline.prepare") is None,
-                    reason="the `prepare` command is not in this tree yet")
 class TestRealCommand:
     """The real `prepare` through the very command line the agent builds: its answer keeps
-    the contract (one JSON object, a state its exit code agrees with, for this kernel).
-    Skipped until installer/pipeline/prepare.py is in the tree (its own branch)."""
+    the contract (one JSON object, a state its exit code agrees with, for this kernel)."""
 
     def test_a_kernel_no_source_has(self, tmp_path: Path) -> None:
         root = build_node(tmp_path / "node", SAMPLE_NODES["debian12-l4"])

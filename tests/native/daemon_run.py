@@ -1,7 +1,10 @@
 """What the daemon stand-ins run (tests/native/daemons.py builds them): `main`, called by
 the compiled program with its name and version, parses the real daemon's command line,
 detaches or serves in the foreground, keeps the pid file and the fabric file, and stops
-on SIGTERM or SIGINT as tests/native/daemons.py describes.
+on SIGTERM or SIGINT as tests/native/daemons.py describes. The sources it follows are the ones
+cited there: nvidia-persistenced's pid file and options in NVIDIA/nvidia-persistenced at
+410f35493c277b5767877b65bb011f7f66a60ed1 (nvidia-persistenced.c, nvpd_defs.h,
+option-table.h).
 """
 
 from __future__ import annotations
