@@ -83,14 +83,13 @@ class Cache:
     def run(self) -> Iterator[Path]:
         """A private temp folder for this run; stale folders of dead runs are removed first."""
         tmp = self.root / "tmp"
-        run_dir = tmp / f"run-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         try:
-            run_dir.mkdir(parents=True)
-            lock = (tmp / f"{run_dir.name}.lock").open("w")
+            tmp.mkdir(parents=True, exist_ok=True)
+            run_dir, lock = self._claim(tmp)
+            run_dir.mkdir()
         except OSError as exc:
             raise disk_full(exc, self.root) or CacheError(
                 f"cannot create the cache at {self.root}: {exc.strerror}") from None
-        fcntl.flock(lock, fcntl.LOCK_EX)
         self._run_dir, self._lock = run_dir, lock
         try:
             self._remove_stale(tmp)
@@ -102,23 +101,55 @@ class Cache:
             lock.close()
             self._run_dir, self._lock = None, None
 
+    @staticmethod
+    def _claim(tmp: Path) -> tuple[Path, IO[str]]:
+        """A run name whose lock file this process holds, taken before its folder exists:
+        a folder without a held lock is then always a dead run's. A lock file that a sweep
+        unlinked between our open and our flock is given up for a fresh name."""
+        while True:
+            run_dir = tmp / f"run-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+            lock_path = tmp / f"{run_dir.name}.lock"
+            lock = lock_path.open("w")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            with contextlib.suppress(OSError):
+                if os.stat(lock_path).st_ino == os.fstat(lock.fileno()).st_ino:
+                    return run_dir, lock
+            lock.close()
+
+    def sweep(self) -> None:
+        """Remove what interrupted runs left in tmp/: a run that reuses a cached package
+        opens no run of its own, and a killed download must not hold the node's disk until
+        the next cold install."""
+        tmp = self.root / "tmp"
+        with contextlib.suppress(OSError):
+            if tmp.is_dir() and not tmp.is_symlink():
+                self._remove_stale(tmp)
+
     def _remove_stale(self, tmp: Path) -> None:
-        """Remove run folders whose lock no live process holds (interrupted runs)."""
+        """Remove run folders and lock files that no live process holds (interrupted runs)."""
         for entry in tmp.iterdir():
-            if not entry.name.startswith("run-") or entry.suffix == ".lock":
+            if not entry.name.startswith("run-") or entry == self._run_dir:
                 continue
-            if entry == self._run_dir:
+            if entry.suffix == ".lock":
+                if not entry.with_suffix("").exists():  # a run killed after removing its folder
+                    self._remove_unheld(entry)
                 continue
-            lock_path = tmp / f"{entry.name}.lock"
-            try:
-                with lock_path.open("a") as handle:
-                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    shutil.rmtree(entry, ignore_errors=True)
-                    lock_path.unlink()
-            except BlockingIOError:
-                continue
-            except OSError:
-                shutil.rmtree(entry, ignore_errors=True)
+            self._remove_unheld(tmp / f"{entry.name}.lock", entry)
+
+    @staticmethod
+    def _remove_unheld(lock_path: Path, folder: Path | None = None) -> None:
+        """Remove `folder` and its lock file unless a live run holds the lock."""
+        try:
+            with lock_path.open("a") as handle:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                if folder is not None:
+                    shutil.rmtree(folder, ignore_errors=True)
+                lock_path.unlink()
+        except BlockingIOError:
+            return
+        except OSError:
+            if folder is not None:
+                shutil.rmtree(folder, ignore_errors=True)
 
     def temp_path(self, hint: str) -> Path:
         """A fresh path in this run's temp folder (only valid inside `run()`)."""

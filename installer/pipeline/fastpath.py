@@ -40,6 +40,7 @@ def reusable_package(ctx: Context, node: NodeInfo, previous: InstallState | None
         return None
     if not staged_intact(ctx, package, paranoid=paranoid):
         ctx.log.info("fast path restages", reason="staged files differ from the manifest")
+    sweep_cache(ctx)
     return package
 
 
@@ -48,6 +49,14 @@ def cached(ctx: Context, digest: str, *, verify: bool) -> Package | None:
     from installer.packages.cache import Cache, cached_package
 
     return cached_package(Cache(cache_root(ctx.config, ctx.host.roots)), digest, verify=verify)
+
+
+def sweep_cache(ctx: Context) -> None:
+    """Clear what interrupted runs left in the cache's temp area: the fast path opens no
+    download run, whose start would otherwise do it."""
+    from installer.packages.cache import Cache
+
+    Cache(cache_root(ctx.config, ctx.host.roots)).sweep()
 
 
 def staged_intact(ctx: Context, package: Package, *, paranoid: bool) -> bool:

@@ -78,6 +78,51 @@ class TestRuns:
         assert not (tmp / "run-1-dead").exists()
         assert not any(p.name.startswith(mine.name) for p in tmp.iterdir())
 
+    def test_sweep_outside_a_run_clears_dead_runs_and_orphan_locks(self, tmp_path: Path) -> None:
+        """The fast path opens no run: its sweep must clear a killed download's folder, and a
+        lock file whose run died after removing its folder, but nothing a live run holds."""
+        cache = Cache(tmp_path / "cache")
+        tmp = tmp_path / "cache" / "tmp"
+        (tmp / "run-1-dead").mkdir(parents=True)
+        (tmp / "run-1-dead" / "runfile.part").write_bytes(b"half")
+        (tmp / "run-1-dead.lock").touch()
+        (tmp / "run-3-gone.lock").touch()  # killed between removing its folder and its lock
+        (tmp / "run-2-live").mkdir()
+        (tmp / "unrelated").touch()  # not ours: never removed
+        with (tmp / "run-2-live.lock").open("w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            cache.sweep()
+            assert sorted(p.name for p in tmp.iterdir()) == [
+                "run-2-live", "run-2-live.lock", "unrelated"]
+        cache.sweep()
+        assert sorted(p.name for p in tmp.iterdir()) == ["unrelated"]
+
+    def test_sweep_without_a_cache_writes_nothing(self, tmp_path: Path) -> None:
+        Cache(tmp_path / "cache").sweep()
+        assert not (tmp_path / "cache").exists()
+
+    def test_a_lock_swept_before_it_was_held_is_given_up(self, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+        """A run whose fresh lock file a concurrent sweep unlinked before its flock takes a
+        new name: otherwise its folder would look dead to the next sweep."""
+        cache = Cache(tmp_path / "cache")
+        tmp = tmp_path / "cache" / "tmp"
+        real_flock = fcntl.flock
+        swept: list[str] = []
+
+        def flock_after_a_sweep(handle: Any, how: int) -> None:
+            if not swept and how == fcntl.LOCK_EX:
+                name = Path(handle.name)
+                swept.append(name.name)
+                name.unlink()  # what a sweep does to an unheld orphan lock
+            real_flock(handle, how)
+
+        monkeypatch.setattr(fcntl, "flock", flock_after_a_sweep)
+        with cache.run() as mine:
+            assert f"{mine.name}.lock" != swept[0]
+            assert (tmp / f"{mine.name}.lock").is_file()
+
 
 class TestPrune:
     def test_keeps_recent_and_in_use(self, tmp_path: Path) -> None:

@@ -56,6 +56,21 @@ class TestFullInstall:
         assert json.loads(second.stdout)["fast_path"] is True
         assert _ready(scene) is not None
 
+    def test_fast_path_clears_a_killed_runs_downloads(self, scene: Scene) -> None:
+        """A run killed mid-download leaves its temp folder; a reboot that reuses the cached
+        package opens no download run, and must still give that disk space back."""
+        add_version(scene, V1)
+        with MirrorServer(scene.repo) as server:
+            assert _install(scene, server.url).returncode == 0
+        tmp = scene.install_dir / ".cache" / "tmp"
+        (tmp / "run-99999-deadbeef").mkdir(parents=True)
+        (tmp / "run-99999-deadbeef" / "runfile.part").write_bytes(b"\0" * 4096)
+        (tmp / "run-99999-deadbeef.lock").touch()
+        second = _install(scene, "http://127.0.0.1:9/")
+        assert second.returncode == 0, second.stderr
+        assert json.loads(second.stdout)["fast_path"] is True
+        assert list(tmp.iterdir()) == []
+
     def test_upgrade_switches_version(self, scene: Scene) -> None:
         add_version(scene, V1)
         add_version(scene, V2)
