@@ -93,6 +93,9 @@ _OUT = click.Path(path_type=Path)
 @click.option("--persistenced", type=_IN_FILE,
               help="the persistence daemon: Debian's nvidia-persistenced .deb or the "
                    "nvidia-persistenced executable")
+@click.option("--imex", type=_IN_FILE,
+              help="GB200/GB300's IMEX service: NVIDIA's nvidia-imex .deb (or the executable) "
+                   "of exactly the driver's version; the agent runs it with IMEX=host")
 @click.option("--driver-version", help="driver version (default: read from the inputs)")
 @click.option("--kernel-release", help="kernel release (default: the modules' vermagic)")
 @click.option("--flavour", type=click.Choice(["open", "proprietary", "both"]),
@@ -173,7 +176,8 @@ def package_build(output: str, os_id: str | None, os_version_id: str | None,
     signing = SigningOptions(sign_key, sign_cert, sign_hash, signatures, resign)
     options["daemons"] = tuple((name, path) for name, path in (
         ("nv-fabricmanager", options.pop("fabricmanager")), ("nvlsm", options.pop("nvlsm")),
-        ("nvidia-persistenced", options.pop("persistenced"))) if path is not None)
+        ("nvidia-persistenced", options.pop("persistenced")),
+        ("nvidia-imex", options.pop("imex"))) if path is not None)
     sources = tuple(options.pop("nvidia_sources"))
     shard = parse_shard(options.pop("shard"), options.pop("shard_count"),
                         os.environ.get("JOB_COMPLETION_INDEX"), options.pop("shard_costs"))
