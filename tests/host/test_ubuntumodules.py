@@ -21,9 +21,12 @@ from click.testing import CliRunner
 from cosbucket import firmware_bytes, sign_module
 from e2e import KERNEL, events, make_scene, run_cli, standin_env
 from native import build_standins
+from nvsources import make_deb
 from signing_keys import KeyPair, make_key, openssl_verify
 from ubuntudebs import (
+    MODULE_DIR,
     modules_deb,
+    modules_package_name,
     objects_deb,
     signed_modules,
     user_debs,
@@ -130,6 +133,21 @@ class TestAssemble:
         second = build(*_args(inputs.deb, inputs.user, tmp_path / "b", "--output=json"))
         assert first[0] == second[0] == 0, first[2] + second[2]
         assert json.loads(first[1])["digest"] == json.loads(second[1])["digest"]
+
+
+    def test_usr_merged_tree_linking_lib_to_usr_lib(self, inputs: Inputs,
+                                                    tmp_path: Path) -> None:
+        root = tmp_path / "root"
+        target = root / "usr/lib/modules" / KERNEL / "kernel" / MODULE_DIR
+        target.mkdir(parents=True)
+        for name, data in inputs.modules.items():
+            (target / name).write_bytes(data)
+        (root / "lib").symlink_to("usr/lib")
+        deb = make_deb(root, modules_package_name(KERNEL), "1.0", tmp_path)
+        code, _, err = build(*_args(deb, inputs.user, tmp_path / "pkg"))
+        assert code == 0, err
+        manifest = parse_manifest((tmp_path / "pkg" / "manifest.json").read_bytes())
+        assert [m.name for m in manifest.modules] == LOAD_ORDER
 
 
 class TestRefused:

@@ -19,6 +19,7 @@ refused with its own line (linking on the node is not done here).
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 from dataclasses import dataclass
@@ -118,8 +119,9 @@ def _module_files(deb: Path, tree: Path, kernel: str) -> list[Path]:
     """The package's `.ko` files: all under `<root>/<kernel>/kernel/nvidia-*/`, plain files."""
     found: list[Path] = []
     for root in (tree / r for r in _MODULE_ROOTS):
-        if not root.is_dir():
-            continue
+        if not root.is_dir() or os.path.realpath(root) != os.path.join(os.path.realpath(tree),
+                                                                       root.relative_to(tree)):
+            continue  # reached through a link (`lib -> usr/lib`): the other root has them
         for path in sorted(root.rglob("*")):
             if path.name.endswith((".ko", ".ko.xz", ".ko.gz", ".ko.zst")):
                 found.append(_check_place(deb, tree, root, path, kernel))
