@@ -45,10 +45,16 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def daemon_package(work: Path, *, daemons: tuple[str, ...] = ALL,
-                   fm_version: str = VERSION, imex_version: str = VERSION) -> Package:
+                   fm_version: str = VERSION, imex_version: str = VERSION,
+                   resetting_smi: bool = False) -> Package:
     """The stand-in driver with the daemon stand-ins as the package's `daemons`
-    (`nvidia-imex` only when named: GB200/GB300's)."""
+    (`nvidia-imex` only when named: GB200/GB300's); `resetting_smi`: its nvidia-smi the
+    stand-in that resets GPUs (native/nvml_standin_mig_smi.c: `-r -i <bus id>`)."""
     tree = packages.standin_tree(work / "tree", build_standins(work / "built"), VERSION)
+    if resetting_smi:
+        (tree / packages.SMI).unlink()
+        subprocess.run(["gcc", "-O1", "-Wall", "-Werror", "-o", str(tree / packages.SMI),
+                        str(REPO / "tests/native/nvml_standin_mig_smi.c")], check=True)
     write_daemon_standins(tree / "usr/bin", version=VERSION)
     if fm_version != VERSION:  # a Fabric Manager of another release than the driver
         write_daemon_standins(work / "other", version=fm_version)

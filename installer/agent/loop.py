@@ -29,6 +29,7 @@ from installer.agent.daemons import (
     Supervised,
     Supervisor,
 )
+from installer.agent.fabricreset import FabricModeReset
 from installer.agent.nextkernel import NextKernel, Said
 from installer.agent.plan import Plan, make_plan
 from installer.agent.process import stop_on_signal, trim_heap
@@ -75,6 +76,7 @@ class Agent:
         self.work = work_dir(self.config, self.host)
         self.plan: Plan | None = None
         self.supervisor: Supervisor | None = None
+        self.fabric_reset: FabricModeReset | None = None  # NVLink5 with FABRIC_MODE=1
         self.no_install: str | None = None
         self.health = health.Health(health.critical_set(self.config))  # Xid counts
         self.start_grace = True  # `--once` confirms the daemons run: no grace there
@@ -94,6 +96,10 @@ class Agent:
             self.host, list(plan.specs), work=self.work, log=self.log,
             missing_ib=lambda: missing_ib_modules(self.host), env=plan.env)
         self.supervisor.adopt()
+        self.fabric_reset = FabricModeReset(
+            self.host, self.ctx.install_root, self.log,
+            lambda reason, message: self.reporter.event(reason, message, once_key=reason)
+        ) if plan.fabric_mode_reset else None
         self.log.info("agent planned", fabric=plan.kind,
                       daemons=[s.name for s in plan.specs], notes=list(plan.notes))
         return plan
@@ -109,6 +115,8 @@ class Agent:
         assert self.supervisor is not None and self.plan is not None
         now = self.clock()
         self.supervisor.tick(now)
+        if self.fabric_reset is not None:
+            self.fabric_reset.check(self.supervisor)
         verdict = self._decide(now)
         said_changed = self.next_kernel is not None and self.next_kernel.round(
             now, self.reporter.next_kernel)

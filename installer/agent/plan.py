@@ -38,6 +38,7 @@ class Plan:
     specs: tuple[Spec, ...]
     notes: tuple[str, ...]
     env: dict[str, str]
+    fabric_mode_reset: bool = False  # reset the GPUs once Fabric Manager runs (fabricreset)
 
     @property
     def fabric(self) -> bool:
@@ -79,7 +80,9 @@ def make_plan(config: Config, host: Host, *, driver_version: str, work: Path,
     imex, note = imex_spec(config, host, staged, driver_version=driver_version, work=work)
     specs += [imex] if imex is not None else []
     notes += [note] if note is not None else []
-    return Plan(kind, tuple(specs), tuple(notes), daemon_env(config, host, environ))
+    reset = (kind == "nvlink5" and config.fabric_manager != "host"
+             and overrides.get("FABRIC_MODE") == "1")
+    return Plan(kind, tuple(specs), tuple(notes), daemon_env(config, host, environ), reset)
 
 
 def daemon_env(config: Config, host: Host, environ: Mapping[str, str]) -> dict[str, str]:

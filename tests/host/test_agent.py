@@ -302,6 +302,46 @@ class TestOtherNodes:
         assert node.argv("nvlsm") == ["-F", str(node.install / ".current/etc/nvlsm.conf")]
         assert '"cause": "WaitingForInfiniBand"' in node.log()  # the wait is logged
 
+    @pytest.mark.parametrize("refused", [False, True])
+    def test_nvlink5_in_shared_fabric_mode_resets_the_gpus_once_fabric_manager_runs(
+            self, tmp_path: Path, cluster: tuple[str, Cluster], refused: bool) -> None:
+        """NVIDIA's driver container resets the GPUs after Fabric Manager starts with
+        NVFM_CONFIG_FABRIC_MODE=1 on NVLink5 (agent/fabricreset.py): each GPU once, through
+        the driver's nvidia-smi -r -i <bus id>; a refused reset is an Event, and readiness
+        still follows the fabric."""
+        url, api = cluster
+        package = daemon_package(tmp_path / "pkg", resetting_smi=True)
+        mig_dir, smi_log = tmp_path / "resets", tmp_path / "nvidia-smi.log"
+        mig_dir.mkdir()
+        node = make_node(tmp_path, package, env={
+            "FAKE_FM_NEEDS_NVLSM": "1", "NVFM_CONFIG_FABRIC_MODE": "1",
+            "FAKE_NVML_MIG_DIR": str(mig_dir), "FAKE_NVIDIA_SMI_LOG": str(smi_log),
+            **({"FAKE_NVIDIA_SMI_RESET": "refused"} if refused else {})})
+        vpd = node.root / "sys/class/infiniband/mlx5_0/device/vpd"
+        vpd.parent.mkdir(parents=True)
+        vpd.write_bytes(b"\x82\x10NVIDIA ConnectX-7\x90\x08SW_MNG\x00\x78")
+        (node.root / "proc/modules").write_text(  # the driver loaded: reset through it
+            "nvidia 56463360 2 - Live 0x0000000000000000\n"
+            "mlx5_core 2375680 1 mlx5_ib, Live 0x0000000000000000\n"
+            "ib_umad 45056 0 - Live 0x0000000000000000\n")
+        with node.agent(api=url):
+            wait_for(lambda: '"gpus reset for fabric mode"' in node.log(), 60)
+            wait_for(lambda: node.view().get("ready") is True, 60)
+            if refused:  # queued: the files first, the API after
+                wait_for(lambda: any(e["reason"] == "FabricModeResetFailed"
+                                     for e in api.events), 10)
+        calls = smi_log.read_text().splitlines()
+        assert len(calls) == 8 and all(" -r -i 0000:" in f" {c}" for c in calls), calls
+        (event,) = [json.loads(line) for line in node.log().splitlines()
+                    if '"gpus reset for fabric mode"' in line]
+        assert event["gpus"] == 8 and len(event["failed"]) == (8 if refused else 0)
+        resets = sorted(p.name for p in mig_dir.iterdir())
+        assert resets == ([] if refused else [f"reset-gpu{i}" for i in range(8)])
+        failed = [e for e in api.events if e["reason"] == "FabricModeResetFailed"]
+        assert len(failed) == (1 if refused else 0)
+        if refused:
+            assert "failed for 8 of 8 GPUs" in failed[0]["message"]
+
     def test_a_node_without_nvswitch_runs_only_persistenced(
             self, tmp_path: Path, package: Package) -> None:
         node = make_node(tmp_path, package, sample="debian12-l4", gpus=1)
