@@ -187,3 +187,11 @@ def test_a_changed_release_has_a_bad_signature(archive: Archive, tmp_path: Path)
         line = _refused(_build(server.url, archive, tmp_path))
     assert "jammy-security/InRelease is not signed by a key of" in line
     assert "BAD signature" in line
+
+
+def test_a_suite_the_mirror_lacks(archive: Archive, tmp_path: Path) -> None:
+    with MirrorServer(archive.root) as server:
+        line = _refused(_build(server.url, archive, tmp_path, "--apt-suite=jammy-proposed"), 5)
+    assert f"{server.url}/dists/jammy-proposed/InRelease" in line
+    assert line.endswith("fix: check --apt-mirror and --apt-suite (is jammy-proposed a suite "
+                         "of that archive?)")

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from installer.errors import IntegrityError
+from installer.errors import DownloadError, IntegrityError, PackageNotFoundError
 from installer.packages.builder.inputs import PackageBuildError, file_sha256
 from installer.packages.builder.remote import Remote
 
@@ -111,7 +111,15 @@ class AptArchive:
         """path -> (size, sha256) of the suite's signed Release (InRelease), once."""
         if suite not in self._releases:
             url = f"{self.mirror}/dists/{suite}/InRelease"
-            text = self._verified(self.remote.fetch_bytes(url, _MAX_RELEASE_BYTES), url)
+            try:
+                data = self.remote.fetch_bytes(url, _MAX_RELEASE_BYTES)
+            except PackageNotFoundError as exc:
+                raise PackageNotFoundError(exc.message, remedy=f"check --apt-mirror and "
+                                           f"--apt-suite (is {suite} a suite of that "
+                                           "archive?)") from None
+            except DownloadError as exc:
+                raise _reworded(exc) from None
+            text = self._verified(data, url)
             from debian import deb822
 
             table: dict[str, tuple[int, str]] = {}
@@ -158,6 +166,12 @@ class AptArchive:
         SHA256 is removed and named against `by`."""
         try:
             self.remote.fetch_file(url, dest, size=size, sha256=sha256)
+        except PackageNotFoundError as exc:
+            raise PackageNotFoundError(exc.message, remedy=f"the mirror lacks a file {by} "
+                                       "lists: retry once it has synced, or use another "
+                                       "--apt-mirror") from None
+        except DownloadError as exc:
+            raise _reworded(exc) from None
         except IntegrityError:
             got = dest.stat().st_size if dest.is_file() else 0
             digest = file_sha256(dest)[:16] if dest.is_file() else "?"
@@ -167,6 +181,14 @@ class AptArchive:
                      else f"{got} bytes with sha256 {digest}...")
             raise ArchiveIntegrityError(f"{url} is {shown}, but {by} says {size} bytes, "
                                         f"{sha256[:16]}...") from None
+
+
+def _reworded(exc: DownloadError) -> DownloadError:
+    """A download failure with the apt archive's remedy (TLS and deadline keep theirs)."""
+    if type(exc) is not DownloadError:
+        return exc
+    return DownloadError(exc.message, remedy="check --apt-mirror, the network and proxy, "
+                         "and --ca-bundle for an https mirror behind a private CA")
 
 
 def _bounded(handle: IO[bytes], url: str) -> str:
