@@ -127,6 +127,9 @@ def test_flavour_and_common_from_the_newest_pocket_are_built_against(
         assert [r.status for r in server.requests_for(flavour_deb)] == [503, 200]
         common = server.requests_for(common_deb)
         assert [(r.status, r.range) for r in common] == [(200, None), (206, "bytes=1048576-")]
+        for pocket in POCKETS:  # each pocket's documents once
+            assert len(server.requests_for(f"/dists/{pocket}/InRelease")) == 1
+            assert len(server.requests_for(f"/dists/{pocket}/main/binary-amd64/Packages.xz")) == 1
     manifest = parse_manifest((tmp_path / "out" / "manifest.json").read_bytes())
     assert manifest.kernel_release == RELEASE
     assert manifest.provenance is not None

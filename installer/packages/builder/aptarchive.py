@@ -73,6 +73,7 @@ class AptArchive:
         self.arch = _DEB_ARCH[arch]
         self.work = work
         self._releases: dict[str, dict[str, tuple[int, str]]] = {}
+        self._indexes: dict[tuple[str, str, str], list[Stanza]] = {}
 
     def index(self, suites: tuple[str, ...], components: tuple[str, ...],
               family: re.Pattern[str]) -> dict[str, list[Stanza]]:
@@ -147,6 +148,14 @@ class AptArchive:
 
     def _packages(self, suite: str, path: str, signed: tuple[int, str],
                   family: re.Pattern[str]) -> list[Stanza]:
+        """One Packages index's stanzas of `family`, downloaded and parsed once per run."""
+        key = (suite, path, family.pattern)
+        if key not in self._indexes:
+            self._indexes[key] = self._read_packages(suite, path, signed, family)
+        return self._indexes[key]
+
+    def _read_packages(self, suite: str, path: str, signed: tuple[int, str],
+                       family: re.Pattern[str]) -> list[Stanza]:
         local = self.work / f"{suite}_{path.replace('/', '_')}"
         self._fetch(f"{self.mirror}/dists/{suite}/{path}", local, *signed,
                     "the signed Release")
