@@ -56,19 +56,29 @@ _OUT = click.Path(path_type=Path)
                    "headers of several releases build one package per release (--repo)")
 @click.option("--kernel-headers-from-apt", "apt_headers", multiple=True,
               metavar="linux-headers-RELEASE",
-              help="with --nvidia-source: download this headers package (and its -common and "
-                   "linux-kbuild) from --debian-mirror, verified by the archive's signed "
-                   "InRelease; repeatable")
+              help="with --nvidia-source: download this headers package and the headers "
+                   "packages it depends on (Debian's -common and linux-kbuild, Ubuntu's "
+                   "common headers of the flavour) from --apt-mirror, verified by the "
+                   "archive's signed InRelease; repeatable")
 @click.option("--nvidia-source-from-apt", "apt_sources", multiple=True,
               metavar="nvidia[-open]-kernel-source[=VERSION]",
-              help="like --nvidia-source, downloaded from --debian-mirror (non-free, "
-                   "contrib), verified by the archive's signed InRelease; repeatable")
-@click.option("--debian-keyring", type=_IN_FILE,
-              help="the keyring that signs --debian-mirror's archive [default: "
+              help="like --nvidia-source, downloaded from --apt-mirror (Debian's non-free "
+                   "and contrib, Ubuntu's restricted and multiverse), verified by the "
+                   "archive's signed InRelease; the highest version unless one is named; "
+                   "repeatable")
+@click.option("--apt-mirror", envvar="GNI_APT_MIRROR",
+              help="the apt archive (Debian or Ubuntu; http://, https:// or file://) the "
+                   "-from-apt packages come from [default: --debian-mirror, else "
+                   "http://deb.debian.org/debian]")
+@click.option("--apt-keyring", "--debian-keyring", "apt_keyring", type=_IN_FILE,
+              help="the keyring that signs the apt archive's InRelease, checked by gpgv "
+                   "(Ubuntu's: /usr/share/keyrings/ubuntu-archive-keyring.gpg) [default: "
                    "/usr/share/keyrings/debian-archive-keyring.gpg]")
-@click.option("--debian-suite",
-              help="the suite --kernel-headers-from-apt reads [default: trixie for "
-                   "+deb13 releases, else bookworm]")
+@click.option("--apt-suite", "--debian-suite", "apt_suites", multiple=True,
+              help="a suite of the apt archive to read, repeatable: the highest version in "
+                   "any wins (Ubuntu's pockets: --apt-suite jammy --apt-suite jammy-updates "
+                   "--apt-suite jammy-security) [default: trixie for +deb13 releases, else "
+                   "bookworm]")
 @click.option("--patch", "patches", multiple=True, type=_IN_FILE,
               help="with --nvidia-source: apply this patch (-p1, in the module tree) first; "
                    "repeatable, in order")
@@ -87,7 +97,8 @@ _OUT = click.Path(path_type=Path)
                    "what shapes their bytes (sources, headers, compiler, patches, the compile "
                    "code); a build with the same inputs copies them instead of compiling")
 @click.option("--debian-mirror", envvar="GNI_DEBIAN_MIRROR",
-              help="the Debian mirror --build-root auto installs from "
+              help="the Debian mirror --build-root auto installs from, and the apt "
+                   "archive of the -from-apt packages unless --apt-mirror "
                    "[default: http://deb.debian.org/debian]")
 @click.option("--fabricmanager", type=_IN_FILE,
               help="NVIDIA Fabric Manager for NVSwitch/NVLink5 nodes: NVIDIA's fabricmanager-"
@@ -152,8 +163,12 @@ _OUT = click.Path(path_type=Path)
 @click.option("--nvidia-runfile-url", envvar="NVIDIA_RUNFILE_URL",
               help="with --cos-build: NVIDIA's runfile bucket or a mirror of it")
 @click.option("--ca-bundle", type=_IN_FILE, envvar="DRIVER_CA_BUNDLE",
-              help="with --cos-build: CA certificates (PEM) for those URLs")
-@click.option("--allow-http", is_flag=True, help="with --cos-build: allow http:// URLs")
+              help="CA certificates (PEM) for https:// URLs of --cos-build and of the apt "
+                   "archive (--apt-mirror)")
+@click.option("--allow-http", is_flag=True,
+              help="with --cos-build: allow http:// URLs; for the apt archive: allow a "
+                   "redirect to http:// (an http:// --apt-mirror needs no flag: apt's "
+                   "signatures, not the transport, vouch for its files)")
 @output_option
 def package_build(output: str, os_id: str | None, os_version_id: str | None,
                   os_build_id: str | None, output_dir: Path | None, sign_key: Path | None,
@@ -190,7 +205,7 @@ def package_build(output: str, os_id: str | None, os_version_id: str | None,
     shard = parse_shard(options.pop("shard"), options.pop("shard_count"),
                         os.environ.get("JOB_COMPLETION_INDEX"), options.pop("shard_costs"))
     with tempfile.TemporaryDirectory(prefix="gni-apt-headers-") as downloads:
-        headers, fetched = _from_apt(options, Path(downloads))
+        headers, fetched = _from_apt(options, cos, Path(downloads))
         options["kernel_headers"] += headers
         sources += fetched
         request = BuildRequest(os=os_match or None, output=output_dir, signing=signing,
@@ -213,22 +228,27 @@ def _arch(given: str | None, headers: tuple[Path, ...]) -> str:
     return headers_arch(headers) or "x86_64"
 
 
-def _from_apt(options: dict[str, Any], work: Path) -> tuple[tuple[Path, ...],
-                                                             tuple[Path, ...]]:
+def _from_apt(options: dict[str, Any], transport: dict[str, Any], work: Path
+              ) -> tuple[tuple[Path, ...], tuple[Path, ...]]:
     """`--kernel-headers-from-apt`, `--nvidia-source-from-apt`: the verified .debs
-    (headers, sources), popping their options."""
+    (headers, sources), popping their options; fetched by the project's downloader with
+    `--ca-bundle` / `--allow-http` (`transport`)."""
     names, specs = tuple(options.pop("apt_headers")), tuple(options.pop("apt_sources"))
-    keyring, suite = options.pop("debian_keyring"), options.pop("debian_suite")
+    keyring, suites = options.pop("apt_keyring"), tuple(options.pop("apt_suites"))
+    mirror = options.pop("apt_mirror") or options["debian_mirror"]
     if not names and not specs:
         return (), ()
-    from installer.packages.builder.aptheaders import fetch_headers, fetch_sources
+    from installer.cli.remote import archive_remote
+    from installer.packages.builder.aptheaders import AptArchive, fetch_headers, fetch_sources
     from installer.packages.builder.buildroot import DEFAULT_MIRROR
 
-    mirror, arch = options["debian_mirror"] or DEFAULT_MIRROR, options["arch"]
-    return (fetch_headers(names, mirror, work / "headers", arch=arch, suite=suite,
-                          keyring=keyring),
-            fetch_sources(specs, mirror, work / "sources", arch=arch, suite=suite,
-                          keyring=keyring) if specs else ())
+    mirror = mirror or DEFAULT_MIRROR
+    plain = transport["allow_http"] or mirror.startswith("http://")
+    with archive_remote(transport["ca_bundle"], plain) as remote:
+        archive = AptArchive(remote, mirror, work / "indexes", arch=options["arch"],
+                             keyring=keyring)
+        return (fetch_headers(names, archive, suites, work / "headers"),
+                fetch_sources(specs, archive, suites, work / "sources") if specs else ())
 
 
 @package.command(name="index")

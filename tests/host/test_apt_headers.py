@@ -10,7 +10,6 @@ index and a .deb that differ from what was signed are each refused (exit 7).
 
 from __future__ import annotations
 
-import hashlib
 import lzma
 import os
 import subprocess
@@ -20,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from aptrepo import build_deb, key, sign_release, stanza
 from httpserver import MirrorServer
 from nvsources import fake_kbuild, proprietary_source
 
@@ -40,51 +40,6 @@ class Archive:
     url: str
     keyring: Path
     gnupg: Path
-
-
-def _deb(tree: Path, name: str, depends: str, pool: Path, version: str = VERSION) -> Path:
-    (tree / "DEBIAN").mkdir(parents=True, exist_ok=True)
-    (tree / "DEBIAN" / "control").write_text(
-        f"Package: {name}\nVersion: {version}\nArchitecture: amd64\n"
-        f"Maintainer: tests <tests@example.invalid>\n{depends}Description: test\n")
-    target = pool / f"{name}_{version}_amd64.deb"
-    subprocess.run(["dpkg-deb", "--root-owner-group", "-Zxz", "--build", str(tree),
-                    str(target)], check=True, capture_output=True)
-    return target
-
-
-def _stanza(deb: Path, root: Path, depends: str) -> str:
-    data = deb.read_bytes()
-    name, version = deb.name.split("_")[:2]
-    return (f"Package: {name}\nVersion: {version}\nArchitecture: amd64\n{depends}"
-            f"Filename: {deb.relative_to(root).as_posix()}\nSize: {len(data)}\n"
-            f"SHA256: {hashlib.sha256(data).hexdigest()}\nDescription: test\n")
-
-
-def _gpg(gnupg: Path, *args: str, stdin: bytes | None = None) -> bytes:
-    return subprocess.run(["gpg", "--batch", "--homedir", str(gnupg), *args], input=stdin,
-                          check=True, capture_output=True).stdout
-
-
-def _key(gnupg: Path, name: str) -> Path:
-    gnupg.mkdir(mode=0o700, parents=True)
-    _gpg(gnupg, "--passphrase", "", "--quick-gen-key", f"{name} <{name}@example.invalid>",
-         "ed25519", "sign", "never")
-    keyring = gnupg.parent / f"{name}.gpg"
-    keyring.write_bytes(_gpg(gnupg, "--export"))
-    return keyring
-
-
-def sign_release(root: Path, gnupg: Path) -> None:
-    """Release (SHA256 of each Packages.xz, as it is now) clear-signed into InRelease."""
-    dists = root / "dists" / "bookworm"
-    lines = "".join(f" {hashlib.sha256(p.read_bytes()).hexdigest()} {p.stat().st_size} "
-                    f"{p.relative_to(dists).as_posix()}\n"
-                    for p in sorted(dists.glob("*/binary-amd64/Packages.xz")))
-    release = ("Origin: Debian\nSuite: stable\nCodename: bookworm\nArchitectures: amd64\n"
-               f"Components: main non-free\nSHA256:\n{lines}")
-    (dists / "InRelease").write_bytes(_gpg(gnupg, "--clearsign", "--output", "-",
-                                           stdin=release.encode()))
 
 
 @pytest.fixture(autouse=True)
@@ -110,10 +65,10 @@ def archive(tmp_path: Path) -> Iterator[Archive]:
     kbuild_tree = tmp_path / "debs" / "kbuild" / "usr" / "lib" / KBUILD
     kbuild_tree.mkdir(parents=True)
     (kbuild_tree / "README").write_text("kbuild tools\n")
-    debs = [(_deb(headers_tree, HEADERS, depends, pool), depends),
-            (_deb(tmp_path / "debs" / "common", COMMON, "", pool), ""),
-            (_deb(tmp_path / "debs" / "kbuild", KBUILD, "", pool), "")]
-    text = "\n".join(_stanza(deb, root, dep) for deb, dep in debs)
+    debs = [(build_deb(headers_tree, HEADERS, VERSION, pool, depends), depends),
+            (build_deb(tmp_path / "debs" / "common", COMMON, VERSION, pool), ""),
+            (build_deb(tmp_path / "debs" / "kbuild", KBUILD, VERSION, pool), "")]
+    text = "\n".join(stanza(deb, root, dep) for deb, dep in debs)
     index = root / "dists" / "bookworm" / "main" / "binary-amd64"
     index.mkdir(parents=True)
     (index / "Packages.xz").write_bytes(lzma.compress(text.encode()))
@@ -124,14 +79,14 @@ def archive(tmp_path: Path) -> Iterator[Archive]:
     subprocess.run(["tar", "-cJf", str(tmp_path / "debs" / "nvidia" / "usr" / "src" /
                                        "nvidia-kernel.tar.xz"),
                     "-C", str(source.parent), source.name], check=True)
-    nvidia = _deb(tmp_path / "debs" / "nvidia", "nvidia-kernel-source", "", nonfree,
-                  NVIDIA_DEB_VERSION)
+    nvidia = build_deb(tmp_path / "debs" / "nvidia", "nvidia-kernel-source",
+                       NVIDIA_DEB_VERSION, nonfree)
     (root / "dists" / "bookworm" / "non-free" / "binary-amd64").mkdir(parents=True)
     (root / "dists" / "bookworm" / "non-free" / "binary-amd64" / "Packages.xz").write_bytes(
-        lzma.compress(_stanza(nvidia, root, "").encode()))
+        lzma.compress(stanza(nvidia, root).encode()))
     gnupg = tmp_path / "gnupg"
-    keyring = _key(gnupg, "archive")
-    sign_release(root, gnupg)
+    keyring = key(gnupg, "archive")
+    sign_release(root, "bookworm", gnupg, origin="Debian")
     with MirrorServer(root) as server:
         yield Archive(root, server.url, keyring, gnupg)
 
@@ -166,7 +121,7 @@ def test_headers_by_name_are_verified_and_built_against(archive: Archive,
 
 
 def test_a_signature_by_another_key_is_refused(archive: Archive, tmp_path: Path) -> None:
-    other = _key(tmp_path / "other-gnupg", "other")
+    other = key(tmp_path / "other-gnupg", "other")
     line = _refused(_build(archive, tmp_path, f"--debian-keyring={other}"))
     assert f"{archive.url}/dists/bookworm/InRelease is not signed by a key of {other}" in line
     assert not (tmp_path / "out").exists()

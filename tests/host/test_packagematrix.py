@@ -82,6 +82,20 @@ class TestGrouping:
                   *shared},
             "6.1.0-40-cloud-amd64": {tree, *shared}}
 
+    def test_ubuntus_common_headers_go_with_their_flavours(self, tmp_path: Path) -> None:
+        """Ubuntu names the common tree linux-headers-<ver>-<abi> (flavour-control.stub):
+        a companion of each <ver>-<abi>-<flavour>, not a release of its own."""
+        debs = {name: make_deb(tmp_path / name, name, "5.15.0-91.101", tmp_path)
+                for name in ("linux-headers-5.15.0-91-generic", "linux-headers-5.15.0-91",
+                             "linux-headers-5.15.0-91-lowlatency", "linux-headers-5.15.0-92",
+                             "linux-headers-5.15.0-92-generic")}
+        groups = group_headers(tuple(debs.values()))
+        assert {k: {p.name.split("_")[0] for p in v} for k, v in groups.items()} == {
+            "5.15.0-91-generic": {"linux-headers-5.15.0-91-generic", "linux-headers-5.15.0-91"},
+            "5.15.0-91-lowlatency": {"linux-headers-5.15.0-91-lowlatency",
+                                     "linux-headers-5.15.0-91"},
+            "5.15.0-92-generic": {"linux-headers-5.15.0-92-generic", "linux-headers-5.15.0-92"}}
+
     def test_one_release_is_one_group(self, kernels: dict[str, Path]) -> None:
         assert group_headers((kernels[GOOD],)) == {GOOD: (kernels[GOOD],)}
 

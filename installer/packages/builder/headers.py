@@ -83,7 +83,9 @@ def group_headers(paths: tuple[Path, ...]) -> dict[str, tuple[Path, ...]]:
 
     A `linux-headers-<release>` .deb starts a release; Debian's shared companions go to
     every release they serve (`linux-headers-<abi>-common*` to releases `<abi>-*`,
-    `linux-kbuild-X.Y` to releases `X.Y.*`, any other .deb to all). A directory is its own
+    `linux-kbuild-X.Y` to releases `X.Y.*`; Ubuntu's `linux-headers-<ver>-<abi>` to its
+    `<ver>-<abi>-<flavour>` releases; any other .deb, like a derivative kernel's
+    `linux-gcp-headers-<ver>-<abi>`, to all). A directory is its own
     release (its `UTS_RELEASE`), and so is a tarball (named by its file name).
     """
     releases: dict[str, list[Path]] = {}
@@ -106,6 +108,9 @@ def group_headers(paths: tuple[Path, ...]) -> dict[str, tuple[Path, ...]]:
                 shared.append((path, name.removeprefix("linux-kbuild-") + "."))
             else:
                 shared.append((path, ""))
+    for common in [r for r in releases if any(o.startswith(f"{r}-") for o in releases)]:
+        # Ubuntu's linux-headers-<ver>-<abi>: the common tree of its -<flavour> releases
+        shared += [(path, f"{common}-") for path in releases.pop(common)]
     if not releases:  # only companions: one group, which prepare_headers will refuse
         return {"": tuple(path for path, _ in shared)}
     return {release: tuple(sorted([*own, *(p for p, prefix in shared
