@@ -63,6 +63,18 @@ _OUT = click.Path(path_type=Path)
 @click.option("--debian-suite",
               help="the suite --kernel-headers-from-apt reads [default: trixie for "
                    "+deb13 releases, else bookworm]")
+@click.option("--kernel-headers-from-dnf", "dnf_headers", multiple=True,
+              metavar="kernel-devel[-RELEASE]",
+              help="with --nvidia-source: download this kernel-devel RPM (the highest that "
+                   "matches) from --dnf-mirror, verified by the repository's signed "
+                   "repomd.xml (RHEL, Rocky, Amazon Linux 2023); repeatable")
+@click.option("--dnf-mirror", envvar="GNI_DNF_MIRROR", metavar="URL",
+              help="the dnf repository --kernel-headers-from-dnf reads (its base: "
+                   ".../AppStream/x86_64/os, holding repodata/)")
+@click.option("--dnf-keyring", type=_IN_FILE,
+              help="the public key that signs --dnf-mirror's repomd.xml (armored or binary, "
+                   "e.g. /etc/pki/rpm-gpg/RPM-GPG-KEY-Rocky-9); required, none is trusted "
+                   "by default")
 @click.option("--patch", "patches", multiple=True, type=_IN_FILE,
               help="with --nvidia-source: apply this patch (-p1, in the module tree) first; "
                    "repeatable, in order")
@@ -142,8 +154,11 @@ _OUT = click.Path(path_type=Path)
 @click.option("--nvidia-runfile-url", envvar="NVIDIA_RUNFILE_URL",
               help="with --cos-build: NVIDIA's runfile bucket or a mirror of it")
 @click.option("--ca-bundle", type=_IN_FILE, envvar="DRIVER_CA_BUNDLE",
-              help="with --cos-build: CA certificates (PEM) for those URLs")
-@click.option("--allow-http", is_flag=True, help="with --cos-build: allow http:// URLs")
+              help="with --cos-build or --kernel-headers-from-dnf: CA certificates (PEM) "
+                   "for those URLs")
+@click.option("--allow-http", is_flag=True,
+              help="with --cos-build: allow http:// URLs; with --kernel-headers-from-dnf: "
+                   "allow redirects to http://")
 @output_option
 def package_build(output: str, os_id: str | None, os_version_id: str | None,
                   os_build_id: str | None, output_dir: Path | None, sign_key: Path | None,
@@ -179,6 +194,7 @@ def package_build(output: str, os_id: str | None, os_version_id: str | None,
                         os.environ.get("JOB_COMPLETION_INDEX"), options.pop("shard_costs"))
     with tempfile.TemporaryDirectory(prefix="gni-apt-headers-") as downloads:
         headers, fetched = _from_apt(options, Path(downloads))
+        options["kernel_headers"] += _from_dnf(options, cos, Path(downloads) / "dnf")
         options["kernel_headers"] += headers
         sources += fetched
         request = BuildRequest(os=os_match or None, output=output_dir, signing=signing,
@@ -217,6 +233,25 @@ def _from_apt(options: dict[str, Any], work: Path) -> tuple[tuple[Path, ...],
                           keyring=keyring),
             fetch_sources(specs, mirror, work / "sources", arch=arch, suite=suite,
                           keyring=keyring) if specs else ())
+
+
+def _from_dnf(options: dict[str, Any], cos: dict[str, Any], work: Path) -> tuple[Path, ...]:
+    """`--kernel-headers-from-dnf`: the verified kernel-devel RPMs, popping its options."""
+    specs = tuple(options.pop("dnf_headers"))
+    mirror, keyring = options.pop("dnf_mirror"), options.pop("dnf_keyring")
+    if not specs:
+        return ()
+    from installer.packages.builder.dnfheaders import fetch_kernel_devel
+    from installer.packages.builder.inputs import PackageBuildError
+
+    if not mirror:
+        raise PackageBuildError("--kernel-headers-from-dnf needs --dnf-mirror (the "
+                                "repository's base URL)", remedy="e.g. --dnf-mirror "
+                                "https://dl.rockylinux.org/pub/rocky/9/AppStream/x86_64/os")
+    from installer.cli.remote import archive_remote
+
+    with archive_remote(cos["ca_bundle"], cos["allow_http"]) as remote:
+        return fetch_kernel_devel(specs, mirror, keyring, work, remote, arch=options["arch"])
 
 
 @package.command(name="index")
