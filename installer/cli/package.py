@@ -46,7 +46,8 @@ _OUT = click.Path(path_type=Path)
 @click.option("--kernel-headers", "kernel_headers", multiple=True,
               type=click.Path(exists=True, path_type=Path),
               help="with --nvidia-source: linux-headers .debs (with their -common and "
-                   "linux-kbuild .debs), a tarball or a build directory; repeatable, and "
+                   "linux-kbuild .debs), a kernel-devel .rpm, a tarball or a build "
+                   "directory; repeatable, and "
                    "headers of several releases build one package per release (--repo)")
 @click.option("--kernel-headers-from-apt", "apt_headers", multiple=True,
               metavar="linux-headers-RELEASE",

@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,15 +73,8 @@ def rpms(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
 
 @pytest.fixture
 def repo(tmp_path: Path, rpms: list[Path]) -> Iterator[Repo]:
-    root = make_repo(tmp_path / "mirror", rpms)
-    gnupg = tmp_path / "gnupg"
-    armored, keyring = make_key(gnupg, "repo")
-    sign_repomd(root, gnupg)
-    try:
-        with MirrorServer(root) as server:
-            yield Repo(root, server.url, armored, keyring, gnupg)
-    finally:
-        stop_agents(tmp_path)
+    with _own_repo(tmp_path, rpms) as served:
+        yield served
 
 
 def _build(repo: Repo, tmp_path: Path, name: str = f"kernel-devel-{VERSION}", *extra: str,
@@ -159,17 +153,31 @@ def test_an_rpm_other_than_the_listed_one_is_refused(repo: Repo, tmp_path: Path)
     assert f"{rpm.name} is not the package the signed primary metadata lists" in line
 
 
-def test_sha1_checksums_are_refused(tmp_path: Path, rpms: list[Path]) -> None:
-    root = make_repo(tmp_path / "mirror", rpms[1:], checksum="sha1")
-    armored, _ = make_key(tmp_path / "gnupg", "repo")
+@contextmanager
+def _own_repo(tmp_path: Path, rpms: list[Path], **kwargs: str) -> Iterator[Repo]:
+    root = make_repo(tmp_path / "mirror", rpms, **kwargs)
+    armored, keyring = make_key(tmp_path / "gnupg", "repo")
     sign_repomd(root, tmp_path / "gnupg")
     try:
         with MirrorServer(root) as server:
-            repo = Repo(root, server.url, armored, armored, tmp_path / "gnupg")
-            line = _refused(_build(repo, tmp_path), tmp_path)
+            yield Repo(root, server.url, armored, keyring, tmp_path / "gnupg")
     finally:
         stop_agents(tmp_path)
+
+
+def test_sha1_checksums_are_refused(tmp_path: Path, rpms: list[Path]) -> None:
+    with _own_repo(tmp_path, rpms[1:], checksum="sha1") as repo:
+        line = _refused(_build(repo, tmp_path), tmp_path)
     assert "with a sha1 checksum, which this client cannot trust" in line
+
+
+def test_an_xz_primary(tmp_path: Path, rpms: list[Path]) -> None:
+    with _own_repo(tmp_path, rpms[1:], compress="xz") as repo:
+        assert list((repo.root / "repodata").glob("*-primary.xml.xz"))
+        done = _build(repo, tmp_path, "kernel-devel", keyring=repo.keyring)
+    assert done.returncode == 0, done.stderr[-3000:]
+    manifest = parse_manifest((tmp_path / "out" / "manifest.json").read_bytes())
+    assert manifest.kernel_release == f"{OLDER}.x86_64"
 
 
 def test_a_release_the_repository_lacks(repo: Repo, tmp_path: Path) -> None:
@@ -206,3 +214,12 @@ def test_a_local_kernel_devel_rpm_builds_too(rpms: list[Path], tmp_path: Path) -
     manifest = parse_manifest((tmp_path / "out" / "manifest.json").read_bytes())
     assert manifest.kernel_release == RHEL_RELEASE
     assert manifest.arch == "x86_64"
+
+
+def test_rpms_are_grouped_by_the_release_their_header_names(rpms: list[Path]) -> None:
+    from installer.packages.builder.headers import group_headers
+    from installer.packages.builder.headersarch import headers_arch
+
+    assert group_headers(tuple(rpms)) == {RHEL_RELEASE: (rpms[0],),
+                                          f"{OLDER}.x86_64": (rpms[1],)}
+    assert headers_arch(tuple(rpms)) == "x86_64"

@@ -8,6 +8,7 @@ asked of the real rpm (`rpm --eval '%{lua: print(rpm.vercmp(a, b))}'`) where it 
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 
@@ -83,5 +84,5 @@ def test_the_highest_match_of_the_arch_wins() -> None:
     assert choose("kernel-devel", None, entries, "x86_64").evr[1] == "5.15.0"
     exact = choose("kernel-devel", "5.14.0-70.el9.x86_64", entries, "x86_64")
     assert exact.evr[2] == "70.el9"
-    with pytest.raises(PackageBuildError, match="no kernel-devel-5.14.0-503.el9 for x86_64"):
+    with pytest.raises(PackageBuildError, match=re.escape("kernel-devel-5.14.0-503.el9 for")):
         choose("kernel-devel", "5.14.0-503.el9", entries, "x86_64")

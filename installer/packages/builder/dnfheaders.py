@@ -153,9 +153,11 @@ def _verified_repomd(base: str, keyring: Path, work: Path, remote: Remote) -> by
                                     ) from None
     (work / "repomd.xml").write_bytes(data)
     (work / "repomd.xml.asc").write_bytes(signature)
-    done = subprocess.run(["gpgv", "--keyring", str(keyring), str(work / "repomd.xml.asc"),
-                           str(work / "repomd.xml")], capture_output=True, timeout=120,
-                          check=False)
+    home = work / "gnupg"  # empty: no trustedkeys of this machine's user count
+    home.mkdir(mode=0o700, exist_ok=True)
+    done = subprocess.run(["gpgv", "--homedir", str(home), "--keyring", str(keyring),
+                           str(work / "repomd.xml.asc"), str(work / "repomd.xml")],
+                          capture_output=True, timeout=120, check=False)
     if done.returncode != 0:
         why = next((line for line in done.stderr.decode(errors="replace").splitlines()
                     if "BAD signature" in line or "No public key" in line
