@@ -78,12 +78,13 @@ def repo(tmp_path: Path, rpms: list[Path]) -> Iterator[Repo]:
 
 
 def _build(repo: Repo, tmp_path: Path, name: str = f"kernel-devel-{VERSION}", *extra: str,
-           keyring: Path | None = None) -> subprocess.CompletedProcess[str]:
+           keyring: Path | None = None, target: str | None = None
+           ) -> subprocess.CompletedProcess[str]:
     source = mini_source(tmp_path / "src" / "kernel")
     return subprocess.run([*CLI, "package", "build", f"--nvidia-source={source}",
                            f"--kernel-headers-from-dnf={name}", f"--dnf-mirror={repo.url}",
                            f"--dnf-keyring={keyring or repo.armored}",
-                           f"--out-dir={tmp_path / 'out'}", *extra],
+                           target or f"--out-dir={tmp_path / 'out'}", *extra],
                           capture_output=True, text=True, timeout=300, check=False,
                           env={**os.environ, "TMPDIR": str(tmp_path)})
 
@@ -223,3 +224,14 @@ def test_rpms_are_grouped_by_the_release_their_header_names(rpms: list[Path]) ->
     assert group_headers(tuple(rpms)) == {RHEL_RELEASE: (rpms[0],),
                                           f"{OLDER}.x86_64": (rpms[1],)}
     assert headers_arch(tuple(rpms)) == "x86_64"
+
+
+def test_two_kernels_by_name_build_one_package_each(repo: Repo, tmp_path: Path) -> None:
+    """Each name resolves on its own; the fetched RPMs are grouped by their header's release."""
+    done = _build(repo, tmp_path, f"kernel-devel-{VERSION}-{ABI}.el9",
+                  f"--kernel-headers-from-dnf=kernel-devel-{OLDER}",
+                  target=f"--repo={tmp_path / 'repo'}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    built = sorted(p.parent.parent.parent.name
+                   for p in (tmp_path / "repo").glob("*/*/*/manifest.json"))
+    assert built == sorted([RHEL_RELEASE, f"{OLDER}.x86_64"])
