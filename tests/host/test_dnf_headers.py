@@ -14,7 +14,9 @@ line and their exit code.
 from __future__ import annotations
 
 import gzip
+import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -176,6 +178,40 @@ def test_an_xz_primary(tmp_path: Path, rpms: list[Path]) -> None:
     with _own_repo(tmp_path, rpms[1:], compress="xz") as repo:
         assert list((repo.root / "repodata").glob("*-primary.xml.xz"))
         done = _build(repo, tmp_path, "kernel-devel", keyring=repo.keyring)
+    assert done.returncode == 0, done.stderr[-3000:]
+    manifest = parse_manifest((tmp_path / "out" / "manifest.json").read_bytes())
+    assert manifest.kernel_release == f"{OLDER}.x86_64"
+
+
+def _zstd_primary(root: Path) -> None:
+    """createrepo_c's gzip primary recompressed with zstd and repomd.xml's entry rewritten,
+    as createrepo_c 1.0 and Fedora write it (Debian's createrepo_c 0.17 has no zstd)."""
+    zstandard = pytest.importorskip("zstandard")
+    gz = next((root / "repodata").glob("*-primary.xml.gz"))
+    data = zstandard.ZstdCompressor().compress(gzip.decompress(gz.read_bytes()))
+    digest = hashlib.sha256(data).hexdigest()
+    (root / "repodata" / f"{digest}-primary.xml.zst").write_bytes(data)
+    repomd = root / "repodata" / "repomd.xml"
+    text, old = repomd.read_text(), gz.name.split("-")[0]
+    block = text[text.index('<data type="primary">'):]
+    block = block[:block.index("</data>")]
+    new = re.sub(r"<size>\d+</size>", f"<size>{len(data)}</size>", block.replace(
+        gz.name, f"{digest}-primary.xml.zst").replace(f">{old}<", f">{digest}<"))
+    repomd.write_text(text.replace(block, new))
+    gz.unlink()
+
+
+def test_a_zstd_primary(tmp_path: Path, rpms: list[Path]) -> None:
+    root = make_repo(tmp_path / "mirror", rpms[1:])
+    _zstd_primary(root)
+    armored, _ = make_key(tmp_path / "gnupg", "repo")
+    sign_repomd(root, tmp_path / "gnupg")
+    try:
+        with MirrorServer(root) as server:
+            done = _build(Repo(root, server.url, armored, armored, tmp_path / "gnupg"),
+                          tmp_path)
+    finally:
+        stop_agents(tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     manifest = parse_manifest((tmp_path / "out" / "manifest.json").read_bytes())
     assert manifest.kernel_release == f"{OLDER}.x86_64"
