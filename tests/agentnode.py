@@ -36,14 +36,18 @@ INSTALL = "home/kubernetes/bin/nvidia"
 NVRM = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  {}  Thu Jun 26 2025\n"
 FM_CONFIG = ("# Fabric Manager (stand-in)\nLOG_LEVEL=4\nDAEMONIZE=1\nFABRIC_MODE=0\n"
              "TOPOLOGY_FILE_PATH=/usr/share/nvidia/nvswitch\n")
+# NVIDIA's shipped /etc/nvidia-imex/config.cfg fields (its IMEX guide, "Config Options")
+IMEX_CONFIG = ("DAEMONIZE=1\nSERVER_PORT=50000\n"
+               "IMEX_NODE_CONFIG_FILE=/etc/nvidia-imex/nodes_config.cfg\n")
 A100_BUSES = ("07", "0b", "48", "4c", "88", "8b", "c8", "cb")
 ALL = ("nv-fabricmanager", "nvlsm", "nvidia-persistenced")
 REPO = Path(__file__).resolve().parents[1]
 
 
 def daemon_package(work: Path, *, daemons: tuple[str, ...] = ALL,
-                   fm_version: str = VERSION) -> Package:
-    """The stand-in driver with the daemon stand-ins as the package's `daemons`."""
+                   fm_version: str = VERSION, imex_version: str = VERSION) -> Package:
+    """The stand-in driver with the daemon stand-ins as the package's `daemons`
+    (`nvidia-imex` only when named: GB200/GB300's)."""
     tree = packages.standin_tree(work / "tree", build_standins(work / "built"), VERSION)
     write_daemon_standins(tree / "usr/bin", version=VERSION)
     if fm_version != VERSION:  # a Fabric Manager of another release than the driver
@@ -51,7 +55,8 @@ def daemon_package(work: Path, *, daemons: tuple[str, ...] = ALL,
         (tree / "usr/bin/nv-fabricmanager").write_bytes(
             (work / "other/nv-fabricmanager").read_bytes())
     configs = {"nv-fabricmanager": ("usr/share/nvidia/nvswitch/fabricmanager.cfg", FM_CONFIG),
-               "nvlsm": ("usr/share/nvidia/nvlsm/nvlsm.conf", "# NVLSM (stand-in)\n")}
+               "nvlsm": ("usr/share/nvidia/nvlsm/nvlsm.conf", "# NVLSM (stand-in)\n"),
+               "nvidia-imex": ("etc/nvidia-imex/nvidia-imex.cfg", IMEX_CONFIG)}
     for path, text in configs.values():
         (tree / path).parent.mkdir(parents=True, exist_ok=True)
         (tree / path).write_text(text)
@@ -62,8 +67,8 @@ def daemon_package(work: Path, *, daemons: tuple[str, ...] = ALL,
         paths = [f"usr/bin/{name}"] + ([configs[name][0]] if name in configs else [])
         files += [_entry(tree, p, "binary" if p.startswith("usr/bin") else "config")
                   for p in paths]
-        entries.append(DaemonEntry(name, fm_version if name == "nv-fabricmanager" else VERSION,
-                                   tuple(paths)))
+        version = {"nv-fabricmanager": fm_version, "nvidia-imex": imex_version}.get(name)
+        entries.append(DaemonEntry(name, version or VERSION, tuple(paths)))
     manifest = dataclasses.replace(base.manifest, files=tuple(files), daemons=tuple(entries))
     digest = hashlib.sha256(dump_manifest(manifest)).hexdigest()
     return Package(manifest=manifest, digest=digest, root=tree, by_hash=False,

@@ -86,3 +86,26 @@ def fm_deb(dest: Path, version: str, *, branch: str = "535") -> Path:
     (root / "lib" / "systemd" / "system").mkdir(parents=True)
     (root / "lib" / "systemd" / "system" / "nvidia-fabricmanager.service").write_text("x\n")
     return make_deb(root, f"nvidia-fabricmanager-{branch}", f"{version}-1", dest)
+
+
+# NVIDIA's IMEX guide (docs.nvidia.com/multi-node-nvlink-systems/imex-guide: "Getting Started"
+# and "IMEX Service Config Options"): the package installs the service `nvidia-imex` (a
+# systemd unit of that name) and the query tool `nvidia-imex-ctl`; the service reads
+# /etc/nvidia-imex/config.cfg, whose IMEX_NODE_CONFIG_FILE defaults to
+# /etc/nvidia-imex/nodes_config.cfg and DAEMONIZE to 1; SERVER_PORT=50000.
+IMEX_CONFIG = ("DAEMONIZE=1\nBIND_INTERFACE_IP=\nSERVER_PORT=50000\n"
+               "IMEX_NODE_CONFIG_FILE=/etc/nvidia-imex/nodes_config.cfg\n")
+
+
+def imex_deb(dest: Path, version: str, *, branch: str = "570") -> Path:
+    """NVIDIA's nvidia-imex .deb in the layout its guide describes, packed by dpkg-deb."""
+    root = dest / f"imex-deb-{version}"
+    elf(root / "usr" / "bin" / "nvidia-imex", banner=f"IMEX version is: {version}")
+    elf(root / "usr" / "bin" / "nvidia-imex-ctl", banner=f"IMEX version is: {version}")
+    etc = root / "etc" / "nvidia-imex"
+    etc.mkdir(parents=True)
+    (etc / "config.cfg").write_text(IMEX_CONFIG)
+    (etc / "nodes_config.cfg").write_text("")  # the site's IMEX domain: its own file
+    (root / "lib" / "systemd" / "system").mkdir(parents=True)
+    (root / "lib" / "systemd" / "system" / "nvidia-imex.service").write_text("x\n")
+    return make_deb(root, f"nvidia-imex-{branch}", f"{version}-1", dest)

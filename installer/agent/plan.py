@@ -4,7 +4,8 @@ Each daemon's argv[0] is its staged binary and its Spec carries the binary's sha
 the stage's record: the supervisor hashes the file against it before every start.
 Refusals happen here, before anything starts: a fabric node whose package lacks Fabric
 Manager (or NVLSM), or carries a Fabric Manager of another version than the driver, is
-exit 14 (`require_daemons`); a bad `NVFM_CONFIG_*` is exit 2. With FABRIC_MANAGER=host the
+exit 14 (`require_daemons`), as is IMEX=host without nvidia-imex of the driver's version
+(`agent.imex`); a bad `NVFM_CONFIG_*` is exit 2. With FABRIC_MANAGER=host the
 node's own OS runs them: the agent starts neither and still waits for the fabric.
 """
 
@@ -16,6 +17,7 @@ from pathlib import Path
 
 from installer.agent import fmconfig
 from installer.agent.daemons import Spec, persistenced_spec
+from installer.agent.imex import imex_spec
 from installer.config import Config
 from installer.installdir.daemons import StagedDaemon, require_daemons, staged_daemons
 from installer.installdir.layout import install_root
@@ -74,6 +76,9 @@ def make_plan(config: Config, host: Host, *, driver_version: str, work: Path,
                           needs_ib=kind == "nvlink5", sha256=fm.sha256))
     elif overrides:
         notes.append("NVFM_CONFIG_* set but this node has no NVSwitch: ignored")
+    imex, note = imex_spec(config, host, staged, driver_version=driver_version, work=work)
+    specs += [imex] if imex is not None else []
+    notes += [note] if note is not None else []
     return Plan(kind, tuple(specs), tuple(notes), daemon_env(config, host, environ))
 
 

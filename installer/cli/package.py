@@ -37,6 +37,12 @@ _OUT = click.Path(path_type=Path)
               help="NVIDIA's .run installer (makeself), repeatable")
 @click.option("--modules", "modules_dir", type=_IN_DIR,
               help="directory of kernel modules built for one kernel release")
+@click.option("--ubuntu-modules", "ubuntu_modules", multiple=True, type=_IN_FILE,
+              metavar="DEB",
+              help="Canonical's signed NVIDIA modules for an Ubuntu kernel: its "
+                   "linux-modules-nvidia-<branch>[-server]-open-<kernel> .deb, taken as "
+                   "signed (each must carry a signature; with --sign-cert verified against "
+                   "it); repeatable")
 @click.option("--nvidia-source", "nvidia_sources", multiple=True,
               type=click.Path(exists=True, path_type=Path),
               help="compile the modules from NVIDIA's sources: nvidia-kernel-source or "
@@ -106,6 +112,9 @@ _OUT = click.Path(path_type=Path)
 @click.option("--persistenced", type=_IN_FILE,
               help="the persistence daemon: Debian's nvidia-persistenced .deb or the "
                    "nvidia-persistenced executable")
+@click.option("--imex", type=_IN_FILE,
+              help="GB200/GB300's IMEX service: NVIDIA's nvidia-imex .deb (or the executable) "
+                   "of exactly the driver's version; the agent runs it with IMEX=host")
 @click.option("--driver-version", help="driver version (default: read from the inputs)")
 @click.option("--kernel-release", help="kernel release (default: the modules' vermagic)")
 @click.option("--flavour", type=click.Choice(["open", "proprietary", "both"]),
@@ -137,7 +146,8 @@ _OUT = click.Path(path_type=Path)
 @click.option("--force", is_flag=True, help="replace an existing package directory")
 @click.option("--sign-key", type=_IN_FILE, help="sign every module with this private key")
 @click.option("--sign-cert", type=_IN_FILE,
-              help="the key's X.509 certificate (with --signatures: verify against it)")
+              help="the key's X.509 certificate (with --signatures or --ubuntu-modules: "
+                   "verify against it)")
 @click.option("--sign-hash", default="sha256", show_default=True,
               help="digest of the signatures: sha256, sha384 or sha512")
 @click.option("--resign", is_flag=True, help="replace the signature of signed modules")
@@ -182,6 +192,7 @@ def package_build(output: str, os_id: str | None, os_version_id: str | None,
     os_match = {key: value for key, value in (("id", os_id), ("version_id", os_version_id),
                                               ("build_id", os_build_id)) if value}
     options["debs"], options["trees"] = tuple(options["debs"]), tuple(options["trees"])
+    options["ubuntu_modules"] = tuple(options["ubuntu_modules"])
     options["run_files"], options["aliases"] = (tuple(options["run_files"]),
                                                 tuple(options["aliases"]))
     options["kernel_headers"], options["patches"] = (tuple(options["kernel_headers"]),
@@ -189,7 +200,8 @@ def package_build(output: str, os_id: str | None, os_version_id: str | None,
     signing = SigningOptions(sign_key, sign_cert, sign_hash, signatures, resign)
     options["daemons"] = tuple((name, path) for name, path in (
         ("nv-fabricmanager", options.pop("fabricmanager")), ("nvlsm", options.pop("nvlsm")),
-        ("nvidia-persistenced", options.pop("persistenced"))) if path is not None)
+        ("nvidia-persistenced", options.pop("persistenced")),
+        ("nvidia-imex", options.pop("imex"))) if path is not None)
     sources = tuple(options.pop("nvidia_sources"))
     shard = parse_shard(options.pop("shard"), options.pop("shard_count"),
                         os.environ.get("JOB_COMPLETION_INDEX"), options.pop("shard_costs"))

@@ -26,6 +26,7 @@ UPGRADE = frozenset({"install", "partition"})
 MIG = frozenset({"install", "partition"})
 AGENT = frozenset({"agent"})
 DAEMONS = frozenset({"agent", "install"})
+IMEX = LOADING | DAEMONS | {"status"}  # channel nodes at load, the service in the agent
 CACHE = LOCKED | {"prepare", "status", "versions"}
 RESOLVING = FETCHING | {"status", "preflight"}
 LABELS = SIGNALLING | {"check-pod"}

@@ -39,7 +39,9 @@ from installer.node.host import Host, write_atomic
 OWN_PROC = Path("/proc")  # the procfs of the pid namespace that kill() acts in
 FABRIC_RUN = PurePosixPath("/var/run/nvidia-fabricmanager")
 PERSISTENCED_RUN = PurePosixPath("/var/run/nvidia-persistenced")
+IMEX_RUN = PurePosixPath("/var/run/nvidia-imex")  # the agent's own pid file for IMEX=host
 PID_FILES: dict[str, PurePosixPath] = {
+    "nvidia-imex": IMEX_RUN / "nvidia-imex.pid",  # stopped first: it uses the fabric
     "nv-fabricmanager": FABRIC_RUN / "nv-fabricmanager.pid",
     "nvlsm": FABRIC_RUN / "nvlsm.pid",
     "nvidia-persistenced": PERSISTENCED_RUN / "nvidia-persistenced.pid",

@@ -1,10 +1,11 @@
 """The manifest's optional `daemons`: the driver's daemons a package carries, with versions.
 
-Fabric Manager (`nv-fabricmanager`), the NVLink Subnet Manager (`nvlsm`) and the persistence
-daemon (`nvidia-persistenced`) are ordinary files of the package (binaries, libraries,
-configs, hashed and verified like every file); `daemons` only says which files make up
-which daemon and what version each is, so the agent can start them and refuse a Fabric
-Manager whose version differs from the driver's. Manifests without it keep their digest.
+Fabric Manager (`nv-fabricmanager`), the NVLink Subnet Manager (`nvlsm`), the persistence
+daemon (`nvidia-persistenced`) and GB200/GB300's IMEX service (`nvidia-imex`) are ordinary
+files of the package (binaries, libraries, configs, hashed and verified like every file);
+`daemons` only says which files make up which daemon and what version each is, so the agent
+can start them and refuse a Fabric Manager or IMEX whose version differs from the driver's.
+Manifests without it keep their digest.
 """
 
 from __future__ import annotations
@@ -18,9 +19,14 @@ from typing import Any, Protocol
 FABRIC_MANAGER = "nv-fabricmanager"
 NVLSM = "nvlsm"
 PERSISTENCED = "nvidia-persistenced"
-DAEMON_NAMES = (FABRIC_MANAGER, NVLSM, PERSISTENCED)
-# the config file each daemon is started with (`nv-fabricmanager -c`, `nvlsm -F`)
-CONFIG_NAMES = {FABRIC_MANAGER: "fabricmanager.cfg", NVLSM: "nvlsm.conf"}
+IMEX = "nvidia-imex"
+DAEMON_NAMES = (FABRIC_MANAGER, NVLSM, PERSISTENCED, IMEX)
+# NVIDIA requires these at exactly the driver's version (IMEX checks the loaded driver)
+DRIVER_VERSIONED = (FABRIC_MANAGER, IMEX)
+# the config file each daemon is started with (`nv-fabricmanager -c`, `nvlsm -F`,
+# `nvidia-imex -c`: NVIDIA's /etc/nvidia-imex/config.cfg, renamed so it cannot collide)
+CONFIG_NAMES = {FABRIC_MANAGER: "fabricmanager.cfg", NVLSM: "nvlsm.conf",
+                IMEX: "nvidia-imex.cfg"}
 # upstream versions: 550.54.15 (driver-versioned), 2025.06.6 (NVLSM's own)
 VERSION_RE = re.compile(r"^[0-9][0-9A-Za-z.+~-]{0,63}\Z")
 _KEYS = {"version", "files"}

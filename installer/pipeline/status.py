@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from installer.agent import imex
 from installer.agent.readiness import probe, read_view
 from installer.compat import toolkit as compat
 from installer.context import Context
@@ -44,6 +45,7 @@ class StatusReport:
     requested: dict[str, str] | None = None  # the version chosen now, and by which rule
     image: dict[str, Any] | None = None  # the image's version and SBOM digest (none: no image)
     optional: dict[str, Any] | None = None  # optional modules: loaded, or why not
+    imex: dict[str, Any] | None = None  # IMEX's mode, channel device and nodes, its service
 
     def to_dict(self) -> dict[str, Any]:
         return {"node": self.node.to_dict(), "install_dir": self.install_dir,
@@ -51,7 +53,7 @@ class StatusReport:
                 "readiness": self.readiness, "upgrade": self.upgrade,
                 "last_run": self.last_run, "agent": self.agent, "cdi": self.cdi,
                 "mig": self.mig, "requested": self.requested, "image": self.image,
-                "optional": self.optional,
+                "optional": self.optional, "imex": self.imex,
                 "cuda": compat.cuda_support(self._driver())}
 
     def _driver(self) -> str | None:
@@ -65,7 +67,7 @@ class StatusReport:
         lines = [self.node.to_text(),
                  f"CUDA:            {compat.cuda_support_text(self._driver())}",
                  f"Loaded modules:  {', '.join(self.modules) or 'none'}",
-                 *optional_lines(self.optional),
+                 *optional_lines(self.optional), *imex.status_line(self.imex),
                  f"Install dir:     {self.install_dir}",
                  f"Staged:          {staged['current'] or 'nothing'}"
                  f" (previous: {staged['previous'] or 'none'})",
@@ -117,6 +119,7 @@ def collect(ctx: Context) -> StatusReport:
         requested=_requested(ctx),
         image=imagesbom.describe(),
         optional=_optional(ctx, readiness.document),
+        imex=imex.describe(ctx.config, ctx.host),
     )
 
 

@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 
 import kubefake
-from agentnode import VERSION, daemon_package, make_node, wait_for
+import pytest
+from agentnode import ALL, VERSION, daemon_package, make_node, wait_for
 from kubefake import Cluster
 from native.daemons import write_fabric
 
@@ -203,6 +204,74 @@ class TestNvswitchNode:
         assert "fabric complete: 8 GPUs: 8 completed" in done.stdout
         assert node.pid("nv-fabricmanager") is None  # stopped again
         assert sorted(node.started()) == ["nv-fabricmanager", "nvidia-persistenced"]
+
+
+class TestImex:
+    """IMEX=host: the agent runs the package's nvidia-imex in the foreground with a copy of
+    the domain's node list; report (the default) and a package without it are shown apart."""
+
+    def test_host_mode_runs_imex_with_the_domains_node_list(self, tmp_path: Path) -> None:
+        package = daemon_package(tmp_path / "pkg", daemons=(*ALL, "nvidia-imex"))
+        node = make_node(tmp_path, package, env={"IMEX": "host"})
+        nodes = node.root / "etc/nvidia-imex/nodes_config.cfg"
+        nodes.parent.mkdir(parents=True)
+        nodes.write_text("10.0.0.1\n10.0.0.2\n")
+        done = node.run("agent", "--once")
+        assert done.returncode == 0, done.stderr
+        assert sorted(node.started()) == ["nv-fabricmanager", "nvidia-imex",
+                                          "nvidia-persistenced"]
+        flag, config = node.argv("nvidia-imex")
+        assert flag == "-c" and not Path(config).is_relative_to(node.install / ".current")
+        fields = dict(line.split("=", 1) for line in Path(config).read_text().splitlines())
+        assert fields["DAEMONIZE"] == "0" and fields["SERVER_PORT"] == "50000"
+        assert Path(fields["IMEX_NODE_CONFIG_FILE"]).read_text() == nodes.read_text()
+        assert node.pid("nvidia-imex") is None  # --once stops what it started
+
+    def test_status_shows_the_mode_the_channel_device_and_nodes(self, tmp_path: Path) -> None:
+        package = daemon_package(tmp_path / "pkg", daemons=(*ALL, "nvidia-imex"))
+        node = make_node(tmp_path, package, env={"IMEX": "host"})
+        (node.root / "proc/devices").write_text(
+            "Character devices:\n195 nvidia-frontend\n234 nvidia-caps-imex-channels\n")
+        (node.root / "dev/nvidia-caps-imex-channels").mkdir(parents=True)
+        (node.root / "dev/nvidia-caps-imex-channels/channel0").touch()
+        done = node.run("status", "--output", "json")
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["imex"] == {
+            "mode": "host", "driver_device_major": 234, "channels": ["channel0"],
+            "package_imex": VERSION}
+        human = node.run("status")
+        assert f"IMEX:            IMEX=host; channels: channel0; package nvidia-imex {VERSION}" \
+            in human.stdout
+
+    def test_report_mode_starts_nothing_of_imex(self, tmp_path: Path) -> None:
+        package = daemon_package(tmp_path / "pkg", daemons=(*ALL, "nvidia-imex"))
+        node = make_node(tmp_path, package)
+        done = node.run("agent", "--once")
+        assert done.returncode == 0, done.stderr
+        assert "nvidia-imex" not in node.started()
+
+    def test_host_mode_without_the_domains_node_list_is_said_not_run(
+            self, tmp_path: Path) -> None:
+        package = daemon_package(tmp_path / "pkg", daemons=(*ALL, "nvidia-imex"))
+        node = make_node(tmp_path, package, env={"IMEX": "host"})
+        done = node.run("agent", "--once")
+        assert done.returncode == 0, done.stderr
+        assert "nvidia-imex" not in node.started()
+        assert "IMEX_NODES_CONFIG" in done.stdout + done.stderr
+
+    @pytest.mark.parametrize(("daemons", "imex_version", "words"), [
+        (ALL, VERSION, "carries no nvidia-imex"),
+        ((*ALL, "nvidia-imex"), "535.230.02", "carries nvidia-imex 535.230.02"),
+    ])
+    def test_host_mode_needs_imex_of_the_drivers_version(
+            self, tmp_path: Path, daemons: tuple[str, ...], imex_version: str,
+            words: str) -> None:
+        package = daemon_package(tmp_path / "pkg", daemons=daemons, imex_version=imex_version)
+        node = make_node(tmp_path, package, env={"IMEX": "host"})
+        done = node.run("agent", "--once")
+        assert done.returncode == 14, done.stderr
+        assert words in done.stderr and "--imex" in done.stderr
+        assert node.started() == []
 
 
 class TestOtherNodes:

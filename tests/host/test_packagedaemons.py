@@ -26,6 +26,7 @@ from daemoninputs import (
     elf,
     fm_archive,
     fm_deb,
+    imex_deb,
     nvlsm_archive,
 )
 from native.contexts import make_ctx
@@ -134,6 +135,21 @@ class TestBuild:
         persistenced = manifest.daemon("nvidia-persistenced")
         assert persistenced is not None and persistenced.version == "535.171.04"
 
+    def test_imex_takes_the_service_its_query_tool_and_config_not_the_sites_nodes(
+            self, tmp_path: Path, base: list[str]) -> None:
+        out = tmp_path / "pkg"
+        done = build(*base, f"--imex={imex_deb(tmp_path, VERSION)}", f"--out-dir={out}",
+                     "--output=json")
+        assert done.returncode == 0, done.stderr
+        doc = json.loads((out / "manifest.json").read_text())
+        MANIFEST.validate(doc)
+        imex = read_tree(out).manifest.daemon("nvidia-imex")
+        assert imex is not None and imex.version == VERSION
+        assert set(imex.files) == {"bin/nvidia-imex", "bin/nvidia-imex-ctl",
+                                   "etc/nvidia-imex.cfg"}
+        assert imex.binary == "bin/nvidia-imex" and imex.config == "etc/nvidia-imex.cfg"
+        assert not any("nodes_config" in f["path"] for f in doc["files"])
+
     def test_a_renamed_archive_keeps_the_version_of_its_top_directory(
             self, tmp_path: Path, base: list[str]) -> None:
         archive = fm_archive(tmp_path, VERSION, file_name="fm.tar.xz")
@@ -187,6 +203,11 @@ class TestRefusals:
         line = refusal(tmp_path, base, f"--fabricmanager={fm_archive(tmp_path, '535.247.01')}")
         assert "is Fabric Manager 535.247.01, but the driver is 535.261.03" in line
         assert "fabricmanager-linux-<arch>-535.261.03-archive.tar.xz" in line
+
+    def test_imex_of_another_version(self, tmp_path: Path, base: list[str]) -> None:
+        line = refusal(tmp_path, base, f"--imex={imex_deb(tmp_path, '570.124.06')}")
+        assert "is nvidia-imex 570.124.06, but the driver is 535.261.03" in line
+        assert "nvidia-imex .deb of version 535.261.03" in line
 
     def test_another_components_archive(self, tmp_path: Path, base: list[str]) -> None:
         line = refusal(tmp_path, base,

@@ -21,6 +21,7 @@ from pathlib import Path
 from native.daemons import (
     COMPLETED,
     FM,
+    IMEX,
     IN_PROGRESS,
     LOG,
     NOT_STARTED,
@@ -32,7 +33,8 @@ from native.daemons import (
     write_fabric,
 )
 
-_ENV_PREFIX = {FM: "FAKE_FM", NVLSM: "FAKE_NVLSM", PERSISTENCED: "FAKE_PERSISTENCED"}
+_ENV_PREFIX = {FM: "FAKE_FM", NVLSM: "FAKE_NVLSM", PERSISTENCED: "FAKE_PERSISTENCED",
+               IMEX: "FAKE_IMEX"}
 _STEP_S = 0.05
 
 
@@ -69,7 +71,8 @@ def main(name: str, version: str, argv: list[str]) -> int:
         return 2
     root = Path(root_text)
     _record(root, name, argv)
-    parse = {FM: _fm_args, NVLSM: _nvlsm_args, PERSISTENCED: _persistenced_args}[name]
+    parse = {FM: _fm_args, NVLSM: _nvlsm_args, PERSISTENCED: _persistenced_args,
+             IMEX: _imex_args}[name]
     try:
         options = parse(argv, version)
     except ValueError as exc:
@@ -80,7 +83,7 @@ def main(name: str, version: str, argv: list[str]) -> int:
     if run.fail_mode() == "start":
         run.log("failed to start (FAKE fail=start)")
         return 1
-    body = {FM: _fabric_manager, NVLSM: _idle, PERSISTENCED: _persistence}[name]
+    body = {FM: _fabric_manager, NVLSM: _idle, PERSISTENCED: _persistence, IMEX: _idle}[name]
     if options.get("detach"):
         return _detached(run, lambda: body(run, options))
     return _serve(run, lambda: body(run, options))
@@ -91,6 +94,8 @@ def _version_line(name: str, version: str) -> str:
         return f"Fabric Manager version is : {version}"
     if name == PERSISTENCED:
         return f"nvidia-persistenced:  version {version}"
+    if name == IMEX:
+        return f"IMEX version is: {version}"
     return f"NVLSM version {version}"
 
 
@@ -118,6 +123,21 @@ def _fm_args(argv: list[str], version: str) -> dict[str, object]:
                          "do not match; install the matching Fabric Manager")
     settings = _config(Path(config))
     return {"detach": settings.get("DAEMONIZE", "0") == "1", "config": settings}
+
+
+def _imex_args(argv: list[str], version: str) -> dict[str, object]:
+    config = _value(argv, "-c", "--config")
+    if config is None or not Path(config).is_file():
+        raise ValueError(f"failed to open config file {config}")
+    settings = _config(Path(config))
+    nodes = settings.get("IMEX_NODE_CONFIG_FILE", "/etc/nvidia-imex/nodes_config.cfg")
+    if not Path(nodes).is_file():
+        raise ValueError(f"failed to read the node config file {nodes}")
+    driver = os.environ.get("FAKE_NVML_DRIVER") or "535.261.03"
+    if driver != version:
+        raise ValueError(f"IMEX version {version} is not compatible with the loaded driver "
+                         f"{driver}")
+    return {"detach": settings.get("DAEMONIZE", "1") == "1", "config": settings}
 
 
 def _nvlsm_args(argv: list[str], version: str) -> dict[str, object]:

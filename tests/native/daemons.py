@@ -25,6 +25,13 @@ script run by an interpreter would not be. The program embeds this interpreter, 
   FAKE_NVML_PERSISTENCE_FILE, which the NVML stand-in reports; "0" again when it exits.
   Drivers before 550 do not know `--uvm-persistence-mode` (exit 1, as nvgetopt does).
 
+- `nvidia-imex -c <cfg>`: GB200/GB300's IMEX service, as NVIDIA's IMEX guide describes it
+  (docs.nvidia.com/multi-node-nvlink-systems/imex-guide, "Getting Started" and "IMEX
+  Service Config Options"): fails (exit 1) when the config is missing, when the file its
+  IMEX_NODE_CONFIG_FILE names (default /etc/nvidia-imex/nodes_config.cfg) cannot be read,
+  or when its version is not the loaded driver's; detaches unless `DAEMONIZE=0` (the
+  guide's default is 1). Pid file `<root>/var/run/nvidia-imex/nvidia-imex.pid` (the agent's
+  path: the guide names none).
 A detached stand-in writes its log lines to `<root>/var/log/<name>.log`; in the foreground
 they go to stderr. All three print `--version` (`version` given to write_daemon_standins)
 and stop on SIGTERM or SIGINT: exit 0, pid file removed, and for Fabric Manager the fabric
@@ -62,7 +69,9 @@ ROOT_ENV = "FAKE_DAEMON_ROOT"
 FM = "nv-fabricmanager"
 NVLSM = "nvlsm"
 PERSISTENCED = "nvidia-persistenced"
+IMEX = "nvidia-imex"
 PID_FILES = {
+    IMEX: "var/run/nvidia-imex/nvidia-imex.pid",
     FM: "var/run/nvidia-fabricmanager/nv-fabricmanager.pid",
     NVLSM: "var/run/nvidia-fabricmanager/nvlsm.pid",
     PERSISTENCED: "var/run/nvidia-persistenced/nvidia-persistenced.pid",
@@ -74,9 +83,10 @@ STANDIN_CACHE = Path.home() / ".cache/gpu-node-installer-test/daemon-standins"
 
 def write_daemon_standins(bin_dir: Path, *, version: str,
                           nvlsm_version: str | None = None) -> None:
-    """nv-fabricmanager, nvlsm and nvidia-persistenced executables in `bin_dir`."""
+    """nv-fabricmanager, nvlsm, nvidia-persistenced and nvidia-imex executables in
+    `bin_dir`."""
     bin_dir.mkdir(parents=True, exist_ok=True)
-    for name in (FM, NVLSM, PERSISTENCED):
+    for name in (FM, NVLSM, PERSISTENCED, IMEX):
         shown = nvlsm_version or version if name == NVLSM else version
         shutil.copyfile(standin_program(name, shown), bin_dir / name)
         (bin_dir / name).chmod(0o755)

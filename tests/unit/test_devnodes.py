@@ -38,6 +38,24 @@ class TestPlan:
             "nvidia-caps/nvidia-cap2": (caps, 2, 0o444),
             "nvidia-uvm-tools": (uvm, 1, 0o666), "nvidia-uvm": (uvm, 0, 0o666)}
 
+    def test_imex_default_channel_only_when_asked_and_the_driver_has_the_device(
+            self, host: FakeKernelHost) -> None:
+        """NVIDIA's IMEX guide: channel N is minor N of the major /proc/devices names
+        `nvidia-caps-imex-channels` (dynamic: 234 in the guide, read here, never assumed)."""
+        assert not any("imex" in n.name for n in devnodes.plan(host, imex_channel=True))
+        host.modules["nvidia"].majors["nvidia-caps-imex-channels"] = 234
+        host.write_state()
+        assert not any("imex" in n.name for n in devnodes.plan(host))
+        nodes = devnodes.plan(host, imex_channel=True)
+        assert _by_name(nodes)["nvidia-caps-imex-channels/channel0"] == (234, 0, 0o666)
+        assert nodes[-1].name == "nvidia-uvm"
+        result = devnodes.ensure_nodes(host, nodes)
+        assert "nvidia-caps-imex-channels/channel0" in result.created
+        assert host.char_device(host.roots.dev / "nvidia-caps-imex-channels" / "channel0"
+                                ) == (234, 0, 0o666)
+        assert host.readlink(host.roots.dev / "char" / "234:0") == \
+            "../nvidia-caps-imex-channels/channel0"
+
     def test_uvm_is_last(self, host: FakeKernelHost) -> None:
         assert devnodes.plan(host)[-1].name == "nvidia-uvm"
 

@@ -44,6 +44,7 @@ from installer.packages.builder.signing import (
     signs,
 )
 from installer.packages.builder.source import build_source
+from installer.packages.builder.ubuntumodules import check_modules, check_ubuntu_request, unpack
 from installer.packages.manifest import (
     ARCHES,
     DRIVER_VERSION_RE,
@@ -93,6 +94,7 @@ class BuildRequest:
     compile_cache: Path | None = None  # compiled modules kept by their inputs' key
     ima: tuple[tuple[str, bytes], ...] = ()  # (firmware file name, IMA signature)
     daemons: tuple[tuple[str, Path], ...] = ()  # (nv-fabricmanager|nvlsm|..., its input)
+    ubuntu_modules: tuple[Path, ...] = ()  # Canonical's signed module .debs (ubuntumodules)
 
 
 @dataclass(frozen=True)
@@ -143,16 +145,22 @@ def build(request: BuildRequest) -> BuildResult:
         picked, links = pick_user_files(roots, request.arch)
         daemons = _daemons(request, Path(work))
         modules_dir, provenance = request.modules_dir, None
+        vendor = (unpack(request.ubuntu_modules, Path(work) / "ubuntu", request.kernel_release)
+                  if request.ubuntu_modules else None)
+        if vendor is not None:
+            modules_dir = vendor.modules_dir
         if request.nvidia_source is not None:
             compiled = _compile(request, Path(work) / "compile", picked)
             modules_dir, provenance = compiled.modules_dir, compiled.provenance
         modules = scan_modules(modules_dir) if modules_dir else []
+        vendor_signed = check_modules(vendor, modules, request.signing.cert) if vendor else None
         _check_contents(request.arch, picked, modules)
         identity = _identity(request, picked, modules)
         check_versions(daemons, identity.driver_version)
         load_order(modules)  # a cycle is refused before anything is written
         destination = _destination(request, identity)
-        modules, signatures = apply(request.signing, modules, Path(work))
+        modules, signatures = ((modules, vendor_signed) if vendor_signed is not None
+                               else apply(request.signing, modules, Path(work)))
         manifest, data = write_package(destination, identity, request.arch, request.os,
                                        merge(picked, daemons), links, modules,
                                        load_order(modules), signatures, provenance,
@@ -173,7 +181,7 @@ def _fail(message: str, remedy: str | None = None) -> PackageBuildError:
 def check_request(request: BuildRequest) -> None:
     """Every refusal that needs no unpacking (also run once for a whole many-kernel build)."""
     if not (request.debs or request.trees or request.run_files or request.modules_dir
-            or request.nvidia_source):
+            or request.nvidia_source or request.ubuntu_modules):
         raise _fail("nothing to build from",
                     remedy="give --deb, --tree, --run, --modules and/or --nvidia-source")
     if request.nvidia_source is not None and request.modules_dir is not None:
@@ -204,17 +212,20 @@ def check_request(request: BuildRequest) -> None:
             raise _fail(f"--alias {alias!r} is not default, latest or a branch like 535")
     if request.aliases and request.repo is None:
         raise _fail("--alias needs --repo (aliases live in the repository's index.json)")
-    for path in (*request.debs, *request.trees, *request.run_files,
+    for path in (*request.debs, *request.trees, *request.run_files, *request.ubuntu_modules,
                  *(source for _, source in request.daemons)):
         if not path.exists():
             raise _fail(f"input {path} does not exist")
-    for path in (*request.debs, *request.run_files):
+    for path in (*request.debs, *request.run_files, *request.ubuntu_modules):
         check_input_arch(path, request.arch)
     if request.daemons and request.nvidia_source is not None and not request.kernel_headers:
         raise _fail("a source package carries no daemons (--fabricmanager, --nvlsm, "
                     "--persistenced)", remedy="build packages for kernels (--kernel-headers) "
                     "with the daemons, or leave them out")
-    check_options(request.signing)
+    if request.ubuntu_modules:
+        check_ubuntu_request(request.modules_dir, request.nvidia_source, request.signing)
+    else:
+        check_options(request.signing)
     _check_source_package(request)
     check_keys(request.signing)
 

@@ -1,10 +1,11 @@
-"""`package build --fabricmanager/--nvlsm/--persistenced`: the driver's daemons as inputs.
+"""`package build --fabricmanager/--nvlsm/--persistenced/--imex`: the driver's daemons as inputs.
 
 Each input is one of NVIDIA's archives (`fabricmanager-linux-x86_64-<version>-archive.tar.xz`,
 `nvlsm-linux-<arch>-<version>-archive.tar.xz`), a Debian package (Debian's own
 `nvidia-persistenced`, NVIDIA's `nvidia-fabricmanager-<branch>`), or the plain executable.
 Nothing of an input is ever run: the version comes from the archive's name, the package's
-`Version` (upstream part), or, for a plain executable, the version string it carries
+`Version` (upstream part; NVIDIA's `nvidia-imex` .deb is versioned with the driver), or,
+for a plain executable, the version string it carries
 (`nvidia-persistenced:  version 535.171.04`). From the unpacked input only what the daemon
 needs is taken: its executable (ELF of the package's arch), its config and Fabric Manager's
 topology files, NVLSM's plugin libraries; they become ordinary package files, and the
@@ -29,14 +30,20 @@ from installer.packages.builder.inputs import (
 )
 from installer.packages.daemons import (
     CONFIG_NAMES,
+    DRIVER_VERSIONED,
     FABRIC_MANAGER,
+    IMEX,
     NVLSM,
     PERSISTENCED,
     VERSION_RE,
     DaemonEntry,
 )
 
-FLAGS = {FABRIC_MANAGER: "--fabricmanager", NVLSM: "--nvlsm", PERSISTENCED: "--persistenced"}
+FLAGS = {FABRIC_MANAGER: "--fabricmanager", NVLSM: "--nvlsm", PERSISTENCED: "--persistenced",
+         IMEX: "--imex"}
+_WHAT = {FABRIC_MANAGER: "Fabric Manager", IMEX: "nvidia-imex"}
+_IMEX_CONFIG = "config.cfg"  # /etc/nvidia-imex/config.cfg in NVIDIA's package
+_IMEX_TOOLS = ("nvidia-imex-ctl",)  # the state query tool beside the service
 _ARCHIVE_NAMES = {FABRIC_MANAGER: "fabricmanager", NVLSM: "nvlsm"}
 _PLATFORMS = {"x86_64": "x86_64", "sbsa": "aarch64", "aarch64": "aarch64"}
 _ARCHIVE_RE = re.compile(r"^(?P<component>[a-z]+)-linux-(?P<platform>x86_64|sbsa|aarch64)-"
@@ -86,14 +93,17 @@ def read_daemon(name: str, source: Path, work: Path, arch: str) -> DaemonInput:
 
 
 def check_versions(daemons: list[DaemonInput], driver_version: str) -> None:
-    """NVIDIA requires Fabric Manager of exactly the driver's version: refuse any other."""
+    """NVIDIA requires Fabric Manager and IMEX of exactly the driver's version (IMEX aborts
+    on another loaded driver): refuse any other."""
     for daemon in daemons:
-        if daemon.name == FABRIC_MANAGER and daemon.version != driver_version:
-            raise _fail(f"{FLAGS[FABRIC_MANAGER]} {daemon.source} is Fabric Manager "
-                        f"{daemon.version}, but the driver is {driver_version}; NVIDIA "
-                        "requires the same version",
-                        remedy=f"give Fabric Manager {driver_version} (fabricmanager-linux-"
-                               f"<arch>-{driver_version}-archive.tar.xz)")
+        if daemon.name in DRIVER_VERSIONED and daemon.version != driver_version:
+            what = _WHAT[daemon.name]
+            raise _fail(f"{FLAGS[daemon.name]} {daemon.source} is {what} {daemon.version}, "
+                        f"but the driver is {driver_version}; NVIDIA requires the same "
+                        "version", remedy=f"give {what} {driver_version} ("
+                        + (f"fabricmanager-linux-<arch>-{driver_version}-archive.tar.xz)"
+                           if daemon.name == FABRIC_MANAGER else
+                           f"NVIDIA's nvidia-imex .deb of version {driver_version})"))
 
 
 def merge(picked: list[Picked], daemons: list[DaemonInput]) -> list[Picked]:
@@ -177,6 +187,8 @@ def _is_config(name: str) -> Callable[[PurePosixPath], bool]:
         return lambda rel: rel.name == CONFIG_NAMES[name] or rel.name.endswith("_topology")
     if name == NVLSM:  # nvlsm.conf and the plugin configs it names (share/nvidia/nvlsm/)
         return lambda rel: rel.suffix == ".conf" and "nvlsm" in rel.parts[:-1]
+    if name == IMEX:  # etc/nvidia-imex/config.cfg (nodes_config.cfg is the site's own)
+        return lambda rel: rel.name == _IMEX_CONFIG and "nvidia-imex" in rel.parts[:-1]
     return lambda rel: False
 
 
@@ -196,8 +208,11 @@ def _pick(name: str, root: Path, arch: str, what: str) -> tuple[Picked, ...]:
         rel = PurePosixPath(path.relative_to(root).as_posix())
         if path.name == name and elf_machine(path) == arch:
             item = Picked(f"bin/{name}", path, "binary")
+        elif name == IMEX and path.name in _IMEX_TOOLS and elf_machine(path) == arch:
+            item = Picked(f"bin/{path.name}", path, "binary")
         elif is_config(rel):
-            item = Picked(f"etc/{path.name}", path, "config")
+            item = Picked(f"etc/{CONFIG_NAMES[IMEX] if name == IMEX else path.name}", path,
+                          "config")
         elif name == NVLSM and ".so" in path.name and elf_machine(path) == arch:
             item = Picked(f"lib64/{path.name}", path, "library")
         else:

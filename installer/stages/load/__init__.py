@@ -120,7 +120,7 @@ def run(ctx: Context) -> LoadResult:
                         firmware_dir=f"{ctx.config.install_dir}/firmware", log=ctx.log,
                         withdraw=lambda: clear_readiness(ctx.config, ctx.host.roots),
                         hold=ctx.held_device_nodes, record=node_record(ctx),
-                        rdma_mode=ctx.config.rdma)
+                        rdma_mode=ctx.config.rdma, imex_channel=ctx.config.imex == "host")
 
 
 def node_record(ctx: Context) -> Path | None:
@@ -151,14 +151,15 @@ def load_package(host: Host, package: Package, *, params: modplan.Params = (),
                  force: bool = False, firmware_dir: str | None = None,
                  log: Any = None, withdraw: Callable[[], None] = lambda: None,
                  hold: Collection[str] = (), record: Path | None = None,
-                 rdma_mode: str | None = None) -> LoadResult:
+                 rdma_mode: str | None = None, imex_channel: bool = False) -> LoadResult:
     """Plan, preflight, replace another version if free, load, make device nodes (but
     not those in `hold` while they are absent; `record`: see devnodes).
 
     `withdraw` (readiness) runs once the kernel's driver is about to change (another version
     unloaded, or modules loaded), never before a refusal: a same-version run and a driver in
     use keep what serves declared ready. `rdma_mode` (auto, on, off) decides nvidia-peermem
-    last (`rdma`): whatever it decides, the driver loaded stays loaded."""
+    last (`rdma`): whatever it decides, the driver loaded stays loaded. `imex_channel`:
+    IMEX's default channel node too (devnodes.plan)."""
     require_module_support(host)
     plan = modplan.plan(host, package, params)
     result = LoadResult(package.manifest.driver_version)
@@ -178,8 +179,8 @@ def load_package(host: Host, package: Package, *, params: modplan.Params = (),
         if has_firmware and firmware_dir:
             result.firmware_path = point_firmware_path(host, firmware_dir, result.warnings)
         load_plan(host, plan, package.manifest.driver_version, result)
-    result.nodes = devnodes.ensure_nodes(host, devnodes.plan(host), hold=hold,
-                                         record=record)
+    result.nodes = devnodes.ensure_nodes(host, devnodes.plan(host, imex_channel=imex_channel),
+                                         hold=hold, record=record)
     if rdma_mode is not None:
         was_loaded = kmod.module_state(host, rdma.PEERMEM) is not None
         result.rdma = rdma.load_peermem(host, package, rdma_mode)

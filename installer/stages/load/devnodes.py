@@ -37,6 +37,10 @@ _CAP_MODE_RE = re.compile(r"^DeviceFileMode:\s*(\d+)", re.M)
 # tools node that goes with it; also what NVML itself opens first, so a client without
 # CAP_MKNOD cannot start while they are withdrawn. In creation order (uvm last).
 GATE = ("nvidiactl", "nvidia-uvm-tools", "nvidia-uvm")
+# NVIDIA's IMEX guide ("IMEX Channels"): the driver registers this char device and makes no
+# node; channel N is minor N under /dev/nvidia-caps-imex-channels/, and channel0 is the
+# default one that every process of an IMEX domain may use.
+IMEX_CHANNELS = "nvidia-caps-imex-channels"
 _MAX_RECORD_BYTES = 64 * 1024
 # major, minor, inode, ctime (ns): "the node we made is still there, untouched"
 Identity = tuple[int, int, int, int]
@@ -101,8 +105,10 @@ def cap_nodes(host: Host, caps_major: int) -> list[DeviceNode]:
     return [nodes[minor] for minor in sorted(nodes)]
 
 
-def plan(host: Host) -> list[DeviceNode]:
-    """Every node the loaded modules call for, in creation order (uvm last)."""
+def plan(host: Host, *, imex_channel: bool = False) -> list[DeviceNode]:
+    """Every node the loaded modules call for, in creation order (uvm last); with
+    `imex_channel` (IMEX=host) also IMEX's default channel, where the driver has the device
+    (the DRA driver makes its own per workload: a default channel would bypass it)."""
     majors = kmod.char_majors(host)
     frontend = next((majors[n] for n in _FRONTEND_NAMES if n in majors), None)
     nodes: list[DeviceNode] = []
@@ -113,6 +119,8 @@ def plan(host: Host) -> list[DeviceNode]:
             nodes.append(DeviceNode("nvidia-modeset", frontend, MODESET_MINOR))
     if "nvidia-caps" in majors:
         nodes.extend(cap_nodes(host, majors["nvidia-caps"]))
+    if imex_channel and IMEX_CHANNELS in majors:
+        nodes.append(DeviceNode(f"{IMEX_CHANNELS}/channel0", majors[IMEX_CHANNELS], 0))
     if "nvidia-uvm" in majors:
         uvm = majors["nvidia-uvm"]
         nodes.append(DeviceNode("nvidia-uvm-tools", uvm, 1))
