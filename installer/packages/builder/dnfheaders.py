@@ -30,7 +30,7 @@ from urllib.parse import urljoin
 from xml.etree import ElementTree
 
 from installer.errors import IntegrityError, PackageNotFoundError
-from installer.packages.builder.aptheaders import ArchiveIntegrityError
+from installer.packages.builder.aptarchive import ArchiveIntegrityError
 from installer.packages.builder.inputs import PackageBuildError
 from installer.packages.builder.remote import Remote
 from installer.packages.builder.rpmvercmp import evr_compare
