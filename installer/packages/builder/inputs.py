@@ -1,6 +1,7 @@
 """The inputs of `package build`: .deb files, extracted trees, .run archives, kernel modules.
 
-Debian's NVIDIA packages (`.deb` files, or a tree they were extracted into), NVIDIA's
+Debian's and Ubuntu's NVIDIA packages (`.deb` files, read by `debfile` whichever compression
+dpkg gave them, or a tree they were extracted into), NVIDIA's
 `.run` installer (a makeself archive, unpacked without running its header: `makeself`), and a
 directory of kernel modules built for one kernel (dependencies read from each `.modinfo`).
 User-mode files are picked by what they are (ELF libraries and `nvidia-*` executables of
@@ -11,18 +12,15 @@ dependencies their `.modinfo` declares. `installer.packages.builder` writes the 
 from __future__ import annotations
 
 import hashlib
-import io
 import os
 import re
-import tarfile
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, BinaryIO, Literal, cast
 
-from installer.errors import ConfigError, disk_full
+from installer.errors import ConfigError
 from installer.node import arches, elf, kmod
 from installer.packages import makeself
+from installer.packages.builder import debfile
 from installer.packages.manifest import LinkEntry
 
 MODULE_ORDER = ("nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm")
@@ -34,13 +32,6 @@ KIND_MODES = {"library": 0o644, "binary": 0o755, "module": 0o644, "firmware": 0o
               "config": 0o644, "source": 0o644}
 COPY_CHUNK = 1024 * 1024
 _RUNFILE_ARCH_RE = re.compile(r"^NVIDIA-Linux-(?P<arch>[a-z0-9_]+)-\d")
-# a .deb member's suffix -> (its compression, tarfile's stream mode): what dpkg-deb(1) -Z
-# writes, and lzma, which dpkg still reads; zstd is decoded by zstandard before tarfile
-DEB_COMPRESSIONS: dict[str, tuple[str, Literal["r|", "r|gz", "r|xz", "r|bz2"]]] = {
-    "": ("none", "r|"), ".gz": ("gzip", "r|gz"), ".xz": ("xz", "r|xz"), ".zst": ("zstd", "r|"),
-    ".bz2": ("bzip2", "r|bz2"), ".lzma": ("lzma", "r|xz")}
-DEB_DAMAGED = "download the package again (this file is damaged or truncated)"
-CONTROL_LIMIT = 1024 * 1024  # a control file is a few KiB
 
 
 class PackageBuildError(ConfigError):
@@ -84,125 +75,18 @@ def extract_deb(deb: Path, dest: Path, *, skip_outside_links: bool = False) -> N
     `skip_outside_links` leaves out links that point outside `dest` (a headers package's
     `/lib/modules/<release>/build` link) instead of refusing the package.
     """
-    def unpack(archive: tarfile.TarFile) -> None:
-        # safe: both filters are tarfile's "data" filter (the first drops links that would
-        # point outside instead of refusing the whole archive)
-        archive.extractall(dest, filter=_skip_outside_links  # noqa: S202
-                           if skip_outside_links else "data")
-
-    _read_deb_member(deb, "data.tar", unpack, dest)
+    try:
+        debfile.unpack(deb, dest, skip_outside_links=skip_outside_links)
+    except debfile.DebFileError as exc:
+        raise _fail(exc.message, remedy=exc.remedy) from None
 
 
 def deb_control(deb: Path) -> dict[str, str]:
     """The fields of a .deb's `control` file (Package, Version, Architecture, ...)."""
-    found: list[bytes] = []
-
-    def read(archive: tarfile.TarFile) -> None:
-        for member in archive:
-            if member.name in ("./control", "control") and member.isfile():
-                if member.size > CONTROL_LIMIT:
-                    raise _fail(f"{deb}: its control file is over {CONTROL_LIMIT} bytes",
-                                remedy="give the package as its distribution published it")
-                stream = archive.extractfile(member)
-                found.append(stream.read() if stream else b"")
-                return
-
-    _read_deb_member(deb, "control.tar", read, None)
-    if not found:
-        raise _fail(f"{deb}: its control archive has no control file", remedy=DEB_DAMAGED)
-    text = found[0].decode("utf-8", "replace")
-    return {key.strip(): value.strip() for key, _, value in
-            (line.partition(":") for line in text.splitlines() if line[:1] not in " \t#")}
-
-
-def _read_deb_member(deb: Path, stem: str, use: Callable[[tarfile.TarFile], None],
-                     dest: Path | None) -> None:
-    """Hand the first member named `stem[.<compression>]` to `use` as a tar stream: read
-    while decompressed, never spooled to a file or held whole in memory."""
     try:
-        with deb.open("rb") as handle:
-            if handle.read(8) != b"!<arch>\n":
-                raise _fail(f"{deb} is not a Debian package (no ar header)",
-                            remedy="give a .deb file (an ar archive)")
-            for name, size in _ar_members(deb, handle):
-                if name.startswith(stem):
-                    _read_deb_tar(deb, name, _ArMember(handle, size), use, dest)
-                    return
-                handle.seek(size + size % 2, os.SEEK_CUR)
-    except OSError as exc:
-        raise disk_full(exc, dest) or _fail(
-            f"cannot read {deb}: {exc.strerror or exc}", remedy=DEB_DAMAGED) from None
-    raise _fail(f"{deb} has no {stem} member", remedy=DEB_DAMAGED)
-
-
-def _read_deb_tar(deb: Path, name: str, member: _ArMember,
-                  use: Callable[[tarfile.TarFile], None], dest: Path | None) -> None:
-    suffix = name[len(name.split(".tar", 1)[0]) + 4:]
-    if suffix not in DEB_COMPRESSIONS:
-        raise _fail(f"{deb}: cannot unpack {name}: unknown compression {suffix.lstrip('.')!r} "
-                    "(dpkg writes gzip, xz, zstd, bzip2, lzma or none)",
-                    remedy="repack it with `dpkg-deb -Zxz` (or -Zzstd, -Zgzip, -Znone)")
-    compression, mode = DEB_COMPRESSIONS[suffix]
-    damaged: tuple[type[Exception], ...] = (tarfile.TarError, EOFError)
-    stream: Any = member
-    if compression == "zstd":
-        import zstandard
-
-        damaged += (zstandard.ZstdError,)
-        # frames concatenated (`zstd -T`) are one stream to dpkg, so they are read as one
-        stream = zstandard.ZstdDecompressor().stream_reader(cast(IO[bytes], member),
-                                                            read_across_frames=True)
-    try:
-        with tarfile.open(fileobj=stream, mode=mode) as archive:
-            use(archive)
-    except tarfile.FilterError as exc:
-        raise _fail(f"{deb}: cannot unpack {name}: {_one_line(exc)}",
-                    remedy="use the distribution's own package: this one holds a member "
-                           "that would land outside the folder it is unpacked into") from None
-    except OSError as exc:
-        raise disk_full(exc, dest) or _fail(
-            f"{deb}: cannot unpack {name}: {_one_line(exc)}", remedy=DEB_DAMAGED) from None
-    except damaged as exc:
-        raise _fail(f"{deb}: cannot unpack {name}: not valid {compression}-compressed tar "
-                    f"data ({_one_line(exc)})", remedy=DEB_DAMAGED) from None
-
-
-def _ar_members(deb: Path, handle: BinaryIO) -> Iterator[tuple[str, int]]:
-    """(name, size) of each member of an ar archive, the handle left at its data."""
-    while header := handle.read(60):
-        size = header[48:58].strip()
-        if len(header) < 60 or header[58:60] != b"`\n" or not size.isdigit():
-            raise _fail(f"{deb} has a damaged ar header", remedy=DEB_DAMAGED)
-        yield header[:16].decode("ascii", "replace").strip().rstrip("/"), int(size)
-
-
-class _ArMember(io.RawIOBase):
-    """One member of an open ar archive: reads end where the member ends."""
-
-    def __init__(self, handle: BinaryIO, size: int) -> None:
-        super().__init__()
-        self._handle, self._left = handle, size
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        data = self._handle.read(min(len(buffer), self._left))
-        buffer[:len(data)] = data
-        self._left -= len(data)
-        return len(data)
-
-
-def _skip_outside_links(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
-    try:
-        return tarfile.data_filter(member, dest)
-    except (tarfile.AbsoluteLinkError, tarfile.LinkOutsideDestinationError):
-        return None
-
-
-def _one_line(exc: BaseException) -> str:
-    """An exception's text on one line (tarfile's own messages span several)."""
-    return " ".join(str(exc).split()) or type(exc).__name__
+        return debfile.control(deb)
+    except debfile.DebFileError as exc:
+        raise _fail(exc.message, remedy=exc.remedy) from None
 
 
 def extract_run(run_file: Path, dest: Path) -> None:
@@ -349,7 +233,7 @@ def _module_bytes(path: Path) -> bytes:
                     data, read_across_frames=True) as reader:
                 return reader.read()
     except Exception as exc:  # lzma, zlib, gzip (OSError, EOFError) and zstd errors alike
-        raise _fail(f"{path} cannot be decompressed ({_one_line(exc)})",
+        raise _fail(f"{path} cannot be decompressed ({debfile.one_line(exc)})",
                     remedy="give the module as the kernel's build wrote it") from None
     return data
 
