@@ -159,6 +159,17 @@ class TestDebReader:
         assert expected in line and "\\n" not in line and "\n" not in line, line
         assert caught.value.code == 2
 
+    def test_a_gzip_member_failing_its_crc_is_refused(self, tmp_path: Path) -> None:
+        """The deflate data decodes, but its CRC (the stream's last bytes) says it changed:
+        the member is read to its end so that the check runs."""
+        data = bytearray(_tar([_file("./usr/lib/libx.so.1")]))
+        data[-8] ^= 0xFF  # the CRC32 of the trailer
+        deb = tmp_path / "x.deb"
+        deb.write_bytes(_ar([("data.tar.gz", bytes(data))]))
+        with pytest.raises(PackageBuildError, match="not valid gzip-compressed tar data "
+                                                    r"\(CRC check failed"):
+            extract_deb(deb, tmp_path / "out")
+
     def test_a_huge_control_file_is_refused(self, tmp_path: Path) -> None:
         control = _file("./control")
         control.size = 2 * 1024 * 1024
