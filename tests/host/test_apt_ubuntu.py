@@ -50,8 +50,8 @@ class Archive:
 
 @pytest.fixture(scope="module")
 def deb_compression() -> str:
-    """dpkg-deb's -Z for the archive's .debs (Ubuntu's own are zstd)."""
-    return "xz"
+    """dpkg-deb's -Z for the archive's .debs: zstd, as Ubuntu's own."""
+    return "zstd"
 
 
 @pytest.fixture(scope="module")
