@@ -79,7 +79,7 @@ def test_hostile_modules_deb_writes_nothing(arena: Arena, case: str) -> None:
     out = arena.base / "out"
     done = refused_untouched(
         arena, lambda: arena.run("package", "build", f"--ubuntu-modules={deb}",
-                                 f"--out-dir={out}", timeout=5),
+                                 f"--out-dir={out}", timeout=30),
         2, deb.name, named, allowed=())
     assert done.stdout == ""
     assert not out.exists()

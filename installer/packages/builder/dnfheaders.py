@@ -17,7 +17,6 @@ import base64
 import binascii
 import bz2
 import gzip
-import importlib
 import lzma
 import re
 import subprocess
@@ -211,7 +210,7 @@ def _open_metadata(path: Path) -> Iterator[_Bounded]:
     """The metadata file decompressed by its suffix (.gz, .xz, .bz2, .zst or plain)."""
     with path.open("rb") as raw:
         if path.suffix == ".zst":
-            with _zstd_reader(path, raw) as zst:
+            with _zstd_reader(raw) as zst:
                 yield _Bounded(zst)
             return
         opened: Any = (gzip.GzipFile(fileobj=raw) if path.suffix == ".gz"
@@ -221,15 +220,11 @@ def _open_metadata(path: Path) -> Iterator[_Bounded]:
             yield _Bounded(opened)
 
 
-def _zstd_reader(path: Path, raw: IO[bytes]) -> Any:
-    """zstd (Fedora's and newer createrepo_c's default) through the zstandard module."""
-    try:
-        zstandard = importlib.import_module("zstandard")
-    except ImportError:
-        raise PackageBuildError(f"{path.name}: the repository's metadata is zstd-compressed "
-                                "and the zstandard module is missing",
-                                remedy="pip install zstandard") from None
-    return zstandard.ZstdDecompressor().stream_reader(raw)
+def _zstd_reader(raw: IO[bytes]) -> Any:
+    """zstd (Fedora's and newer createrepo_c's default), imported only for such metadata."""
+    import zstandard
+
+    return zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)
 
 
 class _Bounded:
