@@ -132,12 +132,14 @@ OLD_VERSION = "535.247.01"  # an older upload of the user-mode packages
 
 def restricted_archive(base: Path, kernel: str, version: str, modules: Mapping[str, bytes],
                        libraries: Mapping[str, Path], smi: Path | None,
-                       firmware: Mapping[str, bytes], gnupg: Path) -> Path:
+                       firmware: Mapping[str, bytes], gnupg: Path, *,
+                       user_version: str | None = None) -> Path:
     """An Ubuntu-shaped archive (tests/aptrepo.py: Packages.xz, InRelease signed by the key
     in `gnupg`) serving Canonical's packages from its `restricted` component:
 
     - `jammy-updates`: linux-modules-nvidia-535-server-open-<kernel> (`modules`) and the
-      user-mode packages of `version` (libnvidia-compute, nvidia-utils, nvidia-firmware);
+      user-mode packages of `user_version` (default `version`: libnvidia-compute,
+      nvidia-utils, nvidia-firmware);
     - `jammy`: the user-mode packages of the older OLD_VERSION (never to be taken with
       modules of `version`);
     - `jammy-security`: the same modules package, and only OLD_VERSION's user-mode packages
@@ -150,7 +152,8 @@ def restricted_archive(base: Path, kernel: str, version: str, modules: Mapping[s
     modules_file = modules_deb(pool_modules, kernel, modules)
     shutil.rmtree(pool_modules / f"root-{modules_package_name(kernel)}")
     uploads = {}
-    for upload in (version, OLD_VERSION):
+    newest = user_version or version
+    for upload in (newest, OLD_VERSION):
         work = base / f"user-{upload}"
         debs = []
         for deb in user_debs(work, upload, libraries, smi, firmware):
@@ -162,7 +165,7 @@ def restricted_archive(base: Path, kernel: str, version: str, modules: Mapping[s
 
     listed = [(modules_file, "")]
     publish(root, f"{SERIES}-updates", {"main": [], "restricted": [
-        *listed, *((d, "") for d in uploads[version])]}, gnupg)
+        *listed, *((d, "") for d in uploads[newest])]}, gnupg)
     publish(root, SERIES, {"main": [], "restricted": [(d, "") for d in uploads[OLD_VERSION]]},
             gnupg)
     publish(root, f"{SERIES}-security", {"restricted": [

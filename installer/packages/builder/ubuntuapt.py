@@ -114,10 +114,13 @@ def offered(index: dict[str, list[Stanza]], kernel: str) -> dict[Branch, str]:
 
 
 def fetch(archive: AptArchive, suites: tuple[str, ...], kernel: str, branch: Branch,
-          work: Path, *, driver_version: str | None = None) -> UbuntuDebs:
+          work: Path, *, driver_version: str | None = None,
+          index: dict[str, list[Stanza]] | None = None) -> UbuntuDebs:
     """The branch's signed open modules for `kernel` and the user-mode packages of their
-    driver version, verified, in `work` (refusals name the package and the archive)."""
-    index = archive.index(suites, COMPONENTS, family(kernel, (branch,)))
+    driver version, verified, in `work` (refusals name the package and the archive);
+    `index`: what `archive.index` already read for `family(kernel)`."""
+    if index is None:
+        index = archive.index(suites, COMPONENTS, family(kernel, (branch,)))
     name = branch.modules_package(kernel)
     if name not in index:
         others = sorted(n.removeprefix("linux-modules-nvidia-") for n in index
