@@ -134,30 +134,31 @@ class UbuntuSource:
             with _node_remedies():
                 debs = fetch(archive, self._suites(), self.node.kernel_release, branch,
                              work / "debs", index=index)
-            if debs.driver_version != candidate.driver_version:
-                raise PackageNotFoundError(
-                    f"Canonical's {branch.modules_package(self.node.kernel_release)} is "
-                    f"driver {debs.driver_version}, the archive's newest "
-                    f"libnvidia-compute-{branch.suffix} {candidate.driver_version}: the "
-                    "user-mode packages must be the modules' driver version",
-                    remedy="wait until the mirror has synced both, or request "
-                           f"{debs.driver_version}")
-            try:
-                built = build(BuildRequest(ubuntu_modules=(debs.modules,), debs=debs.user,
-                                           kernel_release=self.node.kernel_release,
-                                           arch=self.node.kernel_arch, output=out))
-            except PackageBuildError as exc:
-                raise UbuntuPackageError(f"Canonical's packages for {candidate.driver_version}"
-                                         f": {exc.message}") from None
+            self._check_version(debs.driver_version, candidate.driver_version, branch)
+            built = build(BuildRequest(ubuntu_modules=(debs.modules,), debs=debs.user,
+                                       kernel_release=self.node.kernel_release,
+                                       arch=self.node.kernel_arch, output=out))
             package = read_tree(built.directory, source=self.name)
             self.log.info("package assembled", source=self.name,
                           driver=candidate.driver_version, branch=branch.suffix,
                           files=len(package.manifest.files))
             data = (package.root / MANIFEST_NAME).read_bytes()
             return commit_tree(self.cache, package, data, self.requested)
+        except PackageBuildError as exc:  # the archive vouched for them: not the operator's
+            raise UbuntuPackageError(f"Canonical's packages for {candidate.driver_version}: "
+                                     f"{exc.message}") from None
         finally:
             shutil.rmtree(out, ignore_errors=True)
             shutil.rmtree(work / "debs", ignore_errors=True)
+
+    def _check_version(self, modules: str, offered: str, branch: Branch) -> None:
+        """The modules' driver version is the one offered (the user-mode packages')."""
+        if modules != offered:
+            raise PackageNotFoundError(
+                f"Canonical's {branch.modules_package(self.node.kernel_release)} is driver "
+                f"{modules}, the archive's newest libnvidia-compute-{branch.suffix} {offered}: "
+                "the user-mode packages must be the modules' driver version",
+                remedy=f"wait until the mirror has synced both, or request {modules}")
 
     def _branch(self, version: str) -> Branch:
         """The branch offering `version` (-server first), else the version's major number."""
