@@ -208,3 +208,24 @@ def test_off_by_default_and_on_other_distributions(archives: Archives,
         elsewhere = _install(debian, server.url, archives)
         assert not server.requests
     assert off.returncode == 5 and elsewhere.returncode == 5, (off.stderr, elsewhere.stderr)
+
+
+def test_versions_lists_what_canonical_built_for_the_kernel(archives: Archives,
+                                                            tmp_path: Path) -> None:
+    """Only the signed indexes are read: no .deb is downloaded to say what is offered."""
+    import json
+
+    scene = _scene(tmp_path)
+    with MirrorServer(archives.root) as server:
+        done = run_cli(["versions", *scene.args(
+            "--ubuntu-source", "auto", "--ubuntu-apt-mirror", server.url,
+            "--ubuntu-keyring", str(archives.keyring), "--driver-version", "535",
+            "--output", "json")], standin_env(VERSION))
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert all(r.path.startswith("/dists/") for r in server.requests), server.requests
+    report = json.loads(done.stdout)
+    ubuntu = [s for s in report["sources"] if s["source"].startswith("ubuntu ")]
+    assert len(ubuntu) == 1 and ubuntu[0]["error"] is None, report
+    assert ubuntu[0]["aliases"] == {"535": VERSION, "default": VERSION, "latest": VERSION}
+    assert ubuntu[0]["versions"] == {VERSION: ["open"]}
+    assert report["resolved"] == f"{VERSION} (open)"
