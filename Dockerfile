@@ -111,13 +111,14 @@ CMD ["install"]
 
 # --- build: the runtime plus what compiling NVIDIA's modules against a node's headers needs
 #     (`--target build`); on-node builds are then on unless the DaemonSet says otherwise.
-#     gpgv and Debian's keyring check `package build --kernel-headers-from-apt` (build farm).
+#     gpgv and Debian's keyring check `package build --kernel-headers-from-apt` (build farm);
+#     rpm2cpio's rpm2archive reads kernel-devel RPMs (--kernel-headers-from-dnf, RHEL/AL2023).
 FROM runtime AS build
 ARG KERNEL_CC=gcc-12
 # hadolint ignore=DL3008
 RUN apt-get update \
     && apt-get install -y --no-install-recommends "${KERNEL_CC}" make libc6-dev libelf-dev \
-       xz-utils gpgv debian-archive-keyring \
+       xz-utils gpgv debian-archive-keyring rpm2cpio \
     && rm -rf /var/lib/apt/lists/*
 ENV BUILD_FALLBACK=auto
 

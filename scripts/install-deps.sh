@@ -12,6 +12,7 @@ PACKAGES=(
   makeself                 # package build: tests make a real makeself .run
   podman runc mmdebstrap   # deploy tier: image build from a local bookworm rootfs; kernel tier: package build --build-root auto
   gpg gpgv debian-archive-keyring   # package build --kernel-headers-from-apt: a signed test archive, its check
+  rpm rpm2cpio createrepo-c   # package build: kernel-devel RPMs (rpmbuild), read by rpm2archive; a dnf repository (createrepo_c)
   prometheus               # metrics tier: a real Prometheus scrapes the agent; promtool checks its output
   qemu-user-static binfmt-support arch-test   # image tier: the arm64 base (mmdebstrap) and running the arm64 image
   gcc-aarch64-linux-gnu    # kernel tier: package build cross-compiles arm64 modules (bookworm: gcc-12)

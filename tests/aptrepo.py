@@ -21,6 +21,14 @@ import subprocess
 from pathlib import Path
 
 
+def refused(done: subprocess.CompletedProcess[str], code: int = 7) -> str:
+    """The one `error(...)` line of a refused `package build`, with its exit code."""
+    assert done.returncode == code, done.stderr[-3000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error(")]
+    assert len(errors) == 1, done.stderr[-3000:]
+    return errors[0]
+
+
 def build_deb(tree: Path, name: str, version: str, pool: Path, fields: str = "", *,
               compression: str = "xz", arch: str = "amd64") -> Path:
     """`tree` (the package's files) packed by dpkg-deb with `-Z<compression>`."""

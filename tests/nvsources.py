@@ -52,15 +52,28 @@ def fake_headers(dest: Path, release: str, *, arch: str = "x86_64",
 
 
 def make_deb(root: Path, package: str, version: str, out: Path, *,
-             arch: str = "amd64") -> Path:
-    """`root` (the package's files) as a real .deb made by dpkg-deb."""
+             arch: str = "amd64", compression: str = "xz") -> Path:
+    """`root` (the package's files) as a real .deb made by dpkg-deb, its members compressed
+    with `compression` (dpkg-deb -Z: xz as Debian, zstd as Ubuntu, gzip, none)."""
     (root / "DEBIAN").mkdir(parents=True, exist_ok=True)
     (root / "DEBIAN" / "control").write_text(
         f"Package: {package}\nVersion: {version}\nArchitecture: {arch}\n"
         "Maintainer: tests <tests@example.invalid>\nDescription: test package\n")
     target = out / f"{package}_{version}_{arch}.deb"
-    subprocess.run(["dpkg-deb", "--root-owner-group", "-Zxz", "--build", str(root),
-                    str(target)], check=True, capture_output=True)
+    subprocess.run(["dpkg-deb", "--root-owner-group", f"-Z{compression}", "--build",
+                    str(root), str(target)], check=True, capture_output=True)
+    return target
+
+
+def repack_deb(deb: Path, compression: str, out: Path) -> Path:
+    """A real .deb (its files and control) packed again by dpkg-deb with `compression`:
+    Debian's NVIDIA packages in the shape Ubuntu builds them (`-Zzstd`)."""
+    tree = out / (deb.name + ".tree")
+    subprocess.run(["dpkg-deb", "--raw-extract", str(deb), str(tree)], check=True)
+    target = out / deb.name
+    subprocess.run(["dpkg-deb", "--root-owner-group", f"-Z{compression}", "--build",
+                    str(tree), str(target)], check=True, capture_output=True)
+    shutil.rmtree(tree)
     return target
 
 

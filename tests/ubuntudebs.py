@@ -11,8 +11,7 @@ objects whose `.modinfo` says what NVIDIA's open modules say (tests/cosbucket.py
 as the kernel's sign-file signs (the real `openssl cms`) by a throw-away key standing in for
 Canonical's. The user-mode packages (libnvidia-compute-<branch>-server, nvidia-utils-
 <branch>-server, nvidia-firmware-<branch>-server-<version>) hold the given files at Ubuntu's
-paths. Packed with `-Zxz`: Ubuntu itself packs with zstd, which the product's .deb reader
-reads once it handles every compression dpkg writes.
+paths. Packed with `-Zzstd`, as Ubuntu packs its own.
 """
 
 from __future__ import annotations
@@ -62,7 +61,8 @@ def modules_deb(dest: Path, kernel: str, modules: Mapping[str, bytes], *,
     doc = root / "usr" / "share" / "doc" / name
     doc.mkdir(parents=True)
     (doc / "copyright").write_text("test copyright\n")
-    return make_deb(root, name, f"{kernel.split('-')[0]}-{kernel.split('-')[1]}.1", dest)
+    return make_deb(root, name, f"{kernel.split('-')[0]}-{kernel.split('-')[1]}.1", dest,
+                    compression="zstd")
 
 
 def objects_deb(dest: Path, kernel: str, *, branch: str = BRANCH) -> Path:
@@ -75,7 +75,7 @@ def objects_deb(dest: Path, kernel: str, *, branch: str = BRANCH) -> Path:
     (bits / "BUILD").write_text("#!/bin/sh\n# links the objects (not run by the product)\n")
     (bits / "nvidia" / "nv-kernel.o_binary").write_bytes(b"\x7fELF" + b"\0" * 60)
     (bits / "nvidia.mod.o").write_bytes(b"\x7fELF" + b"\0" * 60)
-    return make_deb(root, name, "1.0", dest)
+    return make_deb(root, name, "1.0", dest, compression="zstd")
 
 
 def user_debs(dest: Path, version: str, libraries: Mapping[str, Path],
@@ -90,21 +90,21 @@ def user_debs(dest: Path, version: str, libraries: Mapping[str, Path],
         shutil.copy(source, lib_dir / f"{stem}.{version}")
         (lib_dir / f"{stem}.1").symlink_to(f"{stem}.{version}")
     debs.append(make_deb(lib_root, f"libnvidia-compute-{BRANCH}-server",
-                         f"{version}-0ubuntu1", dest))
+                         f"{version}-0ubuntu1", dest, compression="zstd"))
     if smi is not None:
         utils = dest / "root-nvidia-utils"
         (utils / "usr" / "bin").mkdir(parents=True)
         shutil.copy(smi, utils / "usr" / "bin" / "nvidia-smi")
         (utils / "usr" / "bin" / "nvidia-smi").chmod(0o755)
         debs.append(make_deb(utils, f"nvidia-utils-{BRANCH}-server", f"{version}-0ubuntu1",
-                             dest))
+                             dest, compression="zstd"))
     fw_root = dest / "root-nvidia-firmware"
     fw_dir = fw_root / "lib" / "firmware" / "nvidia" / version
     fw_dir.mkdir(parents=True)
     for name, data in firmware.items():
         (fw_dir / name).write_bytes(data)
     debs.append(make_deb(fw_root, f"nvidia-firmware-{BRANCH}-server-{version}",
-                         f"{version}-0ubuntu1", dest))
+                         f"{version}-0ubuntu1", dest, compression="zstd"))
     return debs
 
 

@@ -14,18 +14,15 @@ per ComputeDomain) or off, nothing is started.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from installer.agent import fmconfig
 from installer.agent.daemons import Spec
 from installer.config import Config
 from installer.errors import IncompatibleError
-from installer.installdir.daemons import StagedDaemon, staged_daemons
-from installer.node import kmod
+from installer.installdir.daemons import StagedDaemon
 from installer.node.files import read_capped
 from installer.node.host import Host, write_atomic
 from installer.packages.daemons import IMEX
-from installer.stages.load.devnodes import IMEX_CHANNELS as CHANNELS_DEVICE
 
 NODES_FIELD = "IMEX_NODE_CONFIG_FILE"
 CONFIG_COPY = "nvidia-imex.cfg"
@@ -69,30 +66,3 @@ def _read(path: Path) -> str:
     except OSError:
         return ""
 
-
-def describe(config: Config, host: Host) -> dict[str, Any]:
-    """What `status` shows of IMEX: the mode, whether the loaded driver has the channel
-    device (`/proc/devices`), the channel nodes on the node, the package's nvidia-imex."""
-    major = kmod.char_majors(host).get(CHANNELS_DEVICE)
-    channels_dir = host.roots.dev / CHANNELS_DEVICE
-    try:
-        channels = sorted(p.name for p in channels_dir.iterdir()) if channels_dir.is_dir() else []
-    except OSError:
-        channels = []
-    staged = staged_daemons(config, host.roots).get(IMEX)
-    return {"mode": config.imex, "driver_device_major": major, "channels": channels,
-            "package_imex": staged.version if staged is not None else None}
-
-
-def status_line(state: dict[str, Any] | None) -> list[str]:
-    """One human line for `status`, only when IMEX is in play (a mode other than report, a
-    driver with channels, or a package that carries it)."""
-    if not state or not (state.get("mode") != "report" or state.get("driver_device_major")
-                         is not None or state.get("package_imex")):
-        return []
-    channels = ", ".join(state.get("channels") or []) or "no channel nodes"
-    device = ("driver has no IMEX channel device" if state.get("driver_device_major") is None
-              else f"channels: {channels}")
-    service = (f"package nvidia-imex {state['package_imex']}" if state.get("package_imex")
-               else "the package has no nvidia-imex")
-    return [f"IMEX:            IMEX={state.get('mode')}; {device}; {service}"]

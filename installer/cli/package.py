@@ -59,7 +59,8 @@ _OUT = click.Path(path_type=Path)
 @click.option("--kernel-headers", "kernel_headers", multiple=True,
               type=click.Path(exists=True, path_type=Path),
               help="with --nvidia-source: linux-headers .debs (with their -common and "
-                   "linux-kbuild .debs), a tarball or a build directory; repeatable, and "
+                   "linux-kbuild .debs), a kernel-devel .rpm, a tarball or a build "
+                   "directory; repeatable, and "
                    "headers of several releases build one package per release (--repo)")
 @click.option("--kernel-headers-from-apt", "apt_headers", multiple=True,
               metavar="linux-headers-RELEASE",
@@ -86,6 +87,18 @@ _OUT = click.Path(path_type=Path)
                    "any wins (Ubuntu's pockets: --apt-suite jammy --apt-suite jammy-updates "
                    "--apt-suite jammy-security) [default: trixie for +deb13 releases, else "
                    "bookworm]")
+@click.option("--kernel-headers-from-dnf", "dnf_headers", multiple=True,
+              metavar="kernel-devel[-RELEASE]",
+              help="with --nvidia-source: download this kernel-devel RPM (the highest that "
+                   "matches) from --dnf-mirror, verified by the repository's signed "
+                   "repomd.xml (RHEL, Rocky, Amazon Linux 2023); repeatable")
+@click.option("--dnf-mirror", envvar="GNI_DNF_MIRROR", metavar="URL",
+              help="the dnf repository --kernel-headers-from-dnf reads (its base: "
+                   ".../AppStream/x86_64/os, holding repodata/)")
+@click.option("--dnf-keyring", type=_IN_FILE,
+              help="the public key that signs --dnf-mirror's repomd.xml (armored or binary, "
+                   "e.g. /etc/pki/rpm-gpg/RPM-GPG-KEY-Rocky-9); required, none is trusted "
+                   "by default")
 @click.option("--patch", "patches", multiple=True, type=_IN_FILE,
               help="with --nvidia-source: apply this patch (-p1, in the module tree) first; "
                    "repeatable, in order")
@@ -171,11 +184,11 @@ _OUT = click.Path(path_type=Path)
               help="with --cos-build: NVIDIA's runfile bucket or a mirror of it")
 @click.option("--ca-bundle", type=_IN_FILE, envvar="DRIVER_CA_BUNDLE",
               help="CA certificates (PEM) for https:// URLs of --cos-build and of the apt "
-                   "archive (--apt-mirror)")
+                   "and dnf archives (--apt-mirror, --dnf-mirror)")
 @click.option("--allow-http", is_flag=True,
-              help="with --cos-build: allow http:// URLs; for the apt archive: allow a "
-                   "redirect to http:// (an http:// --apt-mirror needs no flag: apt's "
-                   "signatures, not the transport, vouch for its files)")
+              help="with --cos-build: allow http:// URLs; for the apt and dnf archives: "
+                   "allow a redirect to http:// (an http:// mirror needs no flag: the "
+                   "archive's signatures, not the transport, vouch for its files)")
 @output_option
 def package_build(output: str, os_id: str | None, os_version_id: str | None,
                   os_build_id: str | None, output_dir: Path | None, sign_key: Path | None,
@@ -218,6 +231,7 @@ def package_build(output: str, os_id: str | None, os_version_id: str | None,
 
             add_ubuntu_debs(ubuntu, options, cos, Path(downloads))
         headers, fetched = _from_apt(options, cos, Path(downloads))
+        options["kernel_headers"] += _from_dnf(options, cos, Path(downloads) / "dnf")
         options["kernel_headers"] += headers
         sources += fetched
         request = BuildRequest(os=os_match or None, output=output_dir, signing=signing,
@@ -261,6 +275,26 @@ def _from_apt(options: dict[str, Any], transport: dict[str, Any], work: Path
                              keyring=keyring)
         return (fetch_headers(names, archive, suites, work / "headers"),
                 fetch_sources(specs, archive, suites, work / "sources") if specs else ())
+
+
+def _from_dnf(options: dict[str, Any], cos: dict[str, Any], work: Path) -> tuple[Path, ...]:
+    """`--kernel-headers-from-dnf`: the verified kernel-devel RPMs, popping its options."""
+    specs = tuple(options.pop("dnf_headers"))
+    mirror, keyring = options.pop("dnf_mirror"), options.pop("dnf_keyring")
+    if not specs:
+        return ()
+    from installer.packages.builder.dnfheaders import fetch_kernel_devel
+    from installer.packages.builder.inputs import PackageBuildError
+
+    if not mirror:
+        raise PackageBuildError("--kernel-headers-from-dnf needs --dnf-mirror (the "
+                                "repository's base URL)", remedy="e.g. --dnf-mirror "
+                                "https://dl.rockylinux.org/pub/rocky/9/AppStream/x86_64/os")
+    from installer.cli.remote import archive_remote
+
+    plain = cos["allow_http"] or mirror.startswith("http://")  # signed, as apt's (above)
+    with archive_remote(cos["ca_bundle"], plain) as remote:
+        return fetch_kernel_devel(specs, mirror, keyring, work, remote, arch=options["arch"])
 
 
 @package.command(name="index")

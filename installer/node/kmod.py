@@ -140,6 +140,11 @@ def module_state(host: Host, name: str) -> ModuleState | None:
                        initstate.strip() if initstate else None, holders)
 
 
+# NVIDIA's IMEX guide ("IMEX Channels"): the driver registers this char device and makes no
+# node; channel N is minor N under /dev/nvidia-caps-imex-channels/.
+IMEX_CHANNELS = "nvidia-caps-imex-channels"
+
+
 def char_majors(host: Host) -> dict[str, int]:
     """Character-device names to majors from /proc/devices (its first section only)."""
     text = host.read_text(host.roots.proc / "devices") or ""

@@ -193,7 +193,8 @@ def _ib_core_files(host: Host, release: str) -> list[Path]:
 
 
 def _module_bytes(host: Host, path: Path) -> bytes:
-    """The module file, decompressed when it is .ko.xz or .ko.gz; bounded either way."""
+    """The module file, decompressed when it is .ko.xz, .ko.gz or .ko.zst (Ubuntu's);
+    bounded either way."""
     data = host.read_bytes(path, MAX_MODULE_BYTES + 1)
     if data is None:
         raise OSError(f"{path} is missing")
@@ -205,10 +206,24 @@ def _module_bytes(host: Host, path: Path) -> bytes:
     elif path.name.endswith(".gz"):
         data = gzip.GzipFile(fileobj=io.BytesIO(data)).read(MAX_MODULE_BYTES + 1)
     elif path.name.endswith(".zst"):
-        raise OSError("zstd-compressed modules are not read here")
+        data = _zstd_bytes(data, MAX_MODULE_BYTES + 1)
     if len(data) > MAX_MODULE_BYTES:
         raise OSError(f"decompresses to more than {MAX_MODULE_BYTES} bytes")
     return data
+
+
+def _zstd_bytes(data: bytes, limit: int) -> bytes:
+    """At most `limit` bytes of a zstd stream, every frame of it (`zstd -T` writes several)."""
+    import zstandard
+
+    out = bytearray()
+    try:
+        with zstandard.ZstdDecompressor().stream_reader(data, read_across_frames=True) as reader:
+            while len(out) < limit and (chunk := reader.read(min(limit - len(out), 1 << 20))):
+                out += chunk
+    except zstandard.ZstdError as exc:
+        raise OSError(f"not valid zstd data ({exc})") from None
+    return bytes(out)
 
 
 def _ofed_symvers(host: Host, release: str) -> list[Path]:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from installer.agent import imex
+from installer.agent import imexstate
 from installer.agent.readiness import probe, read_view
 from installer.compat import toolkit as compat
 from installer.context import Context
@@ -67,7 +67,7 @@ class StatusReport:
         lines = [self.node.to_text(),
                  f"CUDA:            {compat.cuda_support_text(self._driver())}",
                  f"Loaded modules:  {', '.join(self.modules) or 'none'}",
-                 *optional_lines(self.optional), *imex.status_line(self.imex),
+                 *optional_lines(self.optional), *imexstate.status_line(self.imex),
                  f"Install dir:     {self.install_dir}",
                  f"Staged:          {staged['current'] or 'nothing'}"
                  f" (previous: {staged['previous'] or 'none'})",
@@ -119,7 +119,7 @@ def collect(ctx: Context) -> StatusReport:
         requested=_requested(ctx),
         image=imagesbom.describe(),
         optional=_optional(ctx, readiness.document),
-        imex=imex.describe(ctx.config, ctx.host),
+        imex=imexstate.describe(ctx.config, ctx.host),
     )
 
 

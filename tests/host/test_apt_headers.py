@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from aptrepo import build_deb, key, sign_release, stanza
+from aptrepo import build_deb, key, refused, sign_release, stanza
 from httpserver import MirrorServer
 from nvsources import fake_kbuild, proprietary_source
 
@@ -101,13 +101,6 @@ def _build(archive: Archive, tmp_path: Path, *extra: str
                           env={**os.environ, "TMPDIR": str(tmp_path)})
 
 
-def _refused(done: subprocess.CompletedProcess[str], code: int = 7) -> str:
-    assert done.returncode == code, done.stderr[-3000:]
-    errors = [line for line in done.stderr.splitlines() if line.startswith("error(")]
-    assert len(errors) == 1, done.stderr[-3000:]
-    return errors[0]
-
-
 def test_headers_by_name_are_verified_and_built_against(archive: Archive,
                                                          tmp_path: Path) -> None:
     done = _build(archive, tmp_path, f"--debian-keyring={archive.keyring}")
@@ -120,9 +113,9 @@ def test_headers_by_name_are_verified_and_built_against(archive: Archive,
     assert not list(tmp_path.glob("gni-apt-headers-*"))  # the downloads are cleaned up
 
 
-def test_a_signature_by_another_key_is_refused(archive: Archive, tmp_path: Path) -> None:
+def test_a_signature_by_another_key_isrefused(archive: Archive, tmp_path: Path) -> None:
     other = key(tmp_path / "other-gnupg", "other")
-    line = _refused(_build(archive, tmp_path, f"--debian-keyring={other}"))
+    line = refused(_build(archive, tmp_path, f"--debian-keyring={other}"))
     assert f"{archive.url}/dists/bookworm/InRelease is not signed by a key of {other}" in line
     assert not (tmp_path / "out").exists()
 
@@ -130,22 +123,22 @@ def test_a_signature_by_another_key_is_refused(archive: Archive, tmp_path: Path)
 def test_a_changed_release_has_a_bad_signature(archive: Archive, tmp_path: Path) -> None:
     signed = archive.root / "dists" / "bookworm" / "InRelease"
     signed.write_bytes(signed.read_bytes().replace(b"Origin: Debian", b"Origin: Debiam"))
-    line = _refused(_build(archive, tmp_path, f"--debian-keyring={archive.keyring}"))
+    line = refused(_build(archive, tmp_path, f"--debian-keyring={archive.keyring}"))
     assert "is not signed by a key of" in line and "BAD signature" in line
 
 
-def test_a_packages_index_other_than_the_signed_one_is_refused(archive: Archive,
+def test_a_packages_index_other_than_the_signed_one_isrefused(archive: Archive,
                                                               tmp_path: Path) -> None:
     index = archive.root / "dists" / "bookworm" / "main" / "binary-amd64" / "Packages.xz"
     index.write_bytes(lzma.compress(lzma.decompress(index.read_bytes()) + b"\n"))
-    line = _refused(_build(archive, tmp_path, f"--debian-keyring={archive.keyring}"))
+    line = refused(_build(archive, tmp_path, f"--debian-keyring={archive.keyring}"))
     assert "main/binary-amd64/Packages.xz is" in line and "but the signed Release says" in line
 
 
-def test_a_deb_other_than_the_indexed_one_is_refused(archive: Archive, tmp_path: Path) -> None:
+def test_a_deb_other_than_the_indexed_one_isrefused(archive: Archive, tmp_path: Path) -> None:
     deb = next(archive.root.glob(f"pool/main/l/linux/{KBUILD}_*.deb"))
     deb.write_bytes(deb.read_bytes()[:-1] + b"\0")  # same size, other bytes
-    line = _refused(_build(archive, tmp_path, f"--debian-keyring={archive.keyring}"))
+    line = refused(_build(archive, tmp_path, f"--debian-keyring={archive.keyring}"))
     assert f"{deb.name} is {deb.stat().st_size} bytes with sha256" in line
     assert "but the signed Packages index says" in line
     assert not (tmp_path / "out").exists()
@@ -153,7 +146,7 @@ def test_a_deb_other_than_the_indexed_one_is_refused(archive: Archive, tmp_path:
 
 def test_a_name_that_is_not_a_headers_package(archive: Archive, tmp_path: Path) -> None:
     source = proprietary_source(tmp_path / "src" / "kernel")
-    line = _refused(subprocess.run(
+    line = refused(subprocess.run(
         [*CLI, "package", "build", f"--nvidia-source={source}", "--kernel-headers-from-apt=bash",
          f"--debian-mirror={archive.url}", f"--repo={tmp_path / 'r'}"],
         capture_output=True, text=True, timeout=120, check=False), 2)
@@ -177,7 +170,7 @@ def test_sources_by_name_too_so_nothing_is_staged(archive: Archive, tmp_path: Pa
 
 
 def test_a_source_version_the_archive_lacks(archive: Archive, tmp_path: Path) -> None:
-    line = _refused(subprocess.run(
+    line = refused(subprocess.run(
         [*CLI, "package", "build", "--nvidia-source-from-apt=nvidia-kernel-source=550.1-1",
          f"--kernel-headers-from-apt={HEADERS}", f"--debian-mirror={archive.url}",
          f"--debian-keyring={archive.keyring}", f"--repo={tmp_path / 'repo'}"],

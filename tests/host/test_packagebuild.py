@@ -19,6 +19,7 @@ import pytest
 from click.testing import CliRunner
 from helpers import node_args, tree_listing
 from httpserver import MirrorServer
+from nvsources import repack_deb
 
 from installer.cli import cli
 from installer.packages.manifest import parse_manifest
@@ -143,6 +144,29 @@ class TestFromDebianPackages:
             digests.append(json.loads(out)["digest"])
         assert len(set(digests)) == 1
 
+    @pytest.mark.parametrize("compression", ["zstd", "gzip", "none"])
+    def test_debs_of_every_compression_dpkg_writes_give_the_same_digest(
+            self, tmp_path: Path, modules_dir: Path, compression: str) -> None:
+        """Debian's packages (xz) packed again by dpkg-deb as Ubuntu packs its own (zstd),
+        and gzip and none: the same files, so the same package as the extracted tree."""
+        debs = [repack_deb(deb, compression, tmp_path)
+                for deb in artifacts.nvidia_debs(VERSION).values()]
+        member = {"zstd": "data.tar.zst", "gzip": "data.tar.gz", "none": "data.tar"}
+        assert all(member[compression] in _ar_names(deb) for deb in debs)
+        digests = []
+        for name, inputs in (("debs", [f"--deb={d}" for d in debs]),
+                             ("tree", [f"--tree={artifacts.nvidia_tree(VERSION)}"])):
+            code, out, err = build([*inputs, f"--modules={modules_dir}",
+                                    f"--out-dir={tmp_path / name}", "--output=json"])
+            assert code == 0, err
+            digests.append(json.loads(out)["digest"])
+        assert digests[0] == digests[1]
+
+
+def _ar_names(deb: Path) -> list[str]:
+    return subprocess.run(["ar", "t", str(deb)], capture_output=True, text=True,
+                          check=True).stdout.split()
+
 
 class TestFromRunFile:
     """NVIDIA's .run format: a makeself archive, unpacked with --noexec --target."""
@@ -234,20 +258,17 @@ class TestRepository:
 
 
 class TestCompressedModules:
-    """Distributions compress modules; .modinfo is read through xz and gzip alike."""
+    """Distributions compress modules; .modinfo is read through xz, gzip and zstd alike."""
 
-    def test_xz_and_gz_modules_keep_their_dependencies(self, tmp_path: Path) -> None:
-        import gzip
-        import lzma
-
+    def test_xz_gz_and_zst_modules_keep_their_dependencies(self, tmp_path: Path) -> None:
         mods = make_modules(tmp_path / "mods")
+        suffixes = [".xz", ".gz", ".zst"]
         for number, ko in enumerate(sorted(mods.glob("*.ko"))):
-            data = ko.read_bytes()
-            if number % 2:
-                ko.with_name(ko.name + ".xz").write_bytes(lzma.compress(data))
-            else:
-                ko.with_name(ko.name + ".gz").write_bytes(gzip.compress(data))
-            ko.unlink()
+            # the real tools, as a kernel's `make modules_install` calls them
+            suffix = suffixes[number % 3]
+            tool = {".xz": ["xz"], ".gz": ["gzip"], ".zst": ["zstd", "-q", "--rm"]}[suffix]
+            subprocess.run([*tool, str(ko)], check=True)
+            assert ko.with_name(ko.name + suffix).is_file()
         code, out, err = build([f"--modules={mods}", f"--out-dir={tmp_path / 'out'}",
                                 "--output=json"])
         assert code == 0, err
@@ -255,7 +276,20 @@ class TestCompressedModules:
         assert [m["name"] for m in modules] == [
             "nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm"]
         assert modules[3]["depends"] == ["nvidia", "nvidia_modeset", "drm_kms_helper", "drm"]
-        assert all(m["file"].endswith((".ko.xz", ".ko.gz")) for m in modules)
+        shipped = [f["path"] for f in json.loads(out)["manifest"]["files"]
+                   if f["kind"] == "module"]
+        assert len(shipped) == 5  # nvidia-peermem too, shipped but not listed for loading
+        assert {path.rsplit(".", 1)[1] for path in shipped} == {"xz", "gz", "zst"}
+
+    def test_a_damaged_zst_module_is_one_line(self, tmp_path: Path) -> None:
+        mods = make_modules(tmp_path / "mods")
+        (mods / "nvidia.ko.zst").write_bytes(b"\x28\xb5\x2f\xfd not the rest of a frame")
+        (mods / "nvidia.ko").unlink()
+        code, _, err = build([f"--modules={mods}", f"--out-dir={tmp_path / 'out'}"])
+        assert code == 2
+        (line,) = err.strip().splitlines()
+        assert "nvidia.ko.zst cannot be decompressed" in line and "; fix: " in line
+        assert not (tmp_path / "out").exists()
 
 
 class TestFetchReadsWhatBuildWrites:

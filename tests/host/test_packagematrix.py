@@ -100,6 +100,29 @@ class TestGrouping:
         assert group_headers((kernels[GOOD],)) == {GOOD: (kernels[GOOD],)}
 
 
+class TestHeadersDebs:
+    """A headers .deb is unpacked whichever compression dpkg-deb gave it (Ubuntu: zstd)."""
+
+    @pytest.mark.parametrize("compression", ["zstd", "xz", "gzip", "none"])
+    def test_a_headers_deb_of_each_compression_builds(self, tmp_path: Path,
+                                                      compression: str) -> None:
+        root = tmp_path / "debroot"
+        fake_kbuild(root / "usr" / "src" / f"linux-headers-{GOOD}", GOOD)
+        (root / "lib" / "modules" / GOOD).mkdir(parents=True)  # as Debian's package has it:
+        (root / "lib" / "modules" / GOOD / "build").symlink_to(  # left out, never followed
+            f"/usr/src/linux-headers-{GOOD}")
+        deb = make_deb(root, f"linux-headers-{GOOD}", "6.1.192-3", tmp_path,
+                       compression=compression)
+        out = tmp_path / "out"
+        done = _cli(f"--nvidia-source={proprietary_source(tmp_path / 'kernel')}",
+                    f"--kernel-headers={deb}", f"--out-dir={out}")
+        assert done.returncode == 0, done.stderr[-2000:]
+        manifest = parse_manifest((out / "manifest.json").read_bytes())
+        assert manifest.kernel_release == GOOD
+        assert [m.name for m in manifest.modules] == [
+            "nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm"]
+
+
 class TestRefusals:
     """Whole-command refusals: one line with a remedy, nothing compiled or published."""
 

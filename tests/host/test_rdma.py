@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import struct
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -134,6 +135,25 @@ class TestAuto:
         assert result.rdma is not None and result.rdma.ready, result.rdma
         assert result.rdma.stack.kind == "ofed" and result.rdma.stack.version == "24.10-1.1.4"
         assert "MLNX_OFED/DOCA ib_core 24.10-1.1.4" in result.rdma.message
+
+
+    @pytest.mark.parametrize(("tool", "suffix"), [(["xz"], ".xz"), (["gzip"], ".gz"),
+                                                  (["zstd", "-q", "--rm"], ".zst")])
+    def test_a_compressed_ib_core_is_read(self, tmp_path: Path, tool: list[str],
+                                          suffix: str) -> None:
+        """Distributions compress their modules (Debian xz, Ubuntu zstd), packed here by the
+        real tools: the CRCs are read through the compression, so a mismatch is still seen."""
+        host = _node(tmp_path)
+        path = _ib_core(host, INBOX)  # loaded at boot; the file on disk is then compressed
+        subprocess.run([*tool, str(path)], check=True)
+        (_tree(host) / "modules.dep").write_text(f"{INBOX_CORE}{suffix}:\n")
+        result = load.load_package(host, _package(tmp_path, {REGISTER: 0x5EED0001}),
+                                   rdma_mode="auto")
+        verdict = result.rdma
+        assert verdict is not None and verdict.reason == "SymbolVersionMismatch", verdict
+        assert f"{path}{suffix}" in verdict.message
+        assert f"{INBOX[REGISTER]:#010x}" in verdict.message
+        _assert_gpus_kept(host, result)
 
 
 class TestRefusals:

@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 from click.testing import CliRunner
 from signing_keys import make_key
 
@@ -88,3 +89,32 @@ def assert_rejected_as_unsigned(case: dict[str, Any]) -> None:
     assert case["errno"] == 129, case
     assert any("Loading of unsigned module is rejected" in line for line in case["dmesg"]), case
     assert not any("unavailable key" in line for line in case["dmesg"]), case
+
+
+MODULES = ("nvidia.ko", "nvidia-uvm.ko", "nvidia-modeset.ko", "nvidia-drm.ko")
+
+
+class EnforcedBootChecks:
+    """What one `enforced_loads` boot must show, for a test module whose `enforced` fixture
+    offered MODULES, then "unsigned" (the same module unsigned) and "garbled" (its DER's
+    first tag broken): subclass it as `Test...` beside that fixture."""
+
+    def test_guest_enforces_signatures(self, enforced: dict[str, Any]) -> None:
+        assert enforced["sig_enforce"] == "Y"
+        assert "module.sig_enforce=1" in enforced["cmdline"]
+
+    @pytest.mark.parametrize("name", MODULES)
+    def test_kernel_parses_the_signature_and_rejects_the_key(
+            self, enforced: dict[str, Any], name: str) -> None:
+        assert_rejected_for_key(enforced["cases"][name])
+
+    def test_the_same_module_unsigned_is_rejected_as_unsigned(
+            self, enforced: dict[str, Any]) -> None:
+        assert_rejected_as_unsigned(enforced["cases"]["unsigned"])
+
+    def test_a_garbled_signature_is_a_bad_message(self, enforced: dict[str, Any]) -> None:
+        """The kernel really parses the DER: break its first tag and it says EBADMSG, not
+        "unavailable key", so the signatures' structure is what it parsed."""
+        case = enforced["cases"]["garbled"]
+        assert case["errno"] == errno.EBADMSG, case
+        assert not any("unavailable key" in line for line in case["dmesg"]), case

@@ -16,7 +16,6 @@ uses too); this file boots once on its own (~15-30 s).
 
 from __future__ import annotations
 
-import errno
 import tarfile
 from pathlib import Path
 from typing import Any
@@ -33,7 +32,7 @@ from .assets import Kernel
 pytestmark = pytest.mark.timeout(1200)  # cold: the open test modules compile first
 
 VERSION = "535.261.03"
-ORDER = ("nvidia.ko", "nvidia-uvm.ko", "nvidia-modeset.ko", "nvidia-drm.ko")
+ORDER = signed.MODULES
 
 @pytest.fixture(scope="module")
 def open_modules(kernel: Kernel) -> Path:
@@ -98,23 +97,5 @@ def test_tarball_round_trip_keeps_the_real_modules_signed(
         assert info["version"] == VERSION
 
 
-def test_guest_enforces_signatures(enforced: dict[str, Any]) -> None:
-    assert enforced["sig_enforce"] == "Y"
-    assert "module.sig_enforce=1" in enforced["cmdline"]
-
-
-@pytest.mark.parametrize("name", ORDER)
-def test_kernel_parses_the_signature_and_rejects_the_key(enforced: dict[str, Any],
-                                                         name: str) -> None:
-    signed.assert_rejected_for_key(enforced["cases"][name])
-
-
-def test_the_same_module_unsigned_is_rejected_as_unsigned(enforced: dict[str, Any]) -> None:
-    signed.assert_rejected_as_unsigned(enforced["cases"]["unsigned"])
-
-
-def test_a_garbled_signature_is_a_bad_message(enforced: dict[str, Any]) -> None:
-    """The kernel really parses the DER: break its first tag and it says EBADMSG, not
-    "unavailable key", so the signed modules' structure is what it accepted."""
-    case = enforced["cases"]["garbled"]
-    assert case["errno"] == errno.EBADMSG, case
+class TestEnforcedBoot(signed.EnforcedBootChecks):
+    """The one boot: signed.EnforcedBootChecks."""

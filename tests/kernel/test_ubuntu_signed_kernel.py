@@ -44,7 +44,6 @@ The guest runs scenarios.py's `raw_loads` group; this file boots once (~15-30 s 
 
 from __future__ import annotations
 
-import errno
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -66,7 +65,7 @@ from .conftest import REPO
 pytestmark = pytest.mark.timeout(1200)  # cold: the open test modules compile first
 
 VERSION = "535.261.03"
-ORDER = ("nvidia.ko", "nvidia-uvm.ko", "nvidia-modeset.ko", "nvidia-drm.ko")
+ORDER = signed.MODULES
 TAMPER = (f"version={VERSION}".encode(), b"version=535.261.04")  # one byte of .modinfo
 
 
@@ -179,27 +178,8 @@ def test_package_build_refuses_the_altered_module(kernel: Kernel, lrm: Lrm,
     assert not (tmp_path / "pkg").exists()
 
 
-def test_guest_enforces_signatures(enforced: dict[str, Any]) -> None:
-    assert enforced["sig_enforce"] == "Y"
-    assert "module.sig_enforce=1" in enforced["cmdline"]
-
-
-@pytest.mark.parametrize("name", ORDER)
-def test_kernel_parses_the_signature_and_rejects_the_key(enforced: dict[str, Any],
-                                                         name: str) -> None:
-    signed.assert_rejected_for_key(enforced["cases"][name])
-
-
-def test_the_same_module_unsigned_is_rejected_as_unsigned(enforced: dict[str, Any]) -> None:
-    signed.assert_rejected_as_unsigned(enforced["cases"]["unsigned"])
-
-
-def test_a_garbled_signature_is_a_bad_message(enforced: dict[str, Any]) -> None:
-    """The kernel really parses the DER: break its first tag and it says EBADMSG, not
-    "unavailable key", so the package's signatures are what it parsed."""
-    case = enforced["cases"]["garbled"]
-    assert case["errno"] == errno.EBADMSG, case
-    assert not any("unavailable key" in line for line in case["dmesg"]), case
+class TestEnforcedBoot(signed.EnforcedBootChecks):
+    """The one boot: signed.EnforcedBootChecks."""
 
 
 def test_altered_content_is_refused_for_the_key_as_an_intact_one(

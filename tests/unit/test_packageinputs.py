@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from installer.packages.builder.inputs import (
     ModuleInfo,
     PackageBuildError,
+    deb_control,
     extract_deb,
     load_order,
 )
@@ -82,6 +83,25 @@ def _tar(entries: list[tarfile.TarInfo], payload: bytes = b"x") -> bytes:
     return buffer.getvalue()
 
 
+def _compressed(suffix: str, entries: list[tarfile.TarInfo], payload: bytes = b"x") -> bytes:
+    """A tar archive compressed as a .deb member named `data.tar<suffix>` would be."""
+    import bz2
+    import lzma
+
+    import zstandard
+
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        for info in entries:
+            archive.addfile(info, io.BytesIO(payload) if info.isfile() else None)
+    plain = buffer.getvalue()
+    return {"": lambda: plain, ".gz": lambda: _tar(entries, payload),
+            ".xz": lambda: lzma.compress(plain),
+            ".lzma": lambda: lzma.compress(plain, format=lzma.FORMAT_ALONE),
+            ".bz2": lambda: bz2.compress(plain),
+            ".zst": lambda: zstandard.ZstdCompressor().compress(plain)}[suffix]()
+
+
 def _file(name: str) -> tarfile.TarInfo:
     info = tarfile.TarInfo(name)
     info.size = 1
@@ -103,6 +123,60 @@ class TestDebReader:
                              ("data.tar.gz", _tar([_file("./usr/lib/libx.so.1")]))]))
         extract_deb(deb, tmp_path / "out")
         assert (tmp_path / "out/usr/lib/libx.so.1").read_bytes() == b"x"
+
+    @pytest.mark.parametrize("suffix", ["", ".gz", ".xz", ".lzma", ".bz2", ".zst"])
+    def test_every_compression_dpkg_reads(self, tmp_path: Path, suffix: str) -> None:
+        control = _file("./control")
+        text = b"Package: libx1\nVersion: 1.0-1\nArchitecture: arm64\n"
+        control.size = len(text)
+        deb = tmp_path / "x.deb"
+        deb.write_bytes(_ar([("debian-binary", b"2.0\n"),
+                             (f"control.tar{suffix}", _compressed(suffix, [control], text)),
+                             (f"data.tar{suffix}",
+                              _compressed(suffix, [_file("./usr/lib/libx.so.1")]))]))
+        extract_deb(deb, tmp_path / "out")
+        assert (tmp_path / "out/usr/lib/libx.so.1").read_bytes() == b"x"
+        assert deb_control(deb) == {"Package": "libx1", "Version": "1.0-1",
+                                    "Architecture": "arm64"}
+
+    @pytest.mark.parametrize(("member", "data", "expected"), [
+        ("data.tar.lz4", b"\x04\x22\x4d\x18", "cannot unpack data.tar.lz4: unknown "
+         "compression 'lz4' (dpkg writes gzip, xz, zstd, bzip2, lzma or none)"),
+        ("data.tar.zst", b"\x28\xb5\x2f\xfd garbage", "cannot unpack data.tar.zst: not valid "
+         "zstd-compressed tar data"),
+        ("data.tar.xz", b"\xfd7zXZ\x00 garbage", "cannot unpack data.tar.xz: not valid "
+         "xz-compressed tar data"),
+        ("data.tar.gz", b"not gzip at all", "cannot unpack data.tar.gz: not valid "
+         "gzip-compressed tar data"),
+    ])
+    def test_unknown_or_damaged_member_is_one_line(self, tmp_path: Path, member: str,
+                                                   data: bytes, expected: str) -> None:
+        deb = tmp_path / "x.deb"
+        deb.write_bytes(_ar([("debian-binary", b"2.0\n"), (member, data)]))
+        with pytest.raises(PackageBuildError) as caught:
+            extract_deb(deb, tmp_path / "out")
+        line = caught.value.one_line()
+        assert expected in line and "\\n" not in line and "\n" not in line, line
+        assert caught.value.code == 2
+
+    def test_a_gzip_member_failing_its_crc_is_refused(self, tmp_path: Path) -> None:
+        """The deflate data decodes, but its CRC (the stream's last bytes) says it changed:
+        the member is read to its end so that the check runs."""
+        data = bytearray(_tar([_file("./usr/lib/libx.so.1")]))
+        data[-8] ^= 0xFF  # the CRC32 of the trailer
+        deb = tmp_path / "x.deb"
+        deb.write_bytes(_ar([("data.tar.gz", bytes(data))]))
+        with pytest.raises(PackageBuildError, match="not valid gzip-compressed tar data "
+                                                    r"\(CRC check failed"):
+            extract_deb(deb, tmp_path / "out")
+
+    def test_a_huge_control_file_is_refused(self, tmp_path: Path) -> None:
+        control = _file("./control")
+        control.size = 2 * 1024 * 1024
+        deb = tmp_path / "x.deb"
+        deb.write_bytes(_ar([("control.tar.gz", _tar([control], b"A" * control.size))]))
+        with pytest.raises(PackageBuildError, match="control file is over 1048576 bytes"):
+            deb_control(deb)
 
     @pytest.mark.parametrize("entry", [_file("../escape"), _link("usr/evil", "/etc/shadow"),
                                        _link("usr/up", "../../../etc/shadow")])
@@ -127,4 +201,8 @@ class TestDebReader:
             extract_deb(deb, tmp_path / "out")
         deb.write_bytes(_ar([("debian-binary", b"2.0\n")]))
         with pytest.raises(PackageBuildError, match=r"no data\.tar"):
+            extract_deb(deb, tmp_path / "out")
+        whole = _ar([("data.tar.gz", _tar([_file("./x")]))])
+        deb.write_bytes(whole[:56] + b"1x" + whole[58:])  # a size that is no number
+        with pytest.raises(PackageBuildError, match="damaged ar header"):
             extract_deb(deb, tmp_path / "out")

@@ -32,7 +32,7 @@ from typing import Any
 
 from installer.packages.builder.inputs import file_sha256
 
-COMPILE_CODE = ("compile.py", "headers.py", "nvsource.py", "buildroot.py")
+COMPILE_CODE = ("compile.py", "headers.py", "rpmheaders.py", "nvsource.py", "buildroot.py")
 RECORD = "compiled.json"
 KEY_FORMAT = 1
 

@@ -6,6 +6,7 @@ link into `linux-kbuild-X.Y`. All given .debs are unpacked into one root (as dpk
 them out), the Makefile's include is pointed into that root, and every tree with
 `include/generated/utsrelease.h` and a `.config` becomes a `KernelTree`. The release is the
 tree's `UTS_RELEASE`; a package or directory named for another release is refused.
+A `kernel-devel` RPM (RHEL, Rocky, Amazon Linux 2023) holds a whole tree (`rpmheaders`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from installer.packages.builder.inputs import (
     extract_deb,
     file_sha256,
 )
+from installer.packages.builder.rpmheaders import is_rpm, read_header, unpack_kernel_devel
 
 _UTS_RE = re.compile(r'#define\s+UTS_RELEASE\s+"([^"]+)"')
 _INCLUDE_RE = re.compile(r"^include\s+(/\S+)/Makefile\s*$", re.M)
@@ -95,6 +97,8 @@ def group_headers(paths: tuple[Path, ...]) -> dict[str, tuple[Path, ...]]:
             raise PackageBuildError(f"--kernel-headers {path} does not exist")
         if path.is_dir():
             releases.setdefault(_dir_release(path), []).append(path)
+        elif is_rpm(path):  # kernel-devel: a whole tree in one package
+            releases.setdefault(read_header(path).kernel_release, []).append(path)
         elif path.open("rb").read(8) != b"!<arch>\n":
             releases.setdefault(path.name, []).append(path)
         else:
@@ -139,7 +143,11 @@ def prepare_headers(paths: tuple[Path, ...], work: Path) -> KernelTree:
             inputs.append({"name": path.name, "version": "", "sha256": ""})
             continue
         sha = file_sha256(path)
-        if path.open("rb").read(8) == b"!<arch>\n":
+        if is_rpm(path):
+            claimed, provenance = unpack_kernel_devel(path, root, sha)
+            claims.update(claimed)
+            inputs.append(provenance)
+        elif path.open("rb").read(8) == b"!<arch>\n":
             control = deb_control(path)
             package = control.get("Package", path.name)
             before = _src_dirs(root)

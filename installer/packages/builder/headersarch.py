@@ -9,11 +9,12 @@ from pathlib import Path
 from installer.node import arches
 from installer.packages.builder.headers import _CONFIG_ARCHES
 from installer.packages.builder.inputs import deb_control
+from installer.packages.builder.rpmheaders import is_rpm, read_header
 
 
 def headers_arch(paths: tuple[Path, ...]) -> str | None:
-    """The arch the given headers name: a .deb's `Architecture`, a build tree's `.config`;
-    None when none says (tarballs, `all` packages)."""
+    """The arch the given headers name: a .deb's `Architecture`, an RPM's arch, a build
+    tree's `.config`; None when none says (tarballs, `all` packages)."""
     for path in paths:
         if path.is_dir():
             config = path / ".config"
@@ -24,6 +25,10 @@ def headers_arch(paths: tuple[Path, ...]) -> str | None:
                         return arch
         elif path.suffix == ".deb":
             named = arches.canonical(deb_control(path).get("Architecture", ""))
+            if named is not None:
+                return named
+        elif is_rpm(path):
+            named = arches.canonical(read_header(path).arch)
             if named is not None:
                 return named
     return None

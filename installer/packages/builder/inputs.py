@@ -1,6 +1,7 @@
 """The inputs of `package build`: .deb files, extracted trees, .run archives, kernel modules.
 
-Debian's NVIDIA packages (`.deb` files, or a tree they were extracted into), NVIDIA's
+Debian's and Ubuntu's NVIDIA packages (`.deb` files, read by `debfile` whichever compression
+dpkg gave them, or a tree they were extracted into), NVIDIA's
 `.run` installer (a makeself archive, unpacked without running its header: `makeself`), and a
 directory of kernel modules built for one kernel (dependencies read from each `.modinfo`).
 User-mode files are picked by what they are (ELF libraries and `nvidia-*` executables of
@@ -11,19 +12,15 @@ dependencies their `.modinfo` declares. `installer.packages.builder` writes the 
 from __future__ import annotations
 
 import hashlib
-import io
 import os
 import re
-import tarfile
-import tempfile
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from installer.errors import ConfigError
 from installer.node import arches, elf, kmod
 from installer.packages import makeself
+from installer.packages.builder import debfile
 from installer.packages.manifest import LinkEntry
 
 MODULE_ORDER = ("nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm")
@@ -79,71 +76,17 @@ def extract_deb(deb: Path, dest: Path, *, skip_outside_links: bool = False) -> N
     `/lib/modules/<release>/build` link) instead of refusing the package.
     """
     try:
-        with deb.open("rb") as handle:
-            if handle.read(8) != b"!<arch>\n":
-                raise _fail(f"{deb} is not a Debian package (no ar header)")
-            for name, size in _ar_members(handle):
-                if name.startswith("data.tar"):
-                    _extract_tar_stream(handle, size, dest, str(deb), skip_outside_links)
-                    return
-                handle.seek(size + size % 2, os.SEEK_CUR)
-    except OSError as exc:
-        raise _fail(f"cannot read {deb}: {exc.strerror or exc}") from None
-    raise _fail(f"{deb} has no data.tar member")
+        debfile.unpack(deb, dest, skip_outside_links=skip_outside_links)
+    except debfile.DebFileError as exc:
+        raise _fail(exc.message, remedy=exc.remedy) from None
 
 
 def deb_control(deb: Path) -> dict[str, str]:
     """The fields of a .deb's `control` file (Package, Version, Architecture, ...)."""
     try:
-        with deb.open("rb") as handle:
-            if handle.read(8) != b"!<arch>\n":
-                raise _fail(f"{deb} is not a Debian package (no ar header)")
-            for name, size in _ar_members(handle):
-                if name.startswith("control.tar"):
-                    data = handle.read(size)
-                    break
-                handle.seek(size + size % 2, os.SEEK_CUR)
-            else:
-                raise _fail(f"{deb} has no control.tar member")
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as archive:
-            member = archive.extractfile("./control")
-            text = member.read().decode("utf-8", "replace") if member else ""
-    except (OSError, tarfile.TarError, EOFError, KeyError) as exc:
-        raise _fail(f"{deb}: cannot read its control file ({exc})") from None
-    return {key.strip(): value.strip() for key, _, value in
-            (line.partition(":") for line in text.splitlines() if line[:1] not in " \t#")}
-
-
-def _ar_members(handle: Any) -> Iterator[tuple[str, int]]:
-    while header := handle.read(60):
-        if len(header) < 60 or header[58:60] != b"`\n":
-            raise _fail(f"{handle.name} has a damaged ar header")
-        yield header[:16].decode("ascii", "replace").strip().rstrip("/"), int(header[48:58])
-
-
-def _skip_outside_links(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
-    try:
-        return tarfile.data_filter(member, dest)
-    except (tarfile.AbsoluteLinkError, tarfile.LinkOutsideDestinationError):
-        return None
-
-
-def _extract_tar_stream(handle: Any, size: int, dest: Path, where: str,
-                        skip_outside_links: bool = False) -> None:
-    with tempfile.TemporaryFile() as spool:
-        remaining = size
-        while remaining and (chunk := handle.read(min(COPY_CHUNK, remaining))):
-            spool.write(chunk)
-            remaining -= len(chunk)
-        spool.seek(0)
-        try:
-            with tarfile.open(fileobj=spool, mode="r:*") as archive:
-                # safe: both filters are tarfile's "data" filter (the first drops links
-                # that would point outside instead of refusing the whole archive)
-                archive.extractall(dest, filter=_skip_outside_links  # noqa: S202
-                                   if skip_outside_links else "data")
-        except (tarfile.TarError, EOFError, OSError) as exc:
-            raise _fail(f"{where}: cannot unpack its data archive ({exc})") from None
+        return debfile.control(deb)
+    except debfile.DebFileError as exc:
+        raise _fail(exc.message, remedy=exc.remedy) from None
 
 
 def extract_run(run_file: Path, dest: Path) -> None:
@@ -273,17 +216,25 @@ def _first(info: dict[str, list[str]], key: str) -> str | None:
 
 def _module_bytes(path: Path) -> bytes:
     data = path.read_bytes()
-    if path.name.endswith(".ko.xz"):
-        import lzma
+    try:
+        if path.name.endswith(".ko.xz"):
+            import lzma
 
-        return lzma.decompress(data)
-    if path.name.endswith(".ko.gz"):
-        import gzip
+            return lzma.decompress(data)
+        if path.name.endswith(".ko.gz"):
+            import gzip
 
-        return gzip.decompress(data)
-    if path.name.endswith(".ko.zst"):
-        raise _fail(f"{path}: zstd-compressed modules cannot be read here",
-                    remedy="give the uncompressed .ko files (the package may compress later)")
+            return gzip.decompress(data)
+        if path.name.endswith(".ko.zst"):
+            import zstandard
+
+            # every frame: `zstd -T` may write several
+            with zstandard.ZstdDecompressor().stream_reader(
+                    data, read_across_frames=True) as reader:
+                return reader.read()
+    except Exception as exc:  # lzma, zlib, gzip (OSError, EOFError) and zstd errors alike
+        raise _fail(f"{path} cannot be decompressed ({debfile.one_line(exc)})",
+                    remedy="give the module as the kernel's build wrote it") from None
     return data
 
 

@@ -37,10 +37,7 @@ _CAP_MODE_RE = re.compile(r"^DeviceFileMode:\s*(\d+)", re.M)
 # tools node that goes with it; also what NVML itself opens first, so a client without
 # CAP_MKNOD cannot start while they are withdrawn. In creation order (uvm last).
 GATE = ("nvidiactl", "nvidia-uvm-tools", "nvidia-uvm")
-# NVIDIA's IMEX guide ("IMEX Channels"): the driver registers this char device and makes no
-# node; channel N is minor N under /dev/nvidia-caps-imex-channels/, and channel0 is the
-# default one that every process of an IMEX domain may use.
-IMEX_CHANNELS = "nvidia-caps-imex-channels"
+IMEX_CHANNELS = kmod.IMEX_CHANNELS  # channel0: the default one of an IMEX domain
 _MAX_RECORD_BYTES = 64 * 1024
 # major, minor, inode, ctime (ns): "the node we made is still there, untouched"
 Identity = tuple[int, int, int, int]
