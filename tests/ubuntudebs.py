@@ -122,3 +122,52 @@ def ar_deb(dest: Path, name: str, data_tar: Path, control: str) -> Path:
     subprocess.run(["ar", "rc", str(target), "debian-binary", "control.tar.xz",
                     "data.tar.xz"], cwd=work, check=True)
     return target
+
+
+SERIES = "jammy"
+POOL_MODULES = "pool/restricted/l/linux-restricted-modules"
+POOL_USER = f"pool/restricted/n/nvidia-graphics-drivers-{BRANCH}-server"
+OLD_VERSION = "535.247.01"  # an older upload of the user-mode packages
+
+
+def restricted_archive(base: Path, kernel: str, version: str, modules: Mapping[str, bytes],
+                       libraries: Mapping[str, Path], smi: Path | None,
+                       firmware: Mapping[str, bytes], gnupg: Path, *,
+                       user_version: str | None = None) -> Path:
+    """An Ubuntu-shaped archive (tests/aptrepo.py: Packages.xz, InRelease signed by the key
+    in `gnupg`) serving Canonical's packages from its `restricted` component:
+
+    - `jammy-updates`: linux-modules-nvidia-535-server-open-<kernel> (`modules`) and the
+      user-mode packages of `user_version` (default `version`: libnvidia-compute,
+      nvidia-utils, nvidia-firmware);
+    - `jammy`: the user-mode packages of the older OLD_VERSION (never to be taken with
+      modules of `version`);
+    - `jammy-security`: the same modules package, and only OLD_VERSION's user-mode packages
+      (a mirror caught between syncs).
+    Returns the archive's root."""
+    root = base / "mirror"
+    pool_modules, pool_user = root / POOL_MODULES, root / POOL_USER
+    pool_modules.mkdir(parents=True)
+    pool_user.mkdir(parents=True)
+    modules_file = modules_deb(pool_modules, kernel, modules)
+    shutil.rmtree(pool_modules / f"root-{modules_package_name(kernel)}")
+    uploads = {}
+    newest = user_version or version
+    for upload in (newest, OLD_VERSION):
+        work = base / f"user-{upload}"
+        debs = []
+        for deb in user_debs(work, upload, libraries, smi, firmware):
+            debs.append(pool_user / deb.name)
+            shutil.move(deb, debs[-1])
+        shutil.rmtree(work)
+        uploads[upload] = debs
+    from aptrepo import publish
+
+    listed = [(modules_file, "")]
+    publish(root, f"{SERIES}-updates", {"main": [], "restricted": [
+        *listed, *((d, "") for d in uploads[newest])]}, gnupg)
+    publish(root, SERIES, {"main": [], "restricted": [(d, "") for d in uploads[OLD_VERSION]]},
+            gnupg)
+    publish(root, f"{SERIES}-security", {"restricted": [
+        *listed, *((d, "") for d in uploads[OLD_VERSION])]}, gnupg)
+    return root

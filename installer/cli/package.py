@@ -43,6 +43,13 @@ _OUT = click.Path(path_type=Path)
                    "linux-modules-nvidia-<branch>[-server]-open-<kernel> .deb, taken as "
                    "signed (each must carry a signature; with --sign-cert verified against "
                    "it); repeatable")
+@click.option("--ubuntu-modules-from-apt", "ubuntu_from_apt", metavar="BRANCH[-server]",
+              help="like --ubuntu-modules, downloaded for --kernel-release from the Ubuntu "
+                   "archive's restricted component (--apt-mirror [default: Ubuntu's], "
+                   "--apt-suite: jammy reads its -updates and -security too, --apt-keyring "
+                   "[default: Ubuntu's]), verified by its signed InRelease, with "
+                   "libnvidia-compute, nvidia-utils and nvidia-firmware of the modules' "
+                   "driver version")
 @click.option("--nvidia-source", "nvidia_sources", multiple=True,
               type=click.Path(exists=True, path_type=Path),
               help="compile the modules from NVIDIA's sources: nvidia-kernel-source or "
@@ -217,7 +224,12 @@ def package_build(output: str, os_id: str | None, os_version_id: str | None,
     sources = tuple(options.pop("nvidia_sources"))
     shard = parse_shard(options.pop("shard"), options.pop("shard_count"),
                         os.environ.get("JOB_COMPLETION_INDEX"), options.pop("shard_costs"))
+    ubuntu = options.pop("ubuntu_from_apt")
     with tempfile.TemporaryDirectory(prefix="gni-apt-headers-") as downloads:
+        if ubuntu is not None:
+            from installer.cli.ubuntuapt import add_ubuntu_debs
+
+            add_ubuntu_debs(ubuntu, options, cos, Path(downloads))
         headers, fetched = _from_apt(options, cos, Path(downloads))
         options["kernel_headers"] += _from_dnf(options, cos, Path(downloads) / "dnf")
         options["kernel_headers"] += headers

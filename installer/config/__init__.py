@@ -122,6 +122,20 @@ SETTINGS: tuple[Setting, ...] = (
             "base URL of NVIDIA's runfile bucket for COS (default: storage.googleapis.com/"
             "nvidia-drivers-<us|eu|asia>-public by --node-zone)",
             "an https:// URL (http:// with --allow-http)", values.api_url, readers.DOWNLOADING),
+    Setting("ubuntu_source", "--ubuntu-source", "UBUNTU_SOURCE", "never",
+            "on Ubuntu nodes, assemble the package from Canonical's signed open modules for "
+            "the running kernel and the matching user-mode packages of Ubuntu's archive "
+            "(auto), or never", "one of auto, never", values.choice("auto", "never"),
+            readers.FETCHING),
+    Setting("ubuntu_apt_mirror", "--ubuntu-apt-mirror", "UBUNTU_APT_MIRROR", None,
+            "the Ubuntu archive of --ubuntu-source (default: http://archive.ubuntu.com/"
+            "ubuntu, arm64 http://ports.ubuntu.com/ubuntu-ports; its signed InRelease, not "
+            "the transport, vouches for the files)", "an http://, https:// or file:// URL",
+            values.mirror_url, readers.FETCHING),
+    Setting("ubuntu_keyring", "--ubuntu-keyring", "UBUNTU_KEYRING", None,
+            "the keyring that signs the Ubuntu archive's InRelease, checked by gpgv "
+            "(default: /usr/share/keyrings/ubuntu-archive-keyring.gpg)",
+            "an absolute path", values.abs_path, readers.FETCHING),
     Setting("node_zone", "--node-zone", "NODE_ZONE", None,
             "this node's cloud zone, e.g. us-central1-a: picks the nearest copy of the COS "
             "and NVIDIA buckets", "a zone name like us-central1-a", values.zone,
@@ -308,6 +322,9 @@ class Config(mig.MigSettings):
     cos_source: str = "auto"
     cos_tools_url: str | None = None
     nvidia_runfile_url: str | None = None
+    ubuntu_source: str = "never"
+    ubuntu_apt_mirror: str | None = None
+    ubuntu_keyring: Path | None = None
     node_zone: str | None = None
     connect_timeout: float = 10.0
     read_timeout: float = 30.0

@@ -16,7 +16,8 @@ if TYPE_CHECKING:
 
 SPACES = " \t\n\r\x0b\x0c"  # what separates list items in an env var (ASCII only)
 # may carry credentials or tokens: never shown
-URL_SETTINGS = ("mirrors", "kube_api", "kube_api_proxy", "cos_tools_url", "nvidia_runfile_url")
+URL_SETTINGS = ("mirrors", "kube_api", "kube_api_proxy", "cos_tools_url", "nvidia_runfile_url",
+                "ubuntu_apt_mirror")
 
 
 def raw_value(setting: Setting, flags: Mapping[str, Any], environ: Mapping[str, str]

@@ -116,8 +116,9 @@ def _sources(ctx: Context) -> Iterator[tuple[Cache, list[Source]]]:
     sources.append(CacheSource(cache))
     node = ctx.node_info()
     use_cos = config.cos_source == "auto" and cos_layout.on_cos_build(node.os)
+    use_ubuntu = config.ubuntu_source == "auto" and node.os.id == "ubuntu"
     downloader = None
-    if config.mirrors or use_cos:
+    if config.mirrors or use_cos or use_ubuntu:
         from installer.stages.fetch.download import Downloader, DownloadSettings
 
         downloader = Downloader(DownloadSettings(
@@ -132,6 +133,12 @@ def _sources(ctx: Context) -> Iterator[tuple[Cache, list[Source]]]:
         sources.append(cos.CosSource(node, cos.CosSettings(
             cos_tools_url=config.cos_tools_url, runfile_url=config.nvidia_runfile_url,
             zone=config.node_zone), downloader, cache, ctx.log, requested))
+    if downloader is not None and use_ubuntu:
+        from installer.stages.fetch import ubuntu
+
+        sources.append(ubuntu.UbuntuSource(node, ubuntu.UbuntuSettings(
+            config.ubuntu_apt_mirror, config.ubuntu_keyring), downloader, cache, ctx.log,
+            requested))
     if downloader is not None and config.mirrors:
         mirrors: list[MirrorSource] = []
         for base in config.mirrors:
