@@ -113,7 +113,7 @@ def test_headers_by_name_are_verified_and_built_against(archive: Archive,
     assert not list(tmp_path.glob("gni-apt-headers-*"))  # the downloads are cleaned up
 
 
-def test_a_signature_by_another_key_isrefused(archive: Archive, tmp_path: Path) -> None:
+def test_a_signature_by_another_key_is_refused(archive: Archive, tmp_path: Path) -> None:
     other = key(tmp_path / "other-gnupg", "other")
     line = refused(_build(archive, tmp_path, f"--debian-keyring={other}"))
     assert f"{archive.url}/dists/bookworm/InRelease is not signed by a key of {other}" in line
@@ -127,7 +127,7 @@ def test_a_changed_release_has_a_bad_signature(archive: Archive, tmp_path: Path)
     assert "is not signed by a key of" in line and "BAD signature" in line
 
 
-def test_a_packages_index_other_than_the_signed_one_isrefused(archive: Archive,
+def test_a_packages_index_other_than_the_signed_one_is_refused(archive: Archive,
                                                               tmp_path: Path) -> None:
     index = archive.root / "dists" / "bookworm" / "main" / "binary-amd64" / "Packages.xz"
     index.write_bytes(lzma.compress(lzma.decompress(index.read_bytes()) + b"\n"))
@@ -135,12 +135,24 @@ def test_a_packages_index_other_than_the_signed_one_isrefused(archive: Archive,
     assert "main/binary-amd64/Packages.xz is" in line and "but the signed Release says" in line
 
 
-def test_a_deb_other_than_the_indexed_one_isrefused(archive: Archive, tmp_path: Path) -> None:
+def test_a_deb_other_than_the_indexed_one_is_refused(archive: Archive, tmp_path: Path) -> None:
     deb = next(archive.root.glob(f"pool/main/l/linux/{KBUILD}_*.deb"))
     deb.write_bytes(deb.read_bytes()[:-1] + b"\0")  # same size, other bytes
     line = refused(_build(archive, tmp_path, f"--debian-keyring={archive.keyring}"))
     assert f"{deb.name} is {deb.stat().st_size} bytes with sha256" in line
     assert "but the signed Packages index says" in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_deb_shorter_than_the_indexed_one_is_named_by_its_size(
+        archive: Archive, tmp_path: Path) -> None:
+    """A cut file is not "more than" the signed size: the line says what arrived."""
+    deb = next(archive.root.glob(f"pool/main/l/linux/{KBUILD}_*.deb"))
+    size = deb.stat().st_size
+    deb.write_bytes(deb.read_bytes()[:-100])
+    line = refused(_build(archive, tmp_path, f"--debian-keyring={archive.keyring}"))
+    assert f"{deb.name} is {size - 100} bytes with sha256" in line, line
+    assert f"says {size} bytes" in line and "more than" not in line
     assert not (tmp_path / "out").exists()
 
 

@@ -148,7 +148,7 @@ def test_a_file_mirror_is_read_too(archive: Archive, tmp_path: Path) -> None:
     assert "the archive has no nvidia-kernel-source 535.1-1" in line
 
 
-def test_a_packages_index_other_than_the_signed_one_isrefused(archive: Archive,
+def test_a_packages_index_other_than_the_signed_one_is_refused(archive: Archive,
                                                               tmp_path: Path) -> None:
     index = archive.root / "dists" / "jammy-updates" / "main" / "binary-amd64" / "Packages.xz"
     other = lzma.compress(lzma.decompress(index.read_bytes()).replace(
@@ -162,7 +162,7 @@ def test_a_packages_index_other_than_the_signed_one_isrefused(archive: Archive,
     assert not (tmp_path / "out").exists()
 
 
-def test_a_signature_by_another_key_isrefused(archive: Archive, tmp_path: Path) -> None:
+def test_a_signature_by_another_key_is_refused(archive: Archive, tmp_path: Path) -> None:
     other = key(tmp_path / "other-gnupg", "other")
     try:
         with MirrorServer(archive.root) as server:

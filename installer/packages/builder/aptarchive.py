@@ -181,12 +181,12 @@ class AptArchive:
                                        "--apt-mirror") from None
         except DownloadError as exc:
             raise _reworded(exc) from None
-        except IntegrityError:
+        except IntegrityError as exc:
             got = dest.stat().st_size if dest.is_file() else 0
             digest = file_sha256(dest)[:16] if dest.is_file() else "?"
             dest.unlink(missing_ok=True)
-            # a stream that overran stops before its last chunk is kept
-            shown = (f"more than {size} bytes" if got < size and not url.startswith("file:")
+            # a stream that overran stops before its last chunk is kept: the downloader says so
+            shown = (f"more than {size} bytes" if "sent more than" in exc.message
                      else f"{got} bytes with sha256 {digest}...")
             raise ArchiveIntegrityError(f"{url} is {shown}, but {by} says {size} bytes, "
                                         f"{sha256[:16]}...") from None
