@@ -177,7 +177,9 @@ def build(request: BuildRequest) -> BuildResult:
         destination = _destination(request, identity)
         modules, signatures = ((modules, vendor_signed) if vendor_signed is not None
                                else apply(request.signing, modules, Path(work)))
-        optional = [MODULE_NAMES[part] for part, _ in request.optional_parts]
+        # compiled here (--gdrcopy, --nvidia-fs) or given among --modules: never the driver's
+        optional = [name for name in MODULE_NAMES.values() if any(m.name == name
+                                                                  for m in modules)]
         manifest, data = write_package(destination, identity, request.arch, request.os,
                                        merge(picked, daemons), links, modules,
                                        [m for m in load_order(modules)

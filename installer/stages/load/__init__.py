@@ -28,14 +28,18 @@ from installer.installdir.readiness import clear_readiness
 from installer.node import interrupts, kmod, syscalls
 from installer.node.holders import processes_using_nvidia as processes_using_nvidia
 from installer.node.host import Host
+from installer.node.optionalmods import NAMES as OPTIONAL_NAMES
+from installer.node.optionalmods import OptionalVerdict
 from installer.node.rdma import RdmaVerdict
 from installer.packages.manifest import Package
-from installer.stages.load import devnodes, failures, rdma
+from installer.stages.load import devnodes, failures, optional, rdma
 from installer.stages.load import plan as modplan
 from installer.stages.load.plan import PlannedModule
 
-# NVIDIA's modules, holders first: what `unload` takes out and a version change replaces.
-NVIDIA_MODULES = ("nvidia_peermem", "nvidia_drm", "nvidia_modeset", "nvidia_uvm", "nvidia")
+# NVIDIA's modules, holders first: what `unload` takes out and a version change replaces
+# (the optional modules hold nvidia, so they go too; they carry versions of their own).
+NVIDIA_MODULES = (*OPTIONAL_NAMES, "nvidia_peermem", "nvidia_drm", "nvidia_modeset",
+                  "nvidia_uvm", "nvidia")
 FIRMWARE_PARAM = ("module", "firmware_class", "parameters", "path")
 
 
@@ -52,6 +56,7 @@ class LoadResult:
     firmware_path: str | None = None
     warnings: list[str] = field(default_factory=list)
     rdma: RdmaVerdict | None = None  # nvidia-peermem's verdict (None: not considered)
+    optional: list[OptionalVerdict] = field(default_factory=list)  # gdrdrv, nvidia-fs
 
     @property
     def changed(self) -> bool:
@@ -68,7 +73,8 @@ class LoadResult:
                 "device_nodes": {"created": self.nodes.created,
                                  "replaced": self.nodes.replaced, "kept": self.nodes.kept},
                 "firmware_path": self.firmware_path, "warnings": self.warnings,
-                "rdma": self.rdma.to_dict() if self.rdma else None}
+                "rdma": self.rdma.to_dict() if self.rdma else None,
+                "optional_modules": [v.to_dict() for v in self.optional]}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
@@ -87,6 +93,9 @@ class LoadResult:
             lines.append(f"RDMA:            {self.rdma.stack.text}")
             lines.append(f"nvidia-peermem:  {'loaded' if self.rdma.ready else 'not loaded'} "
                          f"({self.rdma.reason}: {self.rdma.message})")
+        lines += [f"Optional:        {v.module.replace('_', '-')} "
+                  f"{'loaded' if v.ready else 'not loaded'} ({v.reason}: {v.message})"
+                  for v in self.optional]
         lines += [f"Warning: {warning}" for warning in self.warnings]
         return "\n".join(lines)
 
@@ -191,7 +200,24 @@ def load_package(host: Host, package: Package, *, params: modplan.Params = (),
             if log is not None:
                 log.warning("nvidia-peermem refused", reason=result.rdma.reason,
                             detail=result.rdma.message)
+    _load_optional(host, package, record, result, log)
     return result
+
+
+def _load_optional(host: Host, package: Package, record: Path | None, result: LoadResult,
+                   log: Any) -> None:
+    """gdrdrv, nvidia-fs (`optional`): last, each failing alone, the driver untouched."""
+    result.optional = optional.load_optional(host, package, record)
+    for verdict in result.optional:
+        if verdict.loaded_now:
+            result.loaded.append(verdict.module)
+        elif verdict.ready:
+            result.kept.append(verdict.module)
+        else:
+            result.warnings.append(verdict.message)
+            if log is not None:
+                log.warning("optional module not loaded", module=verdict.module,
+                            reason=verdict.reason, detail=verdict.message)
 
 
 def require_module_support(host: Host) -> None:
@@ -273,7 +299,8 @@ def other_version(host: Host, package: Package) -> OtherVersion | None:
     driver = kmod.loaded_driver(host) if states else None
     other_flavour = driver is not None and driver.flavour not in (None,
                                                                   package.manifest.flavour)
-    if not other_flavour and not any(s.version != version for s in states.values()):
+    if not other_flavour and not any(s.version != version for n, s in states.items()
+                                     if n not in OPTIONAL_NAMES):
         return None
     return states, names
 
