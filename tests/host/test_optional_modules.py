@@ -155,14 +155,16 @@ def _node(tmp_path: Path) -> FakeKernelHost:
     return FakeKernelHost(Roots(root, root / "proc", root / "sys", root / "dev"))
 
 
-def _package(tmp_path: Path, optional: dict[str, tuple[str, ...]]) -> Package:
+def _package(tmp_path: Path, optional: dict[str, tuple[str, ...]], version: str = V1
+             ) -> Package:
     """The fake driver plus fake optional modules (name -> depends), listed as optional."""
-    modules = fake_module_set(tmp_path / "ko", V1, kernel_release=KERNEL)
+    tmp_path = tmp_path / version
+    modules = fake_module_set(tmp_path / "ko", version, kernel_release=KERNEL)
     extra = {f"kernel/{name}.ko": (module_file_bytes(name, "2.6", depends,
                                                      kernel_release=KERNEL), "module")
              for name, depends in optional.items()}
     root = tmp_path / "pkg"
-    write_package(root, modules, driver_version=V1, kernel_release=KERNEL,
+    write_package(root, modules, driver_version=version, kernel_release=KERNEL,
                   extra_files=extra)
     manifest = json.loads((root / "manifest.json").read_text())
     manifest["optional_modules"] = [{"name": name, "file": f"kernel/{name}.ko",
@@ -182,6 +184,18 @@ def test_gdrdrv_goes_in_after_nvidia_and_gets_its_node(tmp_path: Path) -> None:
     major = kmod.char_majors(host)["gdrdrv"]
     assert host.nodes[host.roots.dev / "gdrdrv"] == (major, 0, 0o666)
     assert "gdrdrv" in result.loaded
+
+
+def test_a_version_change_takes_our_gdrdrv_out_first_and_back_in(tmp_path: Path) -> None:
+    """The package ships gdrdrv, so the loaded one (holding nvidia) is ours to replace; a
+    gdrdrv the package does not ship still blocks (test_load's foreign holder)."""
+    host = _node(tmp_path)
+    load.load_package(host, _package(tmp_path, {"gdrdrv": ("nvidia",)}))
+    result = load.load_package(host, _package(tmp_path, {"gdrdrv": ("nvidia",)}, "550.54.14"))
+    assert result.unloaded.index("gdrdrv") < result.unloaded.index("nvidia")
+    assert result.optional[0].ready and "gdrdrv" in result.loaded
+    state = kmod.module_state(host, "nvidia")
+    assert state is not None and state.version == "550.54.14"
 
 
 def test_nvidia_fs_gets_sixteen_nodes(tmp_path: Path) -> None:

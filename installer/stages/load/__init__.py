@@ -28,7 +28,6 @@ from installer.installdir.readiness import clear_readiness
 from installer.node import interrupts, kmod, syscalls
 from installer.node.holders import processes_using_nvidia as processes_using_nvidia
 from installer.node.host import Host
-from installer.node.optionalmods import NAMES as OPTIONAL_NAMES
 from installer.node.optionalmods import OptionalVerdict
 from installer.node.rdma import RdmaVerdict
 from installer.packages.manifest import Package
@@ -36,10 +35,8 @@ from installer.stages.load import devnodes, failures, optional, rdma
 from installer.stages.load import plan as modplan
 from installer.stages.load.plan import PlannedModule
 
-# NVIDIA's modules, holders first: what `unload` takes out and a version change replaces
-# (the optional modules hold nvidia, so they go too; they carry versions of their own).
-NVIDIA_MODULES = (*OPTIONAL_NAMES, "nvidia_peermem", "nvidia_drm", "nvidia_modeset",
-                  "nvidia_uvm", "nvidia")
+# NVIDIA's modules, holders first: what `unload` takes out and a version change replaces.
+NVIDIA_MODULES = ("nvidia_peermem", "nvidia_drm", "nvidia_modeset", "nvidia_uvm", "nvidia")
 FIRMWARE_PARAM = ("module", "firmware_class", "parameters", "path")
 
 
@@ -294,13 +291,17 @@ def other_version(host: Host, package: Package) -> OtherVersion | None:
     """The loaded NVIDIA modules and our module names, when another version or flavour
     than the package's is loaded (what a load would have to unload first), else None."""
     version = package.manifest.driver_version
-    names = set(NVIDIA_MODULES) | {kmod.normalize(m.name) for m in package.manifest.modules}
+    # the optional modules the package ships count as ours (they hold nvidia); one it does
+    # not ship, loaded by someone else, holds the driver like any foreign module
+    optional = {kmod.normalize(m.name) for m in package.manifest.optional_modules}
+    names = set(NVIDIA_MODULES) | optional | {kmod.normalize(m.name)
+                                              for m in package.manifest.modules}
     states = {n: s for n in names if (s := kmod.module_state(host, n)) is not None}
     driver = kmod.loaded_driver(host) if states else None
     other_flavour = driver is not None and driver.flavour not in (None,
                                                                   package.manifest.flavour)
     if not other_flavour and not any(s.version != version for n, s in states.items()
-                                     if n not in OPTIONAL_NAMES):
+                                     if n not in optional):
         return None
     return states, names
 
