@@ -12,11 +12,13 @@ the package lists them as `optional_modules` (loaded last, never failing the GPU
   compile just done gives modpost the real `nvidia_p2p_*` versions (and depends=nvidia),
   so GDRCopy's `nv-p2p-dummy.ko`, which stands in for them, is not built.
 - `--nvidia-fs SRC`: gds-nvidia-fs's tree with `src/{nvfs-core.c,Makefile,configure,
-  GDS_VERSION}`. Its `configure` probes the kernel through `/lib/modules/<release>/build`,
-  so it runs on a copy that looks there in the work dir, with `gcc` the kernel's compiler;
-  NVIDIA's own `Module.symvers` (when this build compiled NVIDIA's modules) gives modpost
-  the `nvidia_p2p_*` versions, as its `create_nv.symvers.sh` does. NVIDIA documents GDS on
-  the open modules only: a proprietary flavour is refused.
+  GDS_VERSION}` (or those files at its top, as Debian's nvidia-fs-dkms lays them out).
+  Its `configure` probes the kernel through `/lib/modules/<release>/build`, so it runs on
+  a copy that looks there in the work dir, with `gcc` the kernel's compiler; NVIDIA's
+  `Module.symvers` from the compile just done gives modpost the `nvidia_p2p_*` versions
+  (src/nvfs-p2p.h calls nothing else of a module: nvfs-rdma.c calls no ib_core function),
+  as its `create_nv.symvers.sh` does. NVIDIA documents GDS on the open modules only: a
+  proprietary flavour is refused.
 """
 
 from __future__ import annotations
@@ -38,10 +40,13 @@ NVIDIA_FS = "nvidia-fs"
 # the module names as modinfo and the manifest spell them
 MODULE_NAMES = {GDRCOPY: "gdrdrv", NVIDIA_FS: "nvidia_fs"}
 FLAGS = {GDRCOPY: "--gdrcopy", NVIDIA_FS: "--nvidia-fs"}
-_LAYOUT = {GDRCOPY: ("src/gdrdrv/gdrdrv.c", "src/gdrdrv/Makefile"),
-           NVIDIA_FS: ("src/nvfs-core.c", "src/Makefile", "src/configure")}
-_BUILD_DIR = {GDRCOPY: "src/gdrdrv", NVIDIA_FS: "src"}
+# (the directory make runs in, the files it must hold): GitHub's layouts, and Debian's flat
+# nvidia-fs-dkms tree (/usr/src/nvidia-fs-<version>/nvfs-core.c ...)
+_LAYOUTS = {GDRCOPY: (("src/gdrdrv", ("gdrdrv.c", "Makefile")),),
+            NVIDIA_FS: (("src", ("nvfs-core.c", "Makefile", "configure")),
+                        (".", ("nvfs-core.c", "Makefile", "configure")))}
 _GDR_VERSION_RE = re.compile(r"#define\s+GDRDRV_(MAJOR|MINOR)_VERSION\s+(\d+)\s*$", re.M)
+_SAFE_VERSION_RE = re.compile(r"^[0-9A-Za-z._-]{1,32}$")
 _MAX_ERROR = 300
 
 
@@ -51,6 +56,7 @@ class OptionalSource:
 
     part: str
     root: Path
+    subdir: str  # where make runs, in `root`
     version: str
     name: str
     sha256: str
@@ -83,14 +89,17 @@ def unpack(part: str, path: Path, work: Path) -> OptionalSource:
         except (tarfile.TarError, EOFError, OSError, ValueError) as exc:
             raise PackageBuildError(f"{flag} {path}: cannot unpack it ({exc})",
                                     remedy="give the source tree or a tarball of it") from None
-    root = next((c for c in (base, *sorted(p for p in base.iterdir() if p.is_dir()))
-                 if all((c / f).is_file() for f in _LAYOUT[part])), None)
-    if root is None:
+    found = next(((c, sub) for c in (base, *sorted(p for p in base.iterdir() if p.is_dir()))
+                  for sub, files in _LAYOUTS[part]
+                  if all((c / sub / f).is_file() for f in files)), None)
+    if found is None:
+        sub, files = _LAYOUTS[part][0]
         raise PackageBuildError(
             f"{flag} {path} is not {_what(part)}'s source tree (no "
-            f"{' and '.join(_LAYOUT[part])})",
+            f"{' and '.join(f'{sub}/{f}' for f in files)})",
             remedy=f"give {_what(part)}'s sources ({_home(part)}), a checkout or its tarball")
-    return OptionalSource(part, root, _version(part, root), path.name, sha)
+    root, sub = found
+    return OptionalSource(part, root, sub, _version(part, root / sub), path.name, sha)
 
 
 def _what(part: str) -> str:
@@ -101,12 +110,13 @@ def _home(part: str) -> str:
     return "github.com/NVIDIA/gdrcopy" if part == GDRCOPY else "github.com/NVIDIA/gds-nvidia-fs"
 
 
-def _version(part: str, root: Path) -> str:
+def _version(part: str, where: Path) -> str:
+    """GDS_VERSION (nvidia-fs), gdrdrv.h's GDRDRV_MAJOR/MINOR_VERSION (gdrdrv)."""
     if part == NVIDIA_FS:
-        text = (root / "src" / "GDS_VERSION").read_text(errors="replace").strip() if (
-            root / "src" / "GDS_VERSION").is_file() else ""
-        return text[:32] or "unknown"
-    header = root / "src" / "gdrdrv" / "gdrdrv.h"
+        text = (where / "GDS_VERSION").read_text(errors="replace").strip() if (
+            where / "GDS_VERSION").is_file() else ""
+        return text if _SAFE_VERSION_RE.match(text) else "unknown"  # it reaches KCPPFLAGS
+    header = where / "gdrdrv.h"
     found = dict(_GDR_VERSION_RE.findall(header.read_text(errors="replace"))
                  ) if header.is_file() else {}
     return f"{found['MAJOR']}.{found['MINOR']}" if len(found) == 2 else "unknown"
@@ -144,7 +154,7 @@ def compile_part(source: OptionalSource, build: PartBuild, work: Path, out: Path
     """Compile one part in a copy of its tree under `work`; its .ko copied into `out`."""
     tree = work / f"{source.part}-build"
     shutil.copytree(source.root, tree, symlinks=True)
-    where = tree / _BUILD_DIR[source.part]
+    where = tree / source.subdir
     kernel = build.kernel
     args = [f"NVIDIA_SRC_DIR={nvidia_src_dir(build.nvidia_tree)}", f"CC={build.compiler}",
             *build.make_args]
@@ -164,7 +174,7 @@ def compile_part(source: OptionalSource, build: PartBuild, work: Path, out: Path
         if symvers.is_file():
             args.append(f"KBUILD_EXTRA_SYMBOLS={symvers}")
         args += ["CONFIG_NVFS_BATCH_SUPPORT=y", "CONFIG_NVFS_STATS=y"]
-        version = _version(NVIDIA_FS, source.root)
+        version = source.version
         env["KCPPFLAGS"] = (f"-DCONFIG_NVFS_STATS=y -DGDS_VERSION={version} "
                             "-DNVFS_ENABLE_KERN_RDMA_SUPPORT -DNVFS_BATCH_SUPPORT=y")
         args.append("KBUILD_MODPOST_WARN=1")
