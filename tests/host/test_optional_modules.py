@@ -33,7 +33,7 @@ from signing_keys import make_key, modinfo
 
 from installer.node import kmod
 from installer.node.host import Roots
-from installer.packages.manifest import Package, dump_manifest, parse_manifest
+from installer.packages.manifest import ManifestError, Package, dump_manifest, parse_manifest
 from installer.packages.tree import read_tree
 from installer.stages import load
 from installer.testing import SAMPLE_NODES, build_node
@@ -98,6 +98,36 @@ def test_gdrdrv_is_signed_like_the_others(built: tuple[Path, dict[str, object]])
     assert kmod.is_signed((out / "modules" / "gdrdrv.ko").read_bytes())
 
 
+def test_the_manifest_passes_the_published_schema(built: tuple[Path, dict[str, object]]
+                                                  ) -> None:
+    import jsonschema
+
+    schema = json.loads((Path(__file__).parents[2] / "docs/manifest.schema.json").read_text())
+    jsonschema.Draft202012Validator(schema).validate(built[1])
+
+
+def test_a_module_in_both_lists_is_refused(built: tuple[Path, dict[str, object]]) -> None:
+    """A gdrdrv listed as the driver's and as optional: exit 7's manifest error."""
+    manifest = dict(built[1])
+    optional = manifest["optional_modules"]
+    assert isinstance(optional, list)
+    manifest["modules"] = [*manifest["modules"], optional[0]]  # type: ignore[misc]
+    with pytest.raises(ManifestError, match=r"optional_modules\[0\]: 'gdrdrv' is also in "
+                                            "modules"):
+        parse_manifest(json.dumps(manifest).encode())
+
+
+def test_a_gdrdrv_that_does_not_compile_is_one_line(tmp_path: Path) -> None:
+    debs = headers_debs()
+    if debs is None:
+        pytest.skip("needs dpkg-deb and gcc-12 (the kernel's compiler): make deps")
+    line = _refused(tmp_path, f"--nvidia-source={mini_source(tmp_path / 'nv')}",
+                    *(f"--kernel-headers={d}" for d in debs),
+                    f"--gdrcopy={gdrcopy_fixture(tmp_path / 'g', broken=True)}")
+    assert f"--gdrcopy: GDRCopy did not compile for {RELEASE}: gdrdrv.c:" in line, line
+    assert "nope" in line and "undeclared" in line
+
+
 def test_a_manifest_without_optional_modules_keeps_its_bytes(
         built: tuple[Path, dict[str, object]]) -> None:
     _out, manifest = built
@@ -113,10 +143,11 @@ def test_a_manifest_without_optional_modules_keeps_its_bytes(
 
 
 def _refused(tmp_path: Path, *args: str) -> str:
+    """Exit 2 and one error line (a compile also logs its progress as JSON events)."""
     out = tmp_path / "out"
     done = subprocess.run([*CLI, "package", "build", *args, f"--out-dir={out}"],
-                          capture_output=True, text=True, timeout=120, check=False)
-    lines = done.stderr.strip().splitlines()
+                          capture_output=True, text=True, timeout=300, check=False)
+    lines = [line for line in done.stderr.strip().splitlines() if not line.startswith("{")]
     assert done.returncode == 2, done.stderr
     assert len(lines) == 1 and lines[0].startswith("error(config): "), lines
     assert not out.exists() or not any(out.iterdir())
