@@ -12,7 +12,8 @@ gdrdrv_major, DEVNAME, ...)`, DEVNAME "gdrdrv") and calls a symbol of the stand-
 `nvidia_p2p_get_pages`), so modpost records depends=nvidia. Like GDRCopy's
 `nv-p2p-dummy.c`, a dummy module exports that symbol only so modpost knows its version; it
 is not shipped. `nvfs_fixture` is gds-nvidia-fs's layout (src/nvfs-core.c, Makefile,
-configure, GDS_VERSION) and is only used where the build is refused before compiling.
+configure, GDS_VERSION); with `compiles=True` it is an nvidia-fs-shaped module whose
+`configure` probes the headers as the real one does.
 """
 
 from __future__ import annotations
@@ -116,11 +117,87 @@ def gdrcopy_fixture(dest: Path, *, broken: bool = False) -> Path:
     return dest
 
 
-def nvfs_fixture(dest: Path) -> Path:
-    """gds-nvidia-fs's layout (never compiled by the tests)."""
+def nvfs_fixture(dest: Path, *, compiles: bool = False) -> Path:
+    """gds-nvidia-fs's layout; with `compiles`, an nvidia-fs-SHAPED module that builds: a
+    `configure` of the real one's shape (KVER from $1, `MODULES_DIR=/lib/modules/$KVER`,
+    one kbuild probe through `$MODULES_DIR/build`, `config-host.h` written), and an
+    `nvfs-core.c` that includes it, registers the char device "nvidia-fs" and calls the
+    stand-in nvidia (as nvfs-p2p.h's nvidia_p2p_* calls do)."""
     src = dest / "src"
     src.mkdir(parents=True)
-    for name in ("nvfs-core.c", "Makefile", "configure"):
-        (src / name).write_text("/* layout only */\n")
-    (src / "GDS_VERSION").write_text("1.17.1.22\n")
+    (src / "GDS_VERSION").write_text(f"{NVFS_VERSION}\n")
+    if not compiles:
+        for name in ("nvfs-core.c", "Makefile", "configure"):
+            (src / name).write_text("/* layout only */\n")
+        return dest
+    (src / "Makefile").write_text(_NVFS_KBUILD)
+    (src / "configure").write_text(_NVFS_CONFIGURE)
+    (src / "nvfs-core.c").write_text(_NVFS_CORE)
     return dest
+
+
+NVFS_VERSION = "1.17.1.22"
+
+_NVFS_KBUILD = """\
+# nvidia-fs-shaped fixture: the kbuild half of gds-nvidia-fs's src/Makefile
+obj-m += nvidia-fs.o
+ccflags-y += -Wall
+ccflags-y += -I$(NVIDIA_SRC_DIR)
+nvidia-fs-y = nvfs-core.o
+"""
+
+_NVFS_CONFIGURE = """\
+#!/bin/bash
+# nvidia-fs-shaped fixture of gds-nvidia-fs's configure: one probe, config-host.h
+_KVER=$1
+export KVER=${_KVER}
+export MODULES_DIR=/lib/modules/$KVER
+export KDIR=$MODULES_DIR/build
+rm -rf build && mkdir -p build
+echo "obj-m += test.o" > build/Makefile
+printf '#include <linux/module.h>\\n#include <linux/proc_fs.h>\\n' > build/test.c
+printf 'MODULE_LICENSE("GPL v2");\\nstatic const struct proc_ops ops;\\n' >> build/test.c
+echo "#ifndef CONFIG_HOST_H" > config-host.h
+echo "#define CONFIG_HOST_H" >> config-host.h
+if make -C $KDIR M=$PWD/build modules > config.log 2>&1; then
+    echo "#define HAVE_PROC_OPS 1" >> config-host.h
+fi
+echo "#endif" >> config-host.h
+rm -rf build
+"""
+
+_NVFS_CORE = """\
+/* nvidia-fs-shaped test fixture (not gds-nvidia-fs's code) */
+#include <linux/module.h>
+#include <linux/fs.h>
+#include "config-host.h"
+
+#define DEVICE_NAME "nvidia-fs"
+#define STR(x) #x
+#define XSTR(x) STR(x)
+extern const char *nvgni_core_version(void);
+static int major_number;
+static const struct file_operations nvfs_dev_fops = { .owner = THIS_MODULE };
+
+static int __init nvfs_init(void)
+{
+#ifndef HAVE_PROC_OPS
+#error configure did not run against these headers
+#endif
+	major_number = register_chrdev(0, DEVICE_NAME, &nvfs_dev_fops);
+	if (major_number < 0)
+		return major_number;
+	pr_info("nvidia_fs: GDS " XSTR(GDS_VERSION) " over NVIDIA %s\\n", nvgni_core_version());
+	return 0;
+}
+
+static void __exit nvfs_exit(void)
+{
+	unregister_chrdev(major_number, DEVICE_NAME);
+}
+
+module_init(nvfs_init);
+module_exit(nvfs_exit);
+MODULE_LICENSE("GPL v2");
+MODULE_VERSION(XSTR(GDS_VERSION));
+"""

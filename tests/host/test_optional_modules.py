@@ -1,12 +1,14 @@
 """GDRCopy's gdrdrv and GPUDirect Storage's nvidia-fs as package parts: built, listed, loaded.
 
-Build: `package build --gdrcopy` compiles the stated gdrdrv-shaped fixture (tests/gdrsources.py:
-GDRCopy and gds-nvidia-fs are in neither Debian's nor PyPI's archives) with the stand-in
-NVIDIA sources against the tier's real Debian headers, signs it with the others, and lists it
-under `optional_modules`. Load: on a simulated node (FakeKernelHost) gdrdrv goes in after
-nvidia and /dev/gdrdrv gets the major /proc/devices gives "gdrdrv", minor 0; nvidia-fs gets
-/dev/nvidia-fs0..15; a gdrdrv that fails leaves the driver loaded, and `install` (real CLI)
-exits 0 with the GPUs ready and `gpu-node-installer/GDRCopyReady` saying why.
+Build: `package build --gdrcopy --nvidia-fs` compiles the stated gdrdrv- and nvidia-fs-shaped
+fixtures (tests/gdrsources.py: GDRCopy and gds-nvidia-fs are in neither Debian's nor PyPI's
+archives; the nvidia-fs one's `configure` probes the headers as the real one does) with the
+stand-in NVIDIA sources against the tier's real Debian headers, signs them with the others,
+and lists them under `optional_modules`. Load: on a simulated node (FakeKernelHost) gdrdrv
+goes in after nvidia and /dev/gdrdrv gets the major /proc/devices gives "gdrdrv", minor 0;
+nvidia-fs gets /dev/nvidia-fs0..15; a gdrdrv that fails leaves the driver loaded, and
+`install` (real CLI) exits 0 with the GPUs ready and `gpu-node-installer/GDRCopyReady`
+saying why.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Any
 import pytest
 from e2e import KERNEL, add_version, make_scene, run_cli, standin_env
 from fallbacknode import headers_debs
-from gdrsources import GDR_VERSION, gdrcopy_fixture, nvfs_fixture
+from gdrsources import GDR_VERSION, NVFS_VERSION, gdrcopy_fixture, nvfs_fixture
 from httpserver import MirrorServer
 from native import build_standins
 from native.packages import standin_tree
@@ -65,6 +67,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, obj
     done = subprocess.run([*CLI, "package", "build", f"--nvidia-source={mini_source(work / 'nv')}",
                            *(f"--kernel-headers={d}" for d in debs), f"--tree={tree}",
                            f"--gdrcopy={gdrcopy_fixture(work / 'gdrcopy')}",
+                           f"--nvidia-fs={nvfs_fixture(work / 'nvfs', compiles=True)}",
                            f"--sign-key={keys.key}", f"--sign-cert={keys.cert}",
                            f"--out-dir={out}", "--output=json"],
                           capture_output=True, text=True, timeout=600, check=False)
@@ -75,18 +78,24 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, obj
 def test_gdrdrv_is_an_optional_module_of_the_package(built: tuple[Path, dict[str, object]]
                                                      ) -> None:
     out, manifest = built
-    assert manifest["optional_modules"] == [{"name": "gdrdrv", "file": "modules/gdrdrv.ko",
-                                             "depends": ["nvidia"], "params": {}}]
+    assert manifest["optional_modules"] == [
+        {"name": "gdrdrv", "file": "modules/gdrdrv.ko", "depends": ["nvidia"], "params": {}},
+        {"name": "nvidia_fs", "file": "modules/nvidia-fs.ko", "depends": ["nvidia"],
+         "params": {}}]
     modules = manifest["modules"]
     assert isinstance(modules, list)
-    assert "gdrdrv" not in [m["name"] for m in modules]
+    assert not {"gdrdrv", "nvidia_fs"} & {m["name"] for m in modules}
     provenance = manifest["provenance"]
     assert isinstance(provenance, dict)
-    (source,) = provenance["optional_sources"]
-    assert (source["name"], source["version"]) == ("gdrcopy", GDR_VERSION)
-    info = modinfo(out / "modules" / "gdrdrv.ko")
-    assert info["name"] == "gdrdrv" and info["depends"] == "nvidia"
-    assert info["vermagic"].startswith(f"{RELEASE} ")  # the same headers as NVIDIA's modules
+    assert [(s["name"], s["version"]) for s in provenance["optional_sources"]] == [
+        ("gdrcopy", GDR_VERSION), ("nvfs", NVFS_VERSION)]
+    for ko, name in (("gdrdrv.ko", "gdrdrv"), ("nvidia-fs.ko", "nvidia_fs")):
+        info = modinfo(out / "modules" / ko)
+        assert info["name"] == name and info["depends"] == "nvidia"
+        assert info["vermagic"].startswith(f"{RELEASE} ")  # NVIDIA's modules' headers
+    # nvidia-fs's configure probed the given headers (its fixture #errors otherwise), and
+    # its GDS_VERSION reached the compiler as the Makefile passes it
+    assert modinfo(out / "modules" / "nvidia-fs.ko")["version"] == NVFS_VERSION
 
 
 def test_gdrdrv_is_signed_like_the_others(built: tuple[Path, dict[str, object]]) -> None:
@@ -94,7 +103,7 @@ def test_gdrdrv_is_signed_like_the_others(built: tuple[Path, dict[str, object]])
     signatures = manifest["signatures"]
     assert isinstance(signatures, list)
     signed = {s["file"] for s in signatures}
-    assert {"modules/gdrdrv.ko", "modules/nvidia.ko"} <= signed
+    assert {"modules/gdrdrv.ko", "modules/nvidia-fs.ko", "modules/nvidia.ko"} <= signed
     assert kmod.is_signed((out / "modules" / "gdrdrv.ko").read_bytes())
 
 
