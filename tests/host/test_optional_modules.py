@@ -221,6 +221,10 @@ def test_gdrdrv_goes_in_after_nvidia_and_gets_its_node(tmp_path: Path) -> None:
     assert loads.index("gdrdrv.ko") > loads.index("nvidia.ko")
     (verdict,) = result.optional
     assert (verdict.ready, verdict.reason, verdict.nodes) == (True, "Loaded", ("/dev/gdrdrv",))
+    assert verdict.message == "gdrdrv 2.6 loaded after nvidia; /dev/gdrdrv made"
+    again = load.load_package(host, _package(tmp_path, {"gdrdrv": ("nvidia",)}))
+    assert again.optional[0].message == "gdrdrv 2.6 already loaded after nvidia; /dev/gdrdrv"
+    assert not again.changed
     major = kmod.char_majors(host)["gdrdrv"]
     assert host.nodes[host.roots.dev / "gdrdrv"] == (major, 0, 0o666)
     assert "gdrdrv" in result.loaded

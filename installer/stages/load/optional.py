@@ -58,16 +58,15 @@ def _load_one(host: Host, package: Package, entry: ModuleEntry,
                                f"registered no \"{_CHARDEV.get(name, name)}\" char device in "
                                "/proc/devices, so no device node was made", loaded_now=loaded_now)
     made = devnodes.ensure_nodes(host, nodes, record=record)
+    state = kmod.module_state(host, name)
+    what = " ".join(filter(None, (entry.name, state.version if state else None)))
+    after = ", ".join(_depends(package, entry)) or "the driver"
     names = tuple(f"/dev/{n.name}" for n in nodes)
     shown = ", ".join(names[:2]) + (f" ... ({len(names)} nodes)" if len(names) > 2 else "")
-    version = (kmod.module_state(host, name) or kmod.ModuleState(name, None, 0, None, ())
-               ).version
-    return OptionalVerdict(name, True, "Loaded", f"{entry.name} {version or ''} "
-                           f"{'loaded' if loaded_now else 'already loaded'} after "
-                           f"{', '.join(_depends(package, entry)) or 'the driver'}"
-                           f"{'; ' + shown if shown else ''}"
-                           f"{' (made now)' if made.created or made.replaced else ''}"
-                           .replace("  ", " "), names, loaded_now)
+    message = (f"{what} {'loaded' if loaded_now else 'already loaded'} after {after}"
+               + (f"; {shown}" if shown else "")
+               + (" made" if made.created or made.replaced else ""))
+    return OptionalVerdict(name, True, "Loaded", message, names, loaded_now)
 
 
 def _depends(package: Package, entry: ModuleEntry) -> tuple[str, ...]:
