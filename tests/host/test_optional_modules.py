@@ -33,6 +33,7 @@ from native.packages import standin_tree
 from nvsources import fake_headers, mini_source
 from signing_keys import make_key, modinfo
 
+from installer import errors
 from installer.node import kmod
 from installer.node.host import Roots
 from installer.packages.manifest import ManifestError, Package, dump_manifest, parse_manifest
@@ -240,6 +241,18 @@ def test_a_version_change_takes_our_gdrdrv_out_first_and_back_in(tmp_path: Path)
     assert result.optional[0].ready and "gdrdrv" in result.loaded
     state = kmod.module_state(host, "nvidia")
     assert state is not None and state.version == "550.54.14"
+
+
+def test_unload_takes_gdrdrv_out_before_nvidia_unless_it_is_open(tmp_path: Path) -> None:
+    host = _node(tmp_path)
+    load.load_package(host, _package(tmp_path, {"gdrdrv": ("nvidia",)}))
+    pid = host.open_device("gdrdrv", "/dev/gdrdrv")
+    with pytest.raises(errors.ModuleInUseError, match="in use: gdrdrv"):
+        load.unload(host)
+    assert kmod.module_state(host, "nvidia") is not None
+    host.close_device(pid, "gdrdrv")
+    done = load.unload(host)
+    assert done.unloaded.index("gdrdrv") < done.unloaded.index("nvidia")
 
 
 def test_nvidia_fs_gets_sixteen_nodes(tmp_path: Path) -> None:

@@ -28,6 +28,7 @@ from installer.installdir.readiness import clear_readiness
 from installer.node import interrupts, kmod, syscalls
 from installer.node.holders import processes_using_nvidia as processes_using_nvidia
 from installer.node.host import Host
+from installer.node.optionalmods import NAMES as OPTIONAL_NAMES
 from installer.node.optionalmods import OptionalVerdict
 from installer.node.rdma import RdmaVerdict
 from installer.packages.manifest import Package
@@ -377,9 +378,10 @@ def point_firmware_path(host: Host, firmware_dir: str, warnings: list[str]) -> s
 
 
 def unload(host: Host) -> UnloadResult:
-    """`unload`: take every NVIDIA module out if nothing holds it, uvm nodes first."""
+    """`unload`: take every NVIDIA module out if nothing holds it, uvm nodes first; gdrdrv
+    and nvidia-fs too (they hold nvidia and are nothing without it), unless in use."""
     require_module_support(host)
-    names = set(NVIDIA_MODULES)
+    names = set(NVIDIA_MODULES) | set(OPTIONAL_NAMES)
     states = {n: s for n in names if (s := kmod.module_state(host, n)) is not None}
     if not states:
         return UnloadResult([], [])
