@@ -36,6 +36,8 @@ from signing_keys import make_key, modinfo
 from installer import errors
 from installer.node import kmod
 from installer.node.host import Roots
+from installer.packages.builder import BuildRequest, build
+from installer.packages.builder.modsig import strip_signature
 from installer.packages.manifest import ManifestError, Package, dump_manifest, parse_manifest
 from installer.packages.tree import read_tree
 from installer.stages import load
@@ -97,6 +99,23 @@ def test_gdrdrv_is_an_optional_module_of_the_package(built: tuple[Path, dict[str
     # nvidia-fs's configure probed the given headers (its fixture #errors otherwise), and
     # its GDS_VERSION reached the compiler as the Makefile passes it
     assert modinfo(out / "modules" / "nvidia-fs.ko")["version"] == NVFS_VERSION
+
+
+def test_the_same_inputs_give_the_same_optional_modules(
+        built: tuple[Path, dict[str, object]], tmp_path: Path) -> None:
+    """Another build in another directory: byte-identical gdrdrv and nvidia-fs (the
+    signatures aside: this one is not signed)."""
+    debs = headers_debs()
+    assert debs is not None
+    tree = tmp_path / "deeper" / "path"
+    result = build(BuildRequest(nvidia_source=mini_source(tree / "nv"),
+                                kernel_headers=tuple(debs),
+                                gdrcopy=gdrcopy_fixture(tree / "gdrcopy"),
+                                nvidia_fs=nvfs_fixture(tree / "nvfs", compiles=True),
+                                output=tmp_path / "again"))
+    for ko in ("gdrdrv.ko", "nvidia-fs.ko"):
+        first = strip_signature((built[0] / "modules" / ko).read_bytes())[0]
+        assert (result.directory / "modules" / ko).read_bytes() == first, ko
 
 
 def test_gdrdrv_is_signed_like_the_others(built: tuple[Path, dict[str, object]]) -> None:

@@ -159,6 +159,9 @@ def compile_part(source: OptionalSource, build: PartBuild, work: Path, out: Path
     args = [f"NVIDIA_SRC_DIR={nvidia_src_dir(build.nvidia_tree)}", f"CC={build.compiler}",
             *build.make_args]
     env = dict(build.env)
+    # its temp path mapped away like NVIDIA's tree: the same inputs give the same bytes
+    env["KCFLAGS"] = f"{env.get('KCFLAGS', '')} -ffile-prefix-map={tree}=/usr/src/" \
+                     f"{source.part}-{source.version}".strip()
     symvers = build.nvidia_build / "Module.symvers"
     if source.part == GDRCOPY:
         if symvers.is_file():  # NVIDIA's own symbol versions: depends=nvidia, no dummy
