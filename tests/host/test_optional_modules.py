@@ -274,6 +274,19 @@ def test_unload_takes_gdrdrv_out_before_nvidia_unless_it_is_open(tmp_path: Path)
     assert done.unloaded.index("gdrdrv") < done.unloaded.index("nvidia")
 
 
+def test_a_directory_where_its_node_goes_fails_only_gdrdrv(tmp_path: Path) -> None:
+    host = _node(tmp_path)
+    (host.roots.dev / "gdrdrv").mkdir(parents=True)
+    (host.roots.dev / "gdrdrv" / "keep").write_text("someone's\n")
+    result = load.load_package(host, _package(tmp_path, {"gdrdrv": ("nvidia",)}))
+    (verdict,) = result.optional
+    assert (verdict.ready, verdict.reason) == (False, "DeviceNodeFailed"), verdict
+    assert verdict.message.startswith("gdrdrv is loaded but its device node could not be "
+                                      "made: ")
+    assert (host.roots.dev / "gdrdrv" / "keep").read_text() == "someone's\n"
+    assert kmod.module_state(host, "nvidia") is not None and host.nodes
+
+
 def test_nvidia_fs_gets_sixteen_nodes(tmp_path: Path) -> None:
     host = _node(tmp_path)
     result = load.load_package(host, _package(tmp_path, {"nvidia_fs": ("nvidia",)}))

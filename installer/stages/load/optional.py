@@ -57,16 +57,34 @@ def _load_one(host: Host, package: Package, entry: ModuleEntry,
         return OptionalVerdict(name, False, "NoDevice", f"{entry.name} is loaded but "
                                f"registered no \"{_CHARDEV.get(name, name)}\" char device in "
                                "/proc/devices, so no device node was made", loaded_now=loaded_now)
+    try:
+        message = _made(host, package, entry, nodes, record, loaded_now)
+    except InstallerError as exc:
+        return _no_node(entry, exc.message, loaded_now)
+    except OSError as exc:
+        return _no_node(entry, str(exc.strerror or exc), loaded_now)
+    return OptionalVerdict(name, True, "Loaded", message,
+                           tuple(f"/dev/{n.name}" for n in nodes), loaded_now)
+
+
+def _no_node(entry: ModuleEntry, why: str, loaded_now: bool) -> OptionalVerdict:
+    return OptionalVerdict(kmod.normalize(entry.name), False, "DeviceNodeFailed",
+                           f"{entry.name} is loaded but its device node could not be made: "
+                           f"{why}", loaded_now=loaded_now)
+
+
+def _made(host: Host, package: Package, entry: ModuleEntry, nodes: list[devnodes.DeviceNode],
+          record: Path | None, loaded_now: bool) -> str:
+    """Make the nodes; the verdict's message says what is loaded after what, and where."""
     made = devnodes.ensure_nodes(host, nodes, record=record)
-    state = kmod.module_state(host, name)
+    state = kmod.module_state(host, kmod.normalize(entry.name))
     what = " ".join(filter(None, (entry.name, state.version if state else None)))
     after = ", ".join(_depends(package, entry)) or "the driver"
-    names = tuple(f"/dev/{n.name}" for n in nodes)
+    names = [f"/dev/{n.name}" for n in nodes]
     shown = ", ".join(names[:2]) + (f" ... ({len(names)} nodes)" if len(names) > 2 else "")
-    message = (f"{what} {'loaded' if loaded_now else 'already loaded'} after {after}"
-               + (f"; {shown}" if shown else "")
-               + (" made" if made.created or made.replaced else ""))
-    return OptionalVerdict(name, True, "Loaded", message, names, loaded_now)
+    return (f"{what} {'loaded' if loaded_now else 'already loaded'} after {after}"
+            + (f"; {shown}" if shown else "")
+            + (" made" if made.created or made.replaced else ""))
 
 
 def _depends(package: Package, entry: ModuleEntry) -> tuple[str, ...]:
