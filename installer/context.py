@@ -1,7 +1,7 @@
 """What every stage sees, and how stages hand their results to each other, typed.
 
 A stage reads the results of earlier stages only through these fields: `node` (detect),
-`package` (fetch), `modules_loaded` and `rdma` (load ran in this process), `verified`
+`package` (fetch), `modules_loaded`, `rdma` and `optional` (load ran in this process), `verified`
 (verify). The pipeline sets them; a stage never imports another stage. What signal reads
 of a verification is the `Verified` protocol below, which verify's result satisfies.
 """
@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # types only: importing the CLI must stay cheap
     from structlog.typing import FilteringBoundLogger
 
     from installer.node.facts import NodeInfo
+    from installer.node.optionalmods import OptionalVerdict
     from installer.node.rdma import RdmaVerdict
     from installer.packages.manifest import Package
 
@@ -73,6 +74,7 @@ class Context:
     modules_loaded: bool = False
     verified: Verified | None = None
     rdma: RdmaVerdict | None = None  # the load stage's word on nvidia-peermem (this process)
+    optional: Sequence[OptionalVerdict] = ()  # its word on gdrdrv, nvidia-fs (this process)
     # /dev nodes a live upgrade withdrew: the load stage does not make them again until the
     # upgrade releases them after verification (GKE's device plugin waits for them)
     held_device_nodes: tuple[str, ...] = ()

@@ -133,6 +133,16 @@ _OUT = click.Path(path_type=Path)
 @click.option("--imex", type=_IN_FILE,
               help="GB200/GB300's IMEX service: NVIDIA's nvidia-imex .deb (or the executable) "
                    "of exactly the driver's version; the agent runs it with IMEX=host")
+@click.option("--gdrcopy", type=click.Path(exists=True, path_type=Path),
+              help="with --nvidia-source and --kernel-headers: also compile GDRCopy's gdrdrv "
+                   "from its sources (a checkout of github.com/NVIDIA/gdrcopy or its "
+                   "tarball), an optional module: loaded after nvidia, /dev/gdrdrv made, a "
+                   "failure marks only GDRCopyReady")
+@click.option("--nvidia-fs", "nvidia_fs", type=click.Path(exists=True, path_type=Path),
+              help="with --nvidia-source (open flavour) and --kernel-headers: also compile "
+                   "GPUDirect Storage's nvidia-fs from github.com/NVIDIA/gds-nvidia-fs's "
+                   "sources, an optional module (GDSReady); refused with the proprietary "
+                   "flavour")
 @click.option("--driver-version", help="driver version (default: read from the inputs)")
 @click.option("--kernel-release", help="kernel release (default: the modules' vermagic)")
 @click.option("--flavour", type=click.Choice(["open", "proprietary", "both"]),

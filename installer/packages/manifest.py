@@ -44,7 +44,8 @@ _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 _OS_KEYS = ("id", "version_id", "build_id")
 _TOP_KEYS = {"schema_version", "driver_version", "kernel_release", "arch", "flavour", "os",
              "files", "modules"}
-_OPTIONAL_TOP_KEYS = frozenset({"links", "signatures", "provenance", "ima", "daemons"})
+_OPTIONAL_TOP_KEYS = frozenset({"links", "signatures", "provenance", "ima", "daemons",
+                                "optional_modules"})
 _FILE_KEYS = {"path", "size", "sha256", "mode", "kind"}
 _LINK_KEYS = {"path", "target"}
 
@@ -104,6 +105,8 @@ class Manifest:
     provenance: dict[str, Any] | None = None  # what compiled modules were made from
     ima: tuple[ImaEntry, ...] = ()  # firmware staged with a security.ima signature
     daemons: tuple[DaemonEntry, ...] = ()  # Fabric Manager, NVLSM, persistenced (optional)
+    # loaded after `modules`, each failing alone (gdrdrv, nvidia-fs: load/optional.py)
+    optional_modules: tuple[ModuleEntry, ...] = ()
 
     def daemon(self, name: str) -> DaemonEntry | None:
         """The daemon of that name the package carries, or None."""
@@ -322,7 +325,20 @@ def manifest_from_dict(obj: Any) -> Manifest:
         ima=parse_ima(obj.get("ima", []), {f.path for f in files if f.kind == "firmware"},
                       _fail),
         daemons=parse_daemons(obj.get("daemons", {}), files, _fail),
+        optional_modules=_parse_optional(obj.get("optional_modules", []), files, modules),
     )
+
+
+def _parse_optional(value: Any, files: tuple[FileEntry, ...], modules: tuple[ModuleEntry, ...]
+                    ) -> tuple[ModuleEntry, ...]:
+    """`optional_modules`: shaped like `modules`, never one of them (name or file)."""
+    optional = parse_modules(value, {f.path for f in files if f.kind == "module"}, _fail,
+                             "optional_modules")
+    names = {m.name.replace("-", "_") for m in modules} | {m.file for m in modules}
+    for i, entry in enumerate(optional):
+        if entry.name.replace("-", "_") in names or entry.file in names:
+            raise _fail(f"optional_modules[{i}]", f"{entry.name!r} is also in modules")
+    return optional
 
 
 def load_json(data: bytes, what: str, limit: int, source: str = "") -> dict[str, Any]:
@@ -363,6 +379,10 @@ def manifest_to_dict(manifest: Manifest) -> dict[str, Any]:
         data["ima"] = ima_to_list(manifest.ima)
     if manifest.daemons:
         data["daemons"] = daemons_to_dict(manifest.daemons, manifest.files)
+    if manifest.optional_modules:
+        data["optional_modules"] = [{"name": m.name, "file": m.file, "depends": list(m.depends),
+                                     "params": dict(m.params)}
+                                    for m in manifest.optional_modules]
     return data
 
 

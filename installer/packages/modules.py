@@ -31,19 +31,20 @@ class ModuleEntry:
     params: dict[str, str] = field(default_factory=dict)
 
 
-def parse_modules(value: Any, module_files: set[str], fail: Fail) -> tuple[ModuleEntry, ...]:
+def parse_modules(value: Any, module_files: set[str], fail: Fail, where: str = "modules"
+                  ) -> tuple[ModuleEntry, ...]:
     """Validate the list: known keys, names, a file of kind 'module', load order."""
     if not isinstance(value, list):
-        raise fail("modules", "must be a list")
-    modules = tuple(_module(item, f"modules[{i}]", module_files, fail)
+        raise fail(where, "must be a list")
+    modules = tuple(_module(item, f"{where}[{i}]", module_files, fail)
                     for i, item in enumerate(value))
     names = [_norm(module.name) for module in modules]
     for i, module in enumerate(modules):
         if _norm(module.name) in names[:i]:
-            raise fail(f"modules[{i}].name", f"duplicate module {module.name!r}")
+            raise fail(f"{where}[{i}].name", f"duplicate module {module.name!r}")
         later = [dep for dep in module.depends if _norm(dep) in names[i:]]
         if later:
-            raise fail(f"modules[{i}].depends", f"{later[0]!r} must come before "
+            raise fail(f"{where}[{i}].depends", f"{later[0]!r} must come before "
                        f"{module.name!r} (modules are listed in load order)")
     return modules
 

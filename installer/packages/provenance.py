@@ -63,7 +63,8 @@ def _parse_input(obj: Any, where: str, keys: set[str]) -> dict[str, str]:
 
 def parse_provenance(value: Any) -> dict[str, Any]:
     """What compiled modules came from: NVIDIA's sources, the headers, compiler, patches."""
-    optional = {"build_root"} & (value.keys() if isinstance(value, dict) else set())
+    optional = {"build_root", "optional_sources"} & (value.keys() if isinstance(value, dict)
+                                                      else set())
     obj = _keys(value, _PROVENANCE_KEYS | optional, "provenance")
     for key in ("kernel_headers", "patches"):
         if not isinstance(obj[key], list) or len(obj[key]) > 64:
@@ -77,7 +78,14 @@ def parse_provenance(value: Any) -> dict[str, Any]:
         "patches": [_parse_input(item, f"provenance.patches[{i}]", _PATCH_KEYS)
                     for i, item in enumerate(obj["patches"])],
     }
-    if optional:
+    if "optional_sources" in optional:  # gdrdrv's and nvidia-fs's sources (optional modules)
+        sources = obj["optional_sources"]
+        if not isinstance(sources, list) or len(sources) > 8:
+            raise ProvenanceError("provenance.optional_sources",
+                                  "must be a list of at most 8 entries")
+        out["optional_sources"] = [_parse_input(item, f"provenance.optional_sources[{i}]",
+                                                _INPUT_KEYS) for i, item in enumerate(sources)]
+    if "build_root" in optional:
         root = _keys(obj["build_root"], _BUILD_ROOT_KEYS, "provenance.build_root")
         out["build_root"] = {key: _text(root[key], f"provenance.build_root.{key}")
                              for key in sorted(_BUILD_ROOT_KEYS)}

@@ -91,6 +91,7 @@ def load(ctx: Context) -> LoadResult:
     result = run_stage(ctx, "load", stage.run)
     ctx.modules_loaded = True
     ctx.rdma = result.rdma
+    ctx.optional = tuple(result.optional)
     return result
 
 

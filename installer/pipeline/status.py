@@ -1,7 +1,7 @@
 """`status`: one report of everything an operator asks first about a GPU node.
 
 Read only. Detect's summary (the RDMA stack too), the package cache, the loaded modules
-and why an optional one (nvidia-peermem) is not, the staged versions,
+and why an optional one (nvidia-peermem, gdrdrv, nvidia-fs) is not, the staged versions,
 readiness, an upgrade the Node's upgrade.skip label held back (`.skipped.json`), the last
 verified run's stage timings (from `.state.json`), the node agent's view (its verdict,
 each GPU's fabric state, its daemons), the CDI spec (where, which version it points at) and,
@@ -23,7 +23,7 @@ from installer.installdir import cdifile, layout, migrecord, skipped
 from installer.installdir.readiness import check_ready, ready_paths
 from installer.installdir.state import MAX_STATE_BYTES
 from installer.installdir.versions import current_name, previous_name, read_staged
-from installer.node import kmod
+from installer.node import kmod, optionalmods
 from installer.node.facts import NodeInfo
 from installer.packages.documents import DocumentError, read_document, read_file
 from installer.pipeline import imagesbom
@@ -124,13 +124,26 @@ def collect(ctx: Context) -> StatusReport:
 
 
 def _optional(ctx: Context, document: dict[str, Any] | None) -> dict[str, Any]:
-    """nvidia-peermem: loaded now, and the last install's word on it (`.ready.json`)."""
+    """nvidia-peermem, gdrdrv, nvidia-fs: loaded now, and the last install's word on each
+    (`.ready.json`); gdrdrv and nvidia-fs only where an install decided them or they are
+    loaded."""
     verdict = (document or {}).get("rdma")
     verdict = verdict if isinstance(verdict, dict) else {}
-    return {"nvidia_peermem": {
+    report = {"nvidia_peermem": {
         "loaded": kmod.module_state(ctx.host, "nvidia_peermem") is not None,
         "reason": str(verdict.get("reason") or ""), "message": str(verdict.get("message")
                                                                    or "")}}
+    listed = (document or {}).get("optional_modules")
+    said = {str(v.get("module")): v for v in (listed if isinstance(listed, list) else [])
+            if isinstance(v, dict)}
+    for name in optionalmods.NAMES:
+        loaded = kmod.module_state(ctx.host, name) is not None
+        if name in said or loaded:
+            entry = said.get(name, {})
+            report[name] = {"loaded": loaded, "reason": str(entry.get("reason") or ""),
+                            "message": str(entry.get("message") or ""),
+                            "condition": optionalmods.CONDITIONS[name]}
+    return report
 
 
 def optional_lines(optional: dict[str, Any] | None) -> list[str]:

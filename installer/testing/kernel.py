@@ -29,6 +29,10 @@ from installer.testing.kobject import module_object
 CHARDEVS: dict[str, dict[str, int | None]] = {
     "nvidia": {"nvidia-frontend": 195, "nvidia-caps": None},
     "nvidia_uvm": {"nvidia-uvm": None},
+    # GDRCopy src/gdrdrv/gdrdrv.c: register_chrdev(0, "gdrdrv", ...) (dynamic major);
+    # gds-nvidia-fs src/nvfs-core.c: register_chrdev(0, "nvidia-fs", ...)
+    "gdrdrv": {"gdrdrv": None},
+    "nvidia_fs": {"nvidia-fs": None},
 }
 
 

@@ -35,6 +35,13 @@ from installer.packages.builder.inputs import (
     pick_user_files,
     scan_modules,
 )
+from installer.packages.builder.optional import (
+    FLAGS,
+    GDRCOPY,
+    MODULE_NAMES,
+    NVIDIA_FS,
+    check_flavour,
+)
 from installer.packages.builder.publish import Identity, update_index, write_package, write_tarball
 from installer.packages.builder.signing import (
     SigningOptions,
@@ -95,6 +102,15 @@ class BuildRequest:
     ima: tuple[tuple[str, bytes], ...] = ()  # (firmware file name, IMA signature)
     daemons: tuple[tuple[str, Path], ...] = ()  # (nv-fabricmanager|nvlsm|..., its input)
     ubuntu_modules: tuple[Path, ...] = ()  # Canonical's signed module .debs (ubuntumodules)
+    gdrcopy: Path | None = None  # GDRCopy's sources: gdrdrv, an optional module (optional.py)
+    nvidia_fs: Path | None = None  # gds-nvidia-fs's sources: nvidia-fs, an optional module
+
+    @property
+    def optional_parts(self) -> tuple[tuple[str, Path], ...]:
+        """(part, sources) of the optional modules to compile beside NVIDIA's."""
+        return tuple((part, path) for part, path in ((GDRCOPY, self.gdrcopy),
+                                                     (NVIDIA_FS, self.nvidia_fs))
+                     if path is not None)
 
 
 @dataclass(frozen=True)
@@ -161,12 +177,18 @@ def build(request: BuildRequest) -> BuildResult:
         destination = _destination(request, identity)
         modules, signatures = ((modules, vendor_signed) if vendor_signed is not None
                                else apply(request.signing, modules, Path(work)))
+        # compiled here (--gdrcopy, --nvidia-fs) or given among --modules: never the driver's
+        optional = [name for name in MODULE_NAMES.values() if any(m.name == name
+                                                                  for m in modules)]
         manifest, data = write_package(destination, identity, request.arch, request.os,
                                        merge(picked, daemons), links, modules,
-                                       load_order(modules), signatures, provenance,
+                                       [m for m in load_order(modules)
+                                        if m.name not in optional], signatures, provenance,
                                        ima=dict(request.ima),
                                        repo=request.repo if request.index else None,
-                                       daemons=tuple(d.entry() for d in daemons))
+                                       daemons=tuple(d.entry() for d in daemons),
+                                       optional=tuple(m for name in optional
+                                                      for m in modules if m.name == name))
     digest = sha256_hex(data)
     tarball = write_tarball(destination, request.tarball) if request.tarball else None
     index, aliases = (update_index(request.repo, manifest, digest, request.aliases)
@@ -227,7 +249,23 @@ def check_request(request: BuildRequest) -> None:
     else:
         check_options(request.signing)
     _check_source_package(request)
+    _check_optional(request)
     check_keys(request.signing)
+
+
+def _check_optional(request: BuildRequest) -> None:
+    """gdrdrv and nvidia-fs compile beside NVIDIA's modules, on this machine."""
+    for part, path in request.optional_parts:
+        flag = FLAGS[part]
+        if request.nvidia_source is None or not request.kernel_headers:
+            raise _fail(f"{flag} needs --nvidia-source with --kernel-headers (it compiles "
+                        "against the same headers as NVIDIA's modules, after them)")
+        if request.build_root is not None:
+            raise _fail(f"{flag} compiles on this machine, not under --build-root",
+                        remedy="install the kernel's compiler here and leave out --build-root")
+        if not path.exists():
+            raise _fail(f"{flag} {path} does not exist")
+    check_flavour(tuple(part for part, _ in request.optional_parts), request.flavour)
 
 
 def _check_source_package(request: BuildRequest) -> None:
@@ -289,7 +327,7 @@ def _compile(request: BuildRequest, work: Path, picked: list[Picked]) -> Compile
         request.nvidia_source or Path(), request.kernel_headers, request.flavour, request.arch,
         request.patches, request.jobs, frozenset(_library_versions(picked)),
         request.jobserver, request.build_root, request.build_root_cache,
-        request.debian_mirror, request.compile_cache),
+        request.debian_mirror, request.compile_cache, request.optional_parts),
         work, structlog.get_logger("package-build"))
 
 

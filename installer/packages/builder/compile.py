@@ -31,6 +31,13 @@ from installer.packages.builder.headers import (
 )
 from installer.packages.builder.inputs import PackageBuildError, elf_machine, file_sha256
 from installer.packages.builder.nvsource import NvSource, unpack_source
+from installer.packages.builder.optional import (
+    OptionalSource,
+    PartBuild,
+    check_flavour,
+    compile_part,
+)
+from installer.packages.builder.optional import unpack as unpack_part
 
 MODULES = ("nvidia", "nvidia-uvm", "nvidia-modeset", "nvidia-drm")
 OPTIONAL = ("nvidia-peermem",)
@@ -65,6 +72,7 @@ class CompileRequest:
     build_root_cache: Path | None = None
     mirror: str | None = None
     compile_cache: Path | None = None  # compiled modules kept by their inputs' key
+    optional: tuple[tuple[str, Path], ...] = ()  # (gdrdrv|nvidia-fs, its sources): optional.py
 
 
 @dataclass(frozen=True)
@@ -88,6 +96,8 @@ def compile_modules(request: CompileRequest, work: Path, log: Any,
     kernel = prepare_headers(request.headers, work / "in")
     _check(request, source, kernel)
     _check_prebuilt(tree, request.arch)
+    check_flavour(tuple(part for part, _ in request.optional), flavour)
+    parts = [unpack_part(part, path, work / "in") for part, path in request.optional]
     root = (resolve(request.build_root, kernel, request.build_root_cache, request.mirror, log)
             if request.build_root else None)
     compiler = root.compiler if root else which_compiler(kernel)
@@ -99,9 +109,14 @@ def compile_modules(request: CompileRequest, work: Path, log: Any,
     modules = [m for m in MODULES + OPTIONAL if (build / m).is_dir() or m in MODULES]
     provenance = _provenance(source, kernel, patches, root)
     key = _cache_key(request, source, flavour, kernel, compiler, provenance, modules)
+    if parts:
+        provenance["optional_sources"] = [p.provenance() for p in parts]
     out = work / "modules"
     out.mkdir()
-    if _restore(request.compile_cache, key, modules, out, log):
+    part_build = PartBuild(tree, build, flavour, kernel, compiler,
+                           build_env(_maps(work, build, kernel)), tuple(_cross_args(kernel)))
+    # gdrdrv and nvidia-fs need this compile's Module.symvers, which the cache does not keep
+    if not parts and _restore(request.compile_cache, key, modules, out, log):
         return Compiled(out, source.version, kernel.release, flavour, provenance, 0.0)
     started = time.monotonic()
     made = root.mount_point(work) if root else []
@@ -120,8 +135,16 @@ def compile_modules(request: CompileRequest, work: Path, log: Any,
         store(request.compile_cache, key, sorted(out.glob("*.ko")),
               {"release": kernel.release, "version": source.version, "flavour": flavour})
         log.info("compile cached", release=kernel.release, key=key[:16])
+    _compile_parts(parts, part_build, work, out, log)
     return Compiled(out, source.version, kernel.release, flavour, provenance,
                     time.monotonic() - started)
+
+
+def _compile_parts(parts: list[OptionalSource], build: PartBuild, work: Path, out: Path,
+                   log: Any) -> None:
+    """The optional modules (gdrdrv, nvidia-fs), after NVIDIA's, beside them in `out`."""
+    for part in parts:
+        compile_part(part, build, work, out, log)
 
 
 def _provenance(source: NvSource, kernel: KernelTree, patches: list[dict[str, str]],

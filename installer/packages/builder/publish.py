@@ -73,7 +73,8 @@ def write_package(destination: Path, identity: Identity, arch: str,
                   modules: list[ModuleInfo], ordered: list[ModuleInfo],
                   signatures: tuple[SignatureEntry, ...], provenance: dict[str, Any] | None,
                   *, ima: Mapping[str, bytes] | None = None, repo: Path | None = None,
-                  daemons: tuple[DaemonEntry, ...] = ()) -> tuple[Manifest, bytes]:
+                  daemons: tuple[DaemonEntry, ...] = (),
+                  optional: tuple[ModuleInfo, ...] = ()) -> tuple[Manifest, bytes]:
     """Copy and hash every file into a temp dir beside `destination`, then swap it in
     (with `repo`: after withdrawing an index entry that names other contents for it)."""
     destination.parent.mkdir(parents=True, exist_ok=True)
@@ -91,7 +92,8 @@ def write_package(destination: Path, identity: Identity, arch: str,
                 identity.flavour, os_info, tuple(entries),
                 tuple(ModuleEntry(m.name, f"modules/{m.path.name}", m.depends, {})
                       for m in ordered), tuple(links), signatures, provenance, ima_entries,
-                daemons)))
+                daemons, tuple(ModuleEntry(m.name, f"modules/{m.path.name}", m.depends, {})
+                               for m in optional))))
             data = dump_manifest(manifest)
             (tmp / MANIFEST_NAME).write_bytes(data)
             tmp.chmod(0o755)

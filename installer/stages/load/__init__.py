@@ -28,9 +28,11 @@ from installer.installdir.readiness import clear_readiness
 from installer.node import interrupts, kmod, syscalls
 from installer.node.holders import processes_using_nvidia as processes_using_nvidia
 from installer.node.host import Host
+from installer.node.optionalmods import NAMES as OPTIONAL_NAMES
+from installer.node.optionalmods import OptionalVerdict
 from installer.node.rdma import RdmaVerdict
 from installer.packages.manifest import Package
-from installer.stages.load import devnodes, failures, rdma
+from installer.stages.load import devnodes, failures, optional, rdma
 from installer.stages.load import plan as modplan
 from installer.stages.load.plan import PlannedModule
 
@@ -52,6 +54,7 @@ class LoadResult:
     firmware_path: str | None = None
     warnings: list[str] = field(default_factory=list)
     rdma: RdmaVerdict | None = None  # nvidia-peermem's verdict (None: not considered)
+    optional: list[OptionalVerdict] = field(default_factory=list)  # gdrdrv, nvidia-fs
 
     @property
     def changed(self) -> bool:
@@ -68,7 +71,8 @@ class LoadResult:
                 "device_nodes": {"created": self.nodes.created,
                                  "replaced": self.nodes.replaced, "kept": self.nodes.kept},
                 "firmware_path": self.firmware_path, "warnings": self.warnings,
-                "rdma": self.rdma.to_dict() if self.rdma else None}
+                "rdma": self.rdma.to_dict() if self.rdma else None,
+                "optional_modules": [v.to_dict() for v in self.optional]}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
@@ -87,6 +91,9 @@ class LoadResult:
             lines.append(f"RDMA:            {self.rdma.stack.text}")
             lines.append(f"nvidia-peermem:  {'loaded' if self.rdma.ready else 'not loaded'} "
                          f"({self.rdma.reason}: {self.rdma.message})")
+        lines += [f"Optional:        {v.module.replace('_', '-')} "
+                  f"{'loaded' if v.ready else 'not loaded'} ({v.reason}: {v.message})"
+                  for v in self.optional]
         lines += [f"Warning: {warning}" for warning in self.warnings]
         return "\n".join(lines)
 
@@ -191,7 +198,24 @@ def load_package(host: Host, package: Package, *, params: modplan.Params = (),
             if log is not None:
                 log.warning("nvidia-peermem refused", reason=result.rdma.reason,
                             detail=result.rdma.message)
+    _load_optional(host, package, record, result, log)
     return result
+
+
+def _load_optional(host: Host, package: Package, record: Path | None, result: LoadResult,
+                   log: Any) -> None:
+    """gdrdrv, nvidia-fs (`optional`): last, each failing alone, the driver untouched."""
+    result.optional = optional.load_optional(host, package, record)
+    for verdict in result.optional:
+        if verdict.loaded_now:
+            result.loaded.append(verdict.module)
+        elif verdict.ready:
+            result.kept.append(verdict.module)
+        else:
+            result.warnings.append(verdict.message)
+            if log is not None:
+                log.warning("optional module not loaded", module=verdict.module,
+                            reason=verdict.reason, detail=verdict.message)
 
 
 def require_module_support(host: Host) -> None:
@@ -268,12 +292,17 @@ def other_version(host: Host, package: Package) -> OtherVersion | None:
     """The loaded NVIDIA modules and our module names, when another version or flavour
     than the package's is loaded (what a load would have to unload first), else None."""
     version = package.manifest.driver_version
-    names = set(NVIDIA_MODULES) | {kmod.normalize(m.name) for m in package.manifest.modules}
+    # the optional modules the package ships count as ours (they hold nvidia); one it does
+    # not ship, loaded by someone else, holds the driver like any foreign module
+    optional = {kmod.normalize(m.name) for m in package.manifest.optional_modules}
+    names = set(NVIDIA_MODULES) | optional | {kmod.normalize(m.name)
+                                              for m in package.manifest.modules}
     states = {n: s for n in names if (s := kmod.module_state(host, n)) is not None}
     driver = kmod.loaded_driver(host) if states else None
     other_flavour = driver is not None and driver.flavour not in (None,
                                                                   package.manifest.flavour)
-    if not other_flavour and not any(s.version != version for s in states.values()):
+    if not other_flavour and not any(s.version != version for n, s in states.items()
+                                     if n not in optional):
         return None
     return states, names
 
@@ -349,9 +378,10 @@ def point_firmware_path(host: Host, firmware_dir: str, warnings: list[str]) -> s
 
 
 def unload(host: Host) -> UnloadResult:
-    """`unload`: take every NVIDIA module out if nothing holds it, uvm nodes first."""
+    """`unload`: take every NVIDIA module out if nothing holds it, uvm nodes first; gdrdrv
+    and nvidia-fs too (they hold nvidia and are nothing without it), unless in use."""
     require_module_support(host)
-    names = set(NVIDIA_MODULES)
+    names = set(NVIDIA_MODULES) | set(OPTIONAL_NAMES)
     states = {n: s for n in names if (s := kmod.module_state(host, n)) is not None}
     if not states:
         return UnloadResult([], [])

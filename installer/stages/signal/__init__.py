@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +40,7 @@ from installer.installdir.readiness import (
     withdraw,
 )
 from installer.installdir.versions import current_name
+from installer.node.optionalmods import OptionalVerdict
 from installer.node.pci import bus_key
 from installer.node.rdma import RdmaVerdict
 
@@ -144,6 +146,7 @@ def ready_document(ctx: Context, verified: Verified) -> dict[str, Any]:
         "timings_ms": dict(ctx.timings_ms),
         "installer_version": __version__,
         "rdma": ctx.rdma.to_dict() if ctx.rdma is not None else None,
+        "optional_modules": [v.to_dict() for v in ctx.optional],
         "written_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
 
@@ -197,6 +200,15 @@ def rdma_condition(verdict: RdmaVerdict) -> dict[str, str]:
             "lastHeartbeatTime": now, "lastTransitionTime": now}
 
 
+def optional_conditions(verdicts: Sequence[OptionalVerdict]) -> list[dict[str, str]]:
+    """`gpu-node-installer/GDRCopyReady`, `GDSReady`: each optional module the package
+    ships, loaded with its device nodes, or why not (the GPUs' readiness never waits)."""
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    return [{"type": f"{LABEL_PREFIX}/{v.condition}", "status": "True" if v.ready else "False",
+             "reason": v.reason, "message": v.message[:1024], "lastHeartbeatTime": now,
+             "lastTransitionTime": now} for v in verdicts if v.condition is not None]
+
+
 def _publish(ctx: Context, verified: Verified, labels: dict[str, str], *,
              announce: bool) -> list[str]:
     """Label the node and (`announce`: readiness was published) post an Event when running
@@ -231,6 +243,12 @@ def _publish(ctx: Context, verified: Verified, labels: dict[str, str], *,
             kube.patch_node_status(api, node, [rdma_condition(ctx.rdma)])
         except kube.KubeError as exc:
             warnings.append(f"could not set the node condition {RDMA_CONDITION}: {exc}")
+    conditions = optional_conditions(ctx.optional)
+    if conditions:
+        try:
+            kube.patch_node_status(api, node, conditions)
+        except kube.KubeError as exc:
+            warnings.append(f"could not set the optional modules' node conditions: {exc}")
     for warning in warnings:
         ctx.log.warning("kubernetes API call failed", detail=warning)
     return warnings
