@@ -15,6 +15,7 @@ passes, the module loads.
 from __future__ import annotations
 
 import dataclasses
+import json
 import shutil
 from pathlib import Path
 
@@ -27,7 +28,7 @@ from installer.config import load_config
 from installer.context import Context
 from installer.node import modversions
 from installer.node.host import Roots
-from installer.node.rdma import RdmaStack, RebuildFailed
+from installer.node.rdma import RdmaStack, RdmaVerdict, RebuildFailed
 from installer.packages.cache import Cache
 from installer.packages.manifest import SOURCE_RELEASE, Package
 from installer.stages import load
@@ -159,6 +160,21 @@ class TestSeam:
         assert "without the peer-memory API" in result.rdma.message
         assert "nvidia_peermem" not in host.modules
 
+    def test_a_stub_built_without_ofed_is_refused_then_rebuilt(
+            self, tmp_path: Path, host: FakeKernelHost) -> None:
+        """NVIDIA's peermem built where conftest found no OFED Module.symvers imports no
+        peer-memory symbol and fails its init with EINVAL: refused before, rebuilt here."""
+        stub = {"module_layout": 0x9060323F}
+        refused = load.load_package(host, _package(tmp_path / "a", stub), rdma_mode="auto")
+        assert refused.rdma is not None and refused.rdma.reason == "PeerMemoryApiUnused"
+        assert "EINVAL" in refused.rdma.message and "BUILD_FALLBACK=auto" in \
+            refused.rdma.message
+        assert "nvidia_peermem" not in host.modules
+        rebuilt = load.load_package(host, _package(tmp_path / "b", stub), rdma_mode="auto",
+                                    peermem_rebuild=lambda s, r: _module(tmp_path, "r.ko", OFED))
+        assert rebuilt.rdma is not None and rebuilt.rdma.reason == "PeermemRebuilt"
+        assert "nvidia_peermem" in host.modules
+
     def test_a_package_without_peermem_is_rebuilt(self, tmp_path: Path,
                                                  host: FakeKernelHost) -> None:
         result = load.load_package(host, _package(tmp_path, None), rdma_mode="auto",
@@ -266,3 +282,58 @@ class TestRealCompile:
         assert "no source package of driver 535.261.03" in result.rdma.message
         assert "package build --nvidia-source" in result.rdma.message
         _gpus_kept(host)
+
+
+@pytest.fixture(scope="module")
+def source_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A repository holding only a source package: stand-in user mode, the stand-in NVIDIA
+    modules (tests/nvsources.py) and the NVIDIA-shaped nvidia-peermem tree beside them."""
+    from native import build_standins
+    from native.packages import standin_tree
+    from nvsources import mini_source
+
+    from installer.packages.builder import BuildRequest, build
+
+    work = tmp_path_factory.mktemp("source")
+    tree = standin_tree(work / "tree", build_standins(work / "built"), VERSION)
+    nv = mini_source(work / "nv")
+    shutil.copytree(STANDIN / "nvidia-peermem", nv / "nvidia-peermem")
+    shutil.copyfile(STANDIN / "conftest.sh", nv / "conftest.sh")
+    with (nv / "Kbuild").open("a") as kbuild:
+        kbuild.write((STANDIN / "Kbuild").read_text().split("\n", 2)[2])
+    build(BuildRequest(trees=(tree,), nvidia_source=nv, repo=work / "repo",
+                       aliases=("default",), flavour="open"))
+    return work / "repo"
+
+
+def test_install_builds_the_package_then_rebuilds_peermem_for_ofed(
+        tmp_path: Path, headers_root: Path, source_repo: Path) -> None:
+    """The issue's case end to end: the package built without OFED (its peermem lacks the
+    peer-memory API) on an OFED node; `install` with BUILD_FALLBACK=auto builds the package,
+    then nvidia-peermem against /usr/src/ofa_kernel; exit 0, PeermemRebuilt in .ready.json,
+    `status` and the RDMAReady condition's status True."""
+    from e2e import run_cli, standin_env
+    from helpers import node_args
+
+    from installer.stages.signal import rdma_condition
+
+    root = make_node(tmp_path / "n", headers_root)
+    _ofed_node(root, DEBIAN_RELEASE)
+    done = run_cli(["install", *node_args(root), "--log-format", "json", "--mirror",
+                    f"file://{source_repo}", "--driver-version", VERSION, "--build-fallback",
+                    "auto", "--rdma", "on"], standin_env(VERSION), timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    ready = json.loads((root / "home/kubernetes/bin/nvidia/.ready.json").read_text())
+    assert ready["driver_version"] == VERSION
+    verdict = ready["rdma"]
+    assert verdict["reason"] == "PeermemRebuilt", verdict
+    assert "without the peer-memory API" in verdict["message"]
+    assert "nvidia_peermem" in (root / "proc/modules").read_text()
+    assert "nvidia-peermem rebuilt on the node" in done.stderr
+    condition = rdma_condition(RdmaVerdict(verdict["ready"], verdict["reason"],
+                                           verdict["message"], RdmaStack(True, "ofed", None,
+                                                                         (), ())))
+    assert (condition["status"], condition["reason"]) == ("True", "PeermemRebuilt")
+    status = run_cli(["status", *node_args(root)], standin_env(VERSION))
+    assert status.returncode == 0, status.stderr
+    assert "Optional:        nvidia-peermem loaded" in status.stdout, status.stdout

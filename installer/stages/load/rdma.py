@@ -35,7 +35,9 @@ PEER_API = ("ib_register_peer_memory_client", "ib_unregister_peer_memory_client"
 # the verdicts that refuse or fail (the others: RDMA off, no stack, nothing shipped)
 REFUSALS = ("SymbolVersionMismatch", "SymbolVersionsUnknown", "PeerMemoryApiMissing",
             "PeermemInvalid", "PeermemLoadFailed", "RdmaStackUnreadable",
-            "PeermemRebuildFailed")
+            "PeermemRebuildFailed", "PeerMemoryApiUnused")
+# the refusals a build against the loaded stack can cure (BUILD_FALLBACK=auto)
+REBUILT_FOR = ("SymbolVersionMismatch", "PeerMemoryApiUnused")
 REMEDY = ("set BUILD_FALLBACK=auto to rebuild nvidia-peermem on the node against the loaded "
           "RDMA stack's headers, or use DMA-BUF (docs/rdma.md); the GPUs are ready without it")
 READY = "; the GPUs are ready without it"
@@ -109,7 +111,7 @@ def _decide(host: Host, package: Package, mode: str, stack: RdmaStack,
         stack = rdma.read_stack(host)
     built = f"nvidia-peermem {version} (built for kernel {package.manifest.kernel_release})"
     verdict = _check_and_load(host, path, data, stack, mode, built)
-    if verdict.reason == "SymbolVersionMismatch" and rebuild is not None:
+    if verdict.reason in REBUILT_FOR and rebuild is not None:
         return _rebuilt(host, package, stack, mode, rebuild,
                         verdict.message.removesuffix(f"; {REMEDY}"))
     return verdict
@@ -141,9 +143,10 @@ def _rebuilt(host: Host, package: Package, stack: RdmaStack, mode: str, rebuild:
 
 def _check_and_load(host: Host, path: Path, data: bytes, stack: RdmaStack, mode: str,
                     built: str, *, rebuilt: bool = False) -> RdmaVerdict:
-    """The CRC check, then the load. `rebuilt`: a module built here must also use the
-    peer-memory API when the loaded ib_core has one (else NVIDIA's conftest did not find
-    OFED's Module.symvers, and its init would fail with EINVAL)."""
+    """The CRC check, then the load. A module must use the peer-memory API when the loaded
+    ib_core has one: NVIDIA's builds it in only when conftest finds OFED's Module.symvers,
+    and without it nv_mem_client_init returns -EINVAL. `rebuilt`: one built here (any
+    refusal is then PeermemRebuildFailed)."""
     try:
         imported = modversions.recorded(data)
     except modversions.ModversionsError as exc:
@@ -160,10 +163,12 @@ def _check_and_load(host: Host, path: Path, data: bytes, stack: RdmaStack, mode:
     if missing:
         return _no(stack, mode, "PeerMemoryApiMissing", f"{built} not loaded: it needs "
                    f"{missing[0]}, which {loaded} does not export; {REMEDY}")
-    if rebuilt and PEER_API[0] in exports and PEER_API[0] not in imported:
-        return _no(stack, mode, "PeermemRebuildFailed", f"{built} not loaded: it was built "
-                   f"without the peer-memory API that {loaded} exports (OFED's Module.symvers "
-                   f"was not found by NVIDIA's conftest){READY}")
+    if PEER_API[0] in exports and not any(name in imported for name in PEER_API):
+        reason, fix = ("PeermemRebuildFailed", READY) if rebuilt else (
+            "PeerMemoryApiUnused", f"; {REMEDY}")
+        return _no(stack, mode, reason, f"{built} not loaded: it was built without the "
+                   f"peer-memory API that {loaded} exports (NVIDIA's conftest found no "
+                   f"OFED Module.symvers), so its init would fail with EINVAL{fix}")
     wrong = modversions.mismatches(imported, exports)
     if wrong:
         name, ours, theirs = wrong[0]
