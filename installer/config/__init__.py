@@ -190,7 +190,9 @@ SETTINGS: tuple[Setting, ...] = (
     # on-node build when no package exists for the kernel (fetch stage)
     Setting("build_fallback", "--build-fallback", "BUILD_FALLBACK", "never",
             "when no package exists for the running kernel: build one on the node from a "
-            "source package and the node's headers (auto) or fail (never)",
+            "source package and the node's headers (auto) or fail (never); auto also "
+            "rebuilds nvidia-peermem on the node when the package's does not fit the loaded "
+            "RDMA stack (docs/rdma.md)",
             "one of auto, never", values.choice("auto", "never"), readers.FETCHING),
     Setting("build_sign_key", "--build-sign-key", "BUILD_SIGN_KEY", None,
             "private key (PEM) that signs modules built on the node", "an absolute path",

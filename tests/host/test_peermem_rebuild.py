@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -254,6 +255,14 @@ class TestRealCompile:
                                   peermem_rebuild=rebuild.rebuilder(ctx))
         assert again.rdma is not None and again.rdma.reason == "PeermemRebuilt"
         assert kept.stat().st_mtime_ns == stamp
+        # a kept module whose bytes are not the recorded ones is never loaded: built anew
+        host.delete_module("nvidia_peermem")
+        kept.write_bytes(kept.read_bytes()[:-1] + b"X")
+        third = load.load_package(host, package, rdma_mode="on",
+                                  peermem_rebuild=rebuild.rebuilder(ctx))
+        assert third.rdma is not None and third.rdma.reason == "PeermemRebuilt"
+        assert modversions.recorded(kept.read_bytes())[PEER] == OFED[PEER]
+        assert not kept.read_bytes().endswith(b"X")
 
     def test_compile_error_is_the_condition_and_the_gpus_stay(
             self, tmp_path: Path, headers_root: Path) -> None:
@@ -282,6 +291,40 @@ class TestRealCompile:
         assert "no source package of driver 535.261.03" in result.rdma.message
         assert "package build --nvidia-source" in result.rdma.message
         _gpus_kept(host)
+
+
+def test_a_hung_make_is_stopped_within_its_bound(tmp_path: Path) -> None:
+    """make that never ends is killed with its whole process group at the timeout."""
+    from nvsources import fake_headers
+
+    from installer.packages.builder.peermem import (
+        PeermemBuildError,
+        PeermemRequest,
+        build_peermem,
+    )
+
+    if shutil.which("gcc-12") is None:
+        pytest.skip("needs gcc-12 (the kernel's compiler): make deps")
+    hung = tmp_path / "hung"
+    shutil.copytree(STANDIN, hung)
+    pidfile = tmp_path / "sleeper.pid"
+    (hung / "Makefile").write_text(f"modules:\n\tsh -c 'echo $$$$ > {pidfile}; exec sleep 60'\n")
+    source = _source_package(tmp_path / "source", hung)
+    headers = fake_headers(tmp_path / "headers", DEBIAN_RELEASE)
+    (tmp_path / "work").mkdir()
+    with pytest.raises(PeermemBuildError, match="did not finish in 1 s"):
+        build_peermem(PeermemRequest(source, headers, None, timeout_s=1.0), tmp_path / "work",
+                      logs.get_logger())
+    status = Path(f"/proc/{int(pidfile.read_text())}/status")
+    for _ in range(50):  # SIGKILL is delivered at once; its exit is seen within moments
+        try:
+            if "zombie" in status.read_text().lower():
+                break
+        except OSError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("make's child survived the timeout")
 
 
 @pytest.fixture(scope="module")

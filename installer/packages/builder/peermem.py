@@ -13,8 +13,10 @@ OFED's CRCs for ib_core's exports. conftest.sh decides `NV_MLNX_IB_PEER_MEM_SYMB
 rhel10/nvidia-driver, _create_driver_package). Here the node's OFED tree lives under the
 host root, so a private `ofa_kernel/<release>` link in the work folder points at it, `OFA_DIR`
 is given to make (a command-line variable overrides the Kbuild's `:=`) and the copied
-conftest.sh's one `MLNX_OFED_KERNEL_DIR=` line is re-pointed there. Bounded in time; a
-failure names the compiler's last line.
+conftest.sh's one `MLNX_OFED_KERNEL_DIR=` line is re-pointed there; on an inbox stack that
+folder does not exist, so neither looks at this image's own /usr/src/ofa_kernel (the
+Kbuild would otherwise add a missing Module.symvers, which modpost refuses). Bounded in
+time; a failure names the compiler's last line.
 """
 
 from __future__ import annotations
@@ -88,11 +90,11 @@ def build_peermem(request: PeermemRequest, work: Path, log: Any) -> Path:
     tree = materialize(request.source, work / "src")
     kernel = prepare_headers((request.headers,), work / "in")
     compiler = which_compiler(kernel)
-    ofa = work / "ofa_kernel"
-    ofa.mkdir()
+    ofa = work / "ofa_kernel"  # absent on an inbox stack: nothing of this image is used
     if request.ofed is not None:
+        ofa.mkdir()
         (ofa / kernel.release).symlink_to(request.ofed)
-        _point_conftest(tree / "conftest.sh", ofa)
+    _point_conftest(tree / "conftest.sh", ofa)
     if shutil.which("make") is None:
         raise PeermemBuildError("make not found in this image",
                                 remedy="run the image's build variant (Dockerfile target "

@@ -58,6 +58,12 @@ def _rebuild(ctx: Context, package: Package, stack: RdmaStack, release: str) -> 
     if ctx.node_info().security.requires_signed_modules and config.build_sign_key is None:
         raise RebuildFailed("the node only loads signed modules and no BUILD_SIGN_KEY/"
                             "BUILD_SIGN_CERT is configured to sign a module built here")
+    ofed = ofed_tree(ctx.host, release) if stack.kind == "ofed" else None
+    if stack.kind == "ofed" and ofed is None:
+        raise RebuildFailed(f"the node runs {stack.text.split(';')[0]} but has no OFED kernel "
+                            f"tree for {release} (/usr/src/ofa_kernel/<arch>/{release} with "
+                            "Module.symvers); fix: install OFED's kernel sources "
+                            "(mlnx-ofed-kernel-dkms or DOCA's doca-ofed), or use DMA-BUF")
     cache = Cache(cache_root(config, ctx.host.roots))
     source = _source_package(cache, package)
     if source is None:
@@ -66,12 +72,6 @@ def _rebuild(ctx: Context, package: Package, stack: RdmaStack, release: str) -> 
             f"{manifest.arch}) in the cache {cache.root} to build it from; fix: publish one "
             "(package build --nvidia-source ... --repo, without --kernel-headers; the on-node "
             "build keeps the one it fetches there), or use DMA-BUF")
-    ofed = ofed_tree(ctx.host, release) if stack.kind == "ofed" else None
-    if stack.kind == "ofed" and ofed is None:
-        raise RebuildFailed(f"the node runs {stack.text.split(';')[0]} but has no OFED kernel "
-                            f"tree for {release} (/usr/src/ofa_kernel/<arch>/{release} with "
-                            "Module.symvers); fix: install OFED's kernel sources "
-                            "(mlnx-ofed-kernel-dkms or DOCA's doca-ofed), or use DMA-BUF")
     key = _key(source, release, ofed, config.build_sign_cert)
     kept = _cached(cache, key)
     if kept is not None:

@@ -3,8 +3,10 @@
  * Test stand-in shaped like NVIDIA's nvidia-peermem.c (open-gpu-kernel-modules @ df1c9a3d):
  * with NV_MLNX_IB_PEER_MEM_SYMBOLS_PRESENT it registers a peer-memory client with OFED's
  * ib_core (ib_register_peer_memory_client, declared by OFED's rdma/peer_mem.h), so modpost
- * records the CRC OFED's Module.symvers lists; without it, init fails with -EINVAL, as
- * NVIDIA's does.
+ * records the CRC OFED's Module.symvers lists. Without it NVIDIA's init returns -EINVAL;
+ * this stand-in registers an inbox ib_client instead (ib_register_client, whose CRC comes
+ * from the kernel's Module.symvers), so that the kernel tier can load it on the real
+ * kernel's inbox ib_core.
  */
 #include <linux/module.h>
 #include <linux/errno.h>
@@ -14,6 +16,23 @@
 
 static struct peer_memory_client gni_client = { .name = "nv_mem" };
 static void *gni_handle;
+#else
+#include <rdma/ib_verbs.h>
+
+static int gni_add(struct ib_device *device)
+{
+	return 0;
+}
+
+static void gni_remove(struct ib_device *device, void *client_data)
+{
+}
+
+static struct ib_client gni_client = {
+	.name = "nvidia_peermem_standin",
+	.add = gni_add,
+	.remove = gni_remove,
+};
 #endif
 
 static int __init gni_peermem_init(void)
@@ -22,7 +41,7 @@ static int __init gni_peermem_init(void)
 	gni_handle = ib_register_peer_memory_client(&gni_client, NULL);
 	return gni_handle ? 0 : -EINVAL;
 #else
-	return -EINVAL;
+	return ib_register_client(&gni_client);
 #endif
 }
 
@@ -30,6 +49,8 @@ static void __exit gni_peermem_exit(void)
 {
 #if defined(NV_MLNX_IB_PEER_MEM_SYMBOLS_PRESENT)
 	ib_unregister_peer_memory_client(gni_handle);
+#else
+	ib_unregister_client(&gni_client);
 #endif
 }
 
