@@ -75,9 +75,13 @@ def _ofed_node(root: Path, release: str) -> FakeKernelHost:
     return host
 
 
+NV_EXPORT = {"nvgni_core_version": 0x5EED5EED}  # the stand-in nvidia's, as peermem's p2p
+
+
 def _package(base: Path, versions: dict[str, int] | None, flavour: str = "proprietary"
              ) -> Package:
     modules = fake_module_set(base / "ko", VERSION)
+    modules[0].source.write_bytes(module_file_bytes("nvidia", VERSION, exports=NV_EXPORT))
     extra = {"kernel/nvidia-peermem.ko": (module_file_bytes(
         "nvidia_peermem", VERSION, ["nvidia", "ib_core"], versions=versions), "module")} \
         if versions else None
@@ -140,6 +144,19 @@ class TestSeam:
         assert result.warnings == [message]
         _gpus_kept(host)
         assert "nvidia_peermem" not in host.modules
+
+    def test_a_rebuild_raising_an_installer_error_is_a_failed_rebuild(
+            self, tmp_path: Path, host: FakeKernelHost) -> None:
+        from installer.packages.builder.peermem import PeermemBuildError
+
+        def refused(stack: RdmaStack, release: str) -> Path:
+            raise PeermemBuildError("make exited 2: ERROR: modpost: \"x\" undefined!")
+
+        result = load.load_package(host, _package(tmp_path, {PEER: BAD}), rdma_mode="auto",
+                                   peermem_rebuild=refused)
+        assert result.rdma is not None and result.rdma.reason == "PeermemRebuildFailed"
+        assert 'modpost: "x" undefined!' in result.rdma.message
+        _gpus_kept(host)
 
     def test_a_rebuild_that_still_disagrees_is_refused(self, tmp_path: Path,
                                                       host: FakeKernelHost) -> None:
@@ -248,6 +265,8 @@ class TestRealCompile:
         (kept,) = (ctx.install_root / ".cache" / rebuild.CACHE_DIR).glob("*.ko")
         recorded = modversions.recorded(kept.read_bytes())
         assert recorded[PEER] == OFED[PEER] and recorded[UNPEER] == OFED[UNPEER]
+        # built alone, its import from nvidia is versioned with the package's nvidia's CRC
+        assert recorded["nvgni_core_version"] == NV_EXPORT["nvgni_core_version"]
         # the next boot: the same inputs find the module built before, nothing compiles
         host.delete_module("nvidia_peermem")
         stamp = kept.stat().st_mtime_ns
@@ -291,6 +310,14 @@ class TestRealCompile:
         assert "no source package of driver 535.261.03" in result.rdma.message
         assert "package build --nvidia-source" in result.rdma.message
         _gpus_kept(host)
+
+
+def test_symvers_lines_read_back_as_written() -> None:
+    """What the rebuild gives modpost for nvidia's exports is what Module.symvers holds."""
+    crcs = {"nvidia_p2p_get_pages": 0x0000BEEF, "nvidia_p2p_put_pages": 0xFFFFFFFF}
+    text = modversions.symvers_text(crcs, "nvidia")
+    assert modversions.parse_symvers(text, "nvidia") == crcs
+    assert text.splitlines()[0] == "0x0000beef\tnvidia_p2p_get_pages\tnvidia\tEXPORT_SYMBOL\t"
 
 
 def test_a_hung_make_is_stopped_within_its_bound(tmp_path: Path) -> None:

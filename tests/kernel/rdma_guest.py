@@ -81,7 +81,7 @@ def _observed(result: load.LoadResult) -> dict[str, Any]:
             "nvidiactl": Path("/dev/nvidiactl").exists()}
 
 
-def _rebuild(headers: Path) -> Any:
+def _rebuild(ko: Path, headers: Path) -> Any:
     """BUILD_FALLBACK=auto's seam: the source package's peermem compiled here."""
     files = {f"kernel-source/{p.relative_to(STANDIN).as_posix()}": (p.read_bytes(), "source")
              for p in sorted(STANDIN.rglob("*")) if p.is_file()}
@@ -91,7 +91,11 @@ def _rebuild(headers: Path) -> Any:
     def build(stack: rdma.RdmaStack, release: str) -> Path:
         work = WORK / "rebuild"
         work.mkdir()
-        return build_peermem(PeermemRequest(source, headers, None), work, logs.get_logger())
+        symvers = WORK / "nvidia.symvers"  # the loaded stand-in nvidia's exports
+        symvers.write_text(modversions.symvers_text(
+            modversions.exported((ko / "nvidia.ko").read_bytes()), "nvidia"))
+        return build_peermem(PeermemRequest(source, headers, None, nvidia_symvers=symvers),
+                             work, logs.get_logger())
     return build
 
 
@@ -123,11 +127,13 @@ def main(ko: Path, out: Path, headers: Path) -> None:
         results["kernel_errno"] = exc.errno
     results["disagrees"] = [line for line in _kmsg() if "disagrees about version" in line]
     rebuilt = load.load_package(HOST, _package("rebuilt", ko, patched), rdma_mode="on",
-                                peermem_rebuild=_rebuild(headers))
+                                peermem_rebuild=_rebuild(ko, headers))
     results["rebuilt"] = _observed(rebuilt)
     built = WORK / "rebuild" / "src" / "nvidia-peermem.ko"
-    results["rebuilt_recorded"] = modversions.recorded(built.read_bytes()).get(
-        SYMBOL.decode()) if built.is_file() else None
+    recorded = modversions.recorded(built.read_bytes()) if built.is_file() else {}
+    results["rebuilt_recorded"] = recorded.get(SYMBOL.decode())
+    results["rebuilt_nvidia_crc"] = recorded.get("nvgni_core_version")
+    results["nvidia_exports"] = modversions.exported((ko / "nvidia.ko").read_bytes())
     (out / "results.json").write_text(json.dumps(results, indent=1))
 
 

@@ -123,5 +123,8 @@ def test_the_refused_peermem_is_rebuilt_in_the_guest_and_loads(
     assert isinstance(recorded, int)
     assert f"CRC {recorded ^ 1:#010x}" in verdict["message"]  # the package's, named
     assert guest_run["rebuilt_recorded"] == guest_run["exported"]
+    exports = guest_run["nvidia_exports"]  # built alone, versioned against the loaded nvidia
+    assert isinstance(exports, dict)
+    assert guest_run["rebuilt_nvidia_crc"] == exports["nvgni_core_version"]
     assert "nvidia_peermem" in rebuilt["loaded"] and rebuilt["warnings"] == []
     assert {"ib_core", "nvidia", "nvidia_uvm", "nvidia_peermem"} <= set(rebuilt["modules"])

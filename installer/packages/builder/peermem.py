@@ -53,12 +53,15 @@ class PeermemBuildError(PackageBuildError):
 @dataclass(frozen=True)
 class PeermemRequest:
     """What to build from: a source package, the node's build tree (a copy, see
-    `installer.node.buildtree`), OFED's tree for this kernel (None: the inbox stack)."""
+    `installer.node.buildtree`), OFED's tree for this kernel (None: the inbox stack), and a
+    Module.symvers of the driver's nvidia.ko: built alone, peermem's imports from nvidia
+    (nvidia_p2p_*) would be undefined for modpost, which refuses that by default."""
 
     source: Package
     headers: Path
     ofed: Path | None
     timeout_s: float = TIMEOUT_S
+    nvidia_symvers: Path | None = None  # the loaded nvidia's exports (nvidia_p2p_*)
 
 
 def has_peermem(source: Package) -> bool:
@@ -102,6 +105,10 @@ def build_peermem(request: PeermemRequest, work: Path, log: Any) -> Path:
     cmd = ["make", "-C", str(tree), "modules", f"SYSSRC={kernel.syssrc}",
            f"SYSOUT={kernel.sysout}", f"KERNEL_UNAME={kernel.release}", f"CC={compiler}",
            f"NV_KERNEL_MODULES={PEERMEM}", f"OFA_DIR={ofa}", f"-j{os.cpu_count() or 1}"]
+    extra = [str(p) for p in (request.ofed and ofa / kernel.release / "Module.symvers",
+                              request.nvidia_symvers) if p]
+    if extra:  # on make's command line it replaces the Kbuild's own (OFED's, kept first)
+        cmd.append(f"KBUILD_EXTRA_SYMBOLS={' '.join(extra)}")
     started = time.monotonic()
     log.info("compiling nvidia-peermem", release=kernel.release,
              ofed=str(request.ofed) if request.ofed else None, timeout_s=request.timeout_s)

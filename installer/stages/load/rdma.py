@@ -123,9 +123,10 @@ def _rebuilt(host: Host, package: Package, stack: RdmaStack, mode: str, rebuild:
     release = modplan.kernel_release(host)
     try:
         path = rebuild(stack, release)
-    except rdma.RebuildFailed as exc:
+    except (rdma.RebuildFailed, InstallerError, OSError) as exc:
+        cause = exc.message if isinstance(exc, InstallerError) else str(exc)
         return _no(stack, mode, "PeermemRebuildFailed", f"{why}; rebuilding it on the node "
-                   f"failed: {exc}{READY}")
+                   f"failed: {cause}{READY}")
     data = _read(path)
     if data is None:
         return _no(stack, mode, "PeermemRebuildFailed", f"{why}; the module rebuilt on the "

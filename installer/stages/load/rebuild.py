@@ -15,15 +15,18 @@ Every failure is `rdma.RebuildFailed` with one line: the GPU install never fails
 from __future__ import annotations
 
 import hashlib
+import lzma
 import shutil
+import subprocess
 import time
+import zlib
 from pathlib import Path
 
 from installer.context import Context
 from installer.errors import InstallerError
 from installer.installdir.layout import cache_root
-from installer.node import buildtree
-from installer.node.rdma import RdmaStack, RebuildFailed, ofed_tree
+from installer.node import buildtree, kmod, modversions
+from installer.node.rdma import RdmaStack, RebuildFailed, module_bytes, ofed_tree
 from installer.packages.cache import Cache, cached_package
 from installer.packages.manifest import SOURCE_RELEASE, Package
 from installer.stages.load.rdma import Rebuild
@@ -51,6 +54,9 @@ def rebuild(ctx: Context, package: Package, stack: RdmaStack, release: str) -> P
     except OSError as exc:
         raise RebuildFailed(f"{exc.filename or 'the work area'}: "
                             f"{exc.strerror or exc}") from None
+    except (ValueError, RuntimeError, subprocess.SubprocessError) as exc:
+        # an optional module: whatever the node's files do, the install goes on
+        raise RebuildFailed(f"{type(exc).__name__}: {exc}"[:300]) from None
 
 
 def _rebuild(ctx: Context, package: Package, stack: RdmaStack, release: str) -> Path:
@@ -72,7 +78,7 @@ def _rebuild(ctx: Context, package: Package, stack: RdmaStack, release: str) -> 
             f"{manifest.arch}) in the cache {cache.root} to build it from; fix: publish one "
             "(package build --nvidia-source ... --repo, without --kernel-headers; the on-node "
             "build keeps the one it fetches there), or use DMA-BUF")
-    key = _key(source, release, ofed, config.build_sign_cert)
+    key = _key(source, package, release, ofed, config.build_sign_cert)
     kept = _cached(cache, key)
     if kept is not None:
         ctx.log.info("nvidia-peermem rebuilt before, from the cache", key=key[:12])
@@ -80,7 +86,11 @@ def _rebuild(ctx: Context, package: Package, stack: RdmaStack, release: str) -> 
     tree = buildtree.find_build_tree(ctx.host.roots, release)
     # imported here: compiling stays off every other node's start-up
     from installer.packages.builder.inputs import PackageBuildError
-    from installer.packages.builder.peermem import PeermemRequest, build_peermem
+    from installer.packages.builder.peermem import (
+        PeermemBuildError,
+        PeermemRequest,
+        build_peermem,
+    )
 
     started = time.monotonic()
     with cache.run():
@@ -90,14 +100,34 @@ def _rebuild(ctx: Context, package: Package, stack: RdmaStack, release: str) -> 
             headers = buildtree.copy_build_tree(ctx.host.roots, tree,
                                                 work / f"linux-headers-{release}")
             (work / "build").mkdir()
-            built = _sign(ctx, build_peermem(PeermemRequest(source, headers, ofed),
-                                             work / "build", ctx.log), work)
-        except PackageBuildError as exc:
+            request = PeermemRequest(source, headers, ofed,
+                                     nvidia_symvers=_nvidia_symvers(ctx, package, work))
+            built = _sign(ctx, build_peermem(request, work / "build", ctx.log), work)
+        except PeermemBuildError as exc:  # its own remedy is the condition's generic one
             raise RebuildFailed(exc.message) from None
+        except PackageBuildError as exc:  # a missing compiler names its package
+            raise RebuildFailed(f"{exc.message}; fix: {exc.remedy}") from None
         path = _keep(cache, key, built)
     ctx.log.info("nvidia-peermem rebuilt on the node", release=release,
                  ofed=str(ofed) if ofed else None,
                  duration_s=round(time.monotonic() - started, 1))
+    return path
+
+
+def _nvidia_symvers(ctx: Context, package: Package, work: Path) -> Path | None:
+    """The driver package's nvidia.ko exports (the module loaded now) as Module.symvers
+    lines, for modpost to resolve and version peermem's nvidia_p2p_* imports."""
+    entry = next((m for m in package.manifest.modules if kmod.normalize(m.name) == "nvidia"),
+                 None)
+    if entry is None:
+        return None
+    try:
+        crcs = modversions.exported(module_bytes(ctx.host, package.path_of(entry.file)))
+    except (OSError, EOFError, zlib.error, lzma.LZMAError, modversions.ModversionsError) as exc:
+        raise RebuildFailed(f"the package's nvidia module cannot be read for its exports: "
+                            f"{exc}") from None
+    path = work / "nvidia.symvers"
+    path.write_text(modversions.symvers_text(crcs, "nvidia"))
     return path
 
 
@@ -125,11 +155,13 @@ def _sign(ctx: Context, built: Path, work: Path) -> Path:
     return signed[0].path
 
 
-def _key(source: Package, release: str, ofed: Path | None, cert: Path | None) -> str:
-    """What the module built here depends on: sources, kernel, OFED's CRCs, the signer."""
+def _key(source: Package, package: Package, release: str, ofed: Path | None,
+         cert: Path | None) -> str:
+    """What the module built here depends on: sources, the driver package (its nvidia's
+    CRCs), kernel, OFED's CRCs, the signer."""
     digest = hashlib.sha256()
-    for part in (source.digest, release, _file_sha(ofed / "Module.symvers" if ofed else None),
-                 _file_sha(cert)):
+    for part in (source.digest, package.digest, release,
+                 _file_sha(ofed / "Module.symvers" if ofed else None), _file_sha(cert)):
         digest.update(part.encode() + b"\0")
     return digest.hexdigest()
 

@@ -6,10 +6,14 @@
  * records the CRC OFED's Module.symvers lists. Without it NVIDIA's init returns -EINVAL;
  * this stand-in registers an inbox ib_client instead (ib_register_client, whose CRC comes
  * from the kernel's Module.symvers), so that the kernel tier can load it on the real
- * kernel's inbox ib_core.
+ * kernel's inbox ib_core. Like the real module's nvidia_p2p_* calls, it imports from
+ * nvidia (the stand-in's nvgni_core_version), so built alone it needs nvidia's exports
+ * (KBUILD_EXTRA_SYMBOLS) and modpost records depends=nvidia,ib_core.
  */
 #include <linux/module.h>
 #include <linux/errno.h>
+
+extern const char *nvgni_core_version(void);
 
 #if defined(NV_MLNX_IB_PEER_MEM_SYMBOLS_PRESENT)
 #include <rdma/peer_mem.h>
@@ -37,6 +41,7 @@ static struct ib_client gni_client = {
 
 static int __init gni_peermem_init(void)
 {
+	pr_info("nvidia-peermem stand-in for nvidia %s\n", nvgni_core_version());
 #if defined(NV_MLNX_IB_PEER_MEM_SYMBOLS_PRESENT)
 	gni_handle = ib_register_peer_memory_client(&gni_client, NULL);
 	return gni_handle ? 0 : -EINVAL;
