@@ -184,8 +184,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("rdma", "--rdma", "RDMA", "auto",
             "nvidia-peermem (GPUDirect RDMA): auto loads it when the node has an RDMA stack "
             "(ib_core loaded, an RDMA device or NIC), on whenever the package ships it, off "
-            "never; it is loaded only when its symbol versions match the loaded ib_core, and "
-            "never fails the install (node condition gpu-node-installer/RDMAReady says why)",
+            "never; it is loaded only when its symbol versions match the loaded ib_core (else "
+            "rebuilt on the node under BUILD_FALLBACK=auto), and never fails the install "
+            "(node condition gpu-node-installer/RDMAReady says why)",
             "one of auto, on, off", values.choice("auto", "on", "off"), readers.LOADING),
     # on-node build when no package exists for the kernel (fetch stage)
     Setting("build_fallback", "--build-fallback", "BUILD_FALLBACK", "never",
