@@ -122,7 +122,7 @@ def loaded_exports(host: Host, stack: RdmaStack, release: str) -> tuple[dict[str
     reasons = []
     for path in _ib_core_files(host, release):
         try:
-            data = module_bytes(host, path)
+            data = _module_bytes(host, path)
             info = kmod.modinfo(data)
         except (ValueError, OSError, EOFError, zlib.error, lzma.LZMAError) as exc:
             reasons.append(f"{path}: {exc}")
@@ -196,7 +196,7 @@ def _ib_core_files(host: Host, release: str) -> list[Path]:
     return found
 
 
-def module_bytes(host: Host, path: Path) -> bytes:
+def _module_bytes(host: Host, path: Path) -> bytes:
     """The module file, decompressed when it is .ko.xz or .ko.gz; bounded either way."""
     data = host.read_bytes(path, MAX_MODULE_BYTES + 1)
     if data is None:
@@ -219,6 +219,12 @@ def _ofed_symvers(host: Host, release: str) -> list[Path]:
     base = host.roots.host / OFED_SRC
     return [*(arch / release / "Module.symvers" for arch in host.iterdir(base)
               if arch.name != "default"), base / "default" / "Module.symvers"]
+
+
+def module_bytes(host: Host, path: Path) -> bytes:
+    """A module file's bytes as the kernel would load them (decompressed, bounded); the
+    nvidia-peermem rebuild reads the driver's nvidia.ko exports with it."""
+    return _module_bytes(host, path)
 
 
 def ofed_tree(host: Host, release: str) -> Path | None:
