@@ -198,13 +198,13 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("rdma", "--rdma", "RDMA", "auto",
             "nvidia-peermem (GPUDirect RDMA): auto loads it when the node has an RDMA stack "
             "(ib_core loaded, an RDMA device or NIC), on whenever the package ships it, off "
-            "never; it is loaded only when its symbol versions match the loaded ib_core, and "
-            "never fails the install (node condition gpu-node-installer/RDMAReady says why)",
+            "never; loaded only when its symbol versions match the loaded ib_core (else rebuilt "
+            "under BUILD_FALLBACK=auto); never fails the install (gpu-node-installer/RDMAReady)",
             "one of auto, on, off", values.choice("auto", "on", "off"), readers.LOADING),
     # on-node build when no package exists for the kernel (fetch stage)
     Setting("build_fallback", "--build-fallback", "BUILD_FALLBACK", "never",
             "when no package exists for the running kernel: build one on the node from a "
-            "source package and the node's headers (auto) or fail (never)",
+            "source package and its headers (auto; nvidia-peermem too, rdma.md) or fail (never)",
             "one of auto, never", values.choice("auto", "never"), readers.FETCHING),
     Setting("build_sign_key", "--build-sign-key", "BUILD_SIGN_KEY", None,
             "private key (PEM) that signs modules built on the node", "an absolute path",

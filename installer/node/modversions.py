@@ -117,6 +117,14 @@ def parse_symvers(text: str, module: str) -> dict[str, int]:
     return crcs
 
 
+def symvers_text(crcs: dict[str, int], module: str) -> str:
+    """`Module.symvers` lines for one module's exports (what `parse_symvers` reads back):
+    modpost takes them from KBUILD_EXTRA_SYMBOLS to resolve and version a module's imports
+    when the exporter is not built in the same tree."""
+    return "".join(f"{crc:#010x}\t{name}\t{module}\tEXPORT_SYMBOL\t\n"
+                   for name, crc in sorted(crcs.items()))
+
+
 def _is_symbol(name: bytes) -> bool:
     """A C identifier (what modpost writes), at most the name field's length."""
     return (0 < len(name) <= MODULE_NAME_LEN_64 + 8

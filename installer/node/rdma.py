@@ -24,7 +24,7 @@ import lzma
 import re
 import zlib
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from installer.errors import InstallerError
 from installer.node import elf, kmod, modversions
@@ -45,6 +45,10 @@ _OFED_RELEASE_RE = re.compile(r"\b((?:MLNX_OFED_LINUX|OFED-internal|DOCA[-_A-Za-
 
 class ExportsUnknown(Exception):
     """The loaded ib_core's CRCs cannot be established; the message says why."""
+
+
+class RebuildFailed(Exception):
+    """nvidia-peermem could not be rebuilt on the node; the message (one line) says why."""
 
 
 @dataclass(frozen=True)
@@ -230,6 +234,31 @@ def _ofed_symvers(host: Host, release: str) -> list[Path]:
     base = host.roots.host / OFED_SRC
     return [*(arch / release / "Module.symvers" for arch in host.iterdir(base)
               if arch.name != "default"), base / "default" / "Module.symvers"]
+
+
+def module_bytes(host: Host, path: Path) -> bytes:
+    """A module file's bytes as the kernel would load them (decompressed, bounded); the
+    nvidia-peermem rebuild reads the driver's nvidia.ko exports with it."""
+    return _module_bytes(host, path)
+
+
+def ofed_tree(host: Host, release: str) -> Path | None:
+    """OFED's kernel tree for `release` (its Module.symvers and include/), resolved under
+    the host root, in the order NVIDIA's nvidia-peermem.Kbuild looks: `<arch>/<release>`,
+    `<release>`, `default` (a link to /etc/alternatives on MLNX_OFED nodes); None when the
+    node has none."""
+    base = PurePosixPath("/") / OFED_SRC
+    arches = [a.name for a in host.iterdir(host.roots.host / OFED_SRC)
+              if a.name not in ("default", release)]
+    for candidate in (*(base / arch / release for arch in sorted(arches)), base / release,
+                      base / "default"):
+        try:
+            tree = host.roots.node(candidate)
+        except (OSError, ValueError):
+            continue
+        if (tree / "Module.symvers").is_file():
+            return tree
+    return None
 
 
 def _ofed_release(host: Host) -> str | None:

@@ -124,3 +124,43 @@ def test_hostile_rdma_inputs_leave_the_gpus_ready(arena: Arena, case: str) -> No
     modules = (arena.root / "proc/modules").read_text()
     assert "nvidia " in modules and "nvidia_peermem" not in modules
     assert_untouched(before, arena.snapshot(), INSTALL_WRITES)
+
+
+def _ofed_link_out(arena: Arena, core: Path) -> None:
+    """OFED's `default` a link out of the host root (to a tree with a Module.symvers):
+    resolved under the host root, it is no OFED tree; nothing outside is read or built."""
+    outside = arena.outside / "ofa"
+    outside.mkdir()
+    (outside / "Module.symvers").write_text(f"0x11111111\t{PEER}\tib_core\tEXPORT_SYMBOL\t\n")
+    (arena.root / "usr/src/ofa_kernel/x86_64" / KERNEL).rmdir()
+    (arena.root / "usr/src/ofa_kernel/default").symlink_to(outside)
+
+
+REBUILD_CASES: dict[str, tuple[Callable[[Arena, Path], None], str]] = {
+    "ofed-tree-link-out": (_ofed_link_out, "has no OFED kernel tree for"),
+    "ofed-tree-without-symvers": (_nothing, "has no OFED kernel tree for"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REBUILD_CASES))
+def test_hostile_rebuild_inputs_leave_the_gpus_ready(arena: Arena, case: str) -> None:
+    """BUILD_FALLBACK=auto and a mismatched peermem: a rebuild that cannot start is one
+    PeermemRebuildFailed line naming the package's CRC and the cause; the GPUs stay."""
+    damage, cause = REBUILD_CASES[case]
+    core = _ofed_node(arena, _peermem({PEER: 0x0BAD0BAD}))
+    damage(arena, core)
+    settle(arena)
+    before = arena.snapshot()
+    done = install(arena, "--rdma", "auto", "--build-fallback", "auto")
+    assert "Traceback" not in done.stderr and "error(internal)" not in done.stderr
+    assert done.code == 0, done.stderr[-3000:]
+    refusals = [e for e in done.events if e.get("event") == "nvidia-peermem refused"]
+    assert len(refusals) == 1, done.events
+    detail = str(refusals[0]["detail"])
+    assert refusals[0]["reason"] == "PeermemRebuildFailed", detail
+    assert cause in detail and "0x0bad0bad" in detail and "\n" not in detail
+    ready = json.loads((arena.install_dir / ".ready.json").read_text())
+    assert ready["driver_version"] == VERSION and ready["rdma"]["reason"] == "PeermemRebuildFailed"
+    modules = (arena.root / "proc/modules").read_text()
+    assert "nvidia " in modules and "nvidia_peermem" not in modules
+    assert_untouched(before, arena.snapshot(), INSTALL_WRITES)

@@ -6,8 +6,12 @@ nvidia, nvidia-uvm and a peermem-shaped module built against the kernel's header
 __versions carry the kernel's CRC of ib_register_client): it must go in after nvidia.
 A copy whose recorded CRC is changed must be refused before it is loaded, naming both
 CRCs, with nvidia still loaded; then the kernel itself is asked to load that copy, to show
-it refuses it too ("disagrees about version of symbol"). Results: $OUT/results.json.
-Usage: python tests/kernel/rdma_guest.py KO_DIR OUT_DIR
+it refuses it too ("disagrees about version of symbol"). Last, with a rebuild allowed
+(BUILD_FALLBACK=auto's seam), the refused package is offered again: nvidia-peermem is
+compiled here, in the guest, by the installer's builder (`packages.builder.peermem`: make and
+the kernel's compiler) from the NVIDIA-shaped tree tests/kernel/peermem_source against the
+running kernel's headers, checked and loaded. Results: $OUT/results.json.
+Usage: python tests/kernel/rdma_guest.py KO_DIR OUT_DIR HEADERS_DIR
 """
 
 from __future__ import annotations
@@ -19,8 +23,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from installer.cli import logs
 from installer.node import elf, kmod, modversions, rdma
 from installer.node.host import RealHost, Roots
+from installer.packages.builder.peermem import PeermemRequest, build_peermem
 from installer.stages import load
 from installer.testing.kernel import ModuleFile, write_package
 
@@ -29,6 +35,7 @@ RELEASE = os.uname().release
 VERSION = "535.261.03"
 WORK = Path("/tmp/gni-rdma")
 SYMBOL = b"ib_register_client"
+STANDIN = Path(__file__).resolve().parent / "peermem_source"
 
 
 def _package(name: str, ko: Path, peermem: bytes) -> Any:
@@ -74,7 +81,25 @@ def _observed(result: load.LoadResult) -> dict[str, Any]:
             "nvidiactl": Path("/dev/nvidiactl").exists()}
 
 
-def main(ko: Path, out: Path) -> None:
+def _rebuild(ko: Path, headers: Path) -> Any:
+    """BUILD_FALLBACK=auto's seam: the source package's peermem compiled here."""
+    files = {f"kernel-source/{p.relative_to(STANDIN).as_posix()}": (p.read_bytes(), "source")
+             for p in sorted(STANDIN.rglob("*")) if p.is_file()}
+    source = write_package(WORK / "source", [], driver_version=VERSION,
+                           kernel_release="source", extra_files=files)
+
+    def build(stack: rdma.RdmaStack, release: str) -> Path:
+        work = WORK / "rebuild"
+        work.mkdir()
+        symvers = WORK / "nvidia.symvers"  # the loaded stand-in nvidia's exports
+        symvers.write_text(modversions.symvers_text(
+            modversions.exported((ko / "nvidia.ko").read_bytes()), "nvidia"))
+        return build_peermem(PeermemRequest(source, headers, None, nvidia_symvers=symvers),
+                             work, logs.get_logger())
+    return build
+
+
+def main(ko: Path, out: Path, headers: Path) -> None:
     WORK.mkdir(parents=True, exist_ok=True)
     core = Path("/lib/modules") / RELEASE / "kernel/drivers/infiniband/core/ib_core.ko"
     HOST.finit_module(core, "")
@@ -101,8 +126,16 @@ def main(ko: Path, out: Path) -> None:
     except OSError as exc:
         results["kernel_errno"] = exc.errno
     results["disagrees"] = [line for line in _kmsg() if "disagrees about version" in line]
+    rebuilt = load.load_package(HOST, _package("rebuilt", ko, patched), rdma_mode="on",
+                                peermem_rebuild=_rebuild(ko, headers))
+    results["rebuilt"] = _observed(rebuilt)
+    built = WORK / "rebuild" / "src" / "nvidia-peermem.ko"
+    recorded = modversions.recorded(built.read_bytes()) if built.is_file() else {}
+    results["rebuilt_recorded"] = recorded.get(SYMBOL.decode())
+    results["rebuilt_nvidia_crc"] = recorded.get("nvgni_core_version")
+    results["nvidia_exports"] = modversions.exported((ko / "nvidia.ko").read_bytes())
     (out / "results.json").write_text(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), Path(sys.argv[2]))
+    main(Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]))

@@ -2,7 +2,9 @@
 peermem-shaped module built against the kernel's real headers (tests/kernel/peermem) loaded
 by the load stage after the stand-in nvidia; a copy with one recorded CRC changed refused
 before loading with both CRCs named, the GPUs' modules kept, and the kernel refusing the
-same copy on its own ("disagrees about version of symbol")."""
+same copy on its own ("disagrees about version of symbol"); then, a rebuild allowed, the
+same package's peermem compiled in the guest by the installer's builder against the running
+kernel's headers (tests/kernel/peermem_source, NVIDIA's Kbuild shape), checked and loaded."""
 
 from __future__ import annotations
 
@@ -56,8 +58,9 @@ def build_peermem_set(kernel: Kernel) -> Path:
 def guest_run(kernel: Kernel, tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     ko = build_peermem_set(kernel)
     out = tmp_path_factory.mktemp("guest-rdma")
-    script = f'"{sys.executable}" tests/kernel/rdma_guest.py "{ko}" "$GNI_OUT"\n'
-    result = guest.run_in_guest(script, kernel=kernel, cwd=REPO, timeout=400,
+    script = (f'"{sys.executable}" tests/kernel/rdma_guest.py "{ko}" "$GNI_OUT" '
+              f'"{kernel.headers}"\n')
+    result = guest.run_in_guest(script, kernel=kernel, cwd=REPO, timeout=500,
                                 env={"PYTHONPATH": str(REPO)}, out_dir=out)
     assert result.rc == 0, result.describe()
     data: dict[str, object] = result.json("results.json")
@@ -107,3 +110,21 @@ def test_a_changed_crc_is_refused_before_loading_and_the_gpus_stay(
     assert isinstance(disagrees, list)
     assert any("nvidia_peermem: disagrees about version of symbol ib_register_client" in line
                for line in disagrees), disagrees
+
+
+def test_the_refused_peermem_is_rebuilt_in_the_guest_and_loads(
+        guest_run: dict[str, object]) -> None:
+    rebuilt = guest_run["rebuilt"]
+    assert isinstance(rebuilt, dict)
+    verdict = rebuilt["verdict"]
+    assert verdict["ready"] is True and verdict["reason"] == "PeermemRebuilt", verdict
+    assert "rebuilt on the node" in verdict["message"] and "inbox ib_core" in verdict["message"]
+    recorded = guest_run["recorded"]
+    assert isinstance(recorded, int)
+    assert f"CRC {recorded ^ 1:#010x}" in verdict["message"]  # the package's, named
+    assert guest_run["rebuilt_recorded"] == guest_run["exported"]
+    exports = guest_run["nvidia_exports"]  # built alone, versioned against the loaded nvidia
+    assert isinstance(exports, dict)
+    assert guest_run["rebuilt_nvidia_crc"] == exports["nvgni_core_version"]
+    assert "nvidia_peermem" in rebuilt["loaded"] and rebuilt["warnings"] == []
+    assert {"ib_core", "nvidia", "nvidia_uvm", "nvidia_peermem"} <= set(rebuilt["modules"])

@@ -32,7 +32,7 @@ from installer.node.optionalmods import NAMES as OPTIONAL_NAMES
 from installer.node.optionalmods import OptionalVerdict
 from installer.node.rdma import RdmaVerdict
 from installer.packages.manifest import Package
-from installer.stages.load import devnodes, failures, optional, rdma
+from installer.stages.load import devnodes, failures, optional, rdma, rebuild
 from installer.stages.load import plan as modplan
 from installer.stages.load.plan import PlannedModule
 
@@ -127,7 +127,8 @@ def run(ctx: Context) -> LoadResult:
                         firmware_dir=f"{ctx.config.install_dir}/firmware", log=ctx.log,
                         withdraw=lambda: clear_readiness(ctx.config, ctx.host.roots),
                         hold=ctx.held_device_nodes, record=node_record(ctx),
-                        rdma_mode=ctx.config.rdma, imex_channel=ctx.config.imex == "host")
+                        rdma_mode=ctx.config.rdma, imex_channel=ctx.config.imex == "host",
+                        peermem_rebuild=rebuild.rebuilder(ctx))
 
 
 def node_record(ctx: Context) -> Path | None:
@@ -158,7 +159,8 @@ def load_package(host: Host, package: Package, *, params: modplan.Params = (),
                  force: bool = False, firmware_dir: str | None = None,
                  log: Any = None, withdraw: Callable[[], None] = lambda: None,
                  hold: Collection[str] = (), record: Path | None = None,
-                 rdma_mode: str | None = None, imex_channel: bool = False) -> LoadResult:
+                 rdma_mode: str | None = None, imex_channel: bool = False,
+                 peermem_rebuild: rdma.Rebuild | None = None) -> LoadResult:
     """Plan, preflight, replace another version if free, load, make device nodes (but
     not those in `hold` while they are absent; `record`: see devnodes).
 
@@ -166,7 +168,8 @@ def load_package(host: Host, package: Package, *, params: modplan.Params = (),
     unloaded, or modules loaded), never before a refusal: a same-version run and a driver in
     use keep what serves declared ready. `rdma_mode` (auto, on, off) decides nvidia-peermem
     last (`rdma`): whatever it decides, the driver loaded stays loaded. `imex_channel`:
-    IMEX's default channel node too (devnodes.plan)."""
+    IMEX's default channel node too (devnodes.plan). `peermem_rebuild`: BUILD_FALLBACK=auto's
+    build of nvidia-peermem on the node when the package's does not fit (rebuild.py)."""
     require_module_support(host)
     plan = modplan.plan(host, package, params)
     result = LoadResult(package.manifest.driver_version)
@@ -190,7 +193,7 @@ def load_package(host: Host, package: Package, *, params: modplan.Params = (),
                                          hold=hold, record=record)
     if rdma_mode is not None:
         was_loaded = kmod.module_state(host, rdma.PEERMEM) is not None
-        result.rdma = rdma.load_peermem(host, package, rdma_mode)
+        result.rdma = rdma.load_peermem(host, package, rdma_mode, peermem_rebuild)
         if result.rdma.ready:
             (result.kept if was_loaded else result.loaded).append(rdma.PEERMEM)
         elif not result.rdma.ready and result.rdma.reason in rdma.REFUSALS:

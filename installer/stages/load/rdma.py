@@ -7,13 +7,16 @@ NIC, `installer.node.rdma`), on loads it whenever the package ships it (the node
 `__versions`) equal what the loaded `ib_core` exports: a module built against the inbox
 `ib_core` and loaded beside MLNX_OFED's is refused by the kernel ("disagrees about version
 of symbol"), and that refusal is predicted here, named in one line, instead.
+When the check fails (or the package ships no peermem) and a `rebuild` is given
+(BUILD_FALLBACK=auto: `installer.stages.load.rebuild`), nvidia-peermem is compiled on the node
+against the loaded stack's headers, checked the same way, and loaded instead.
 Nothing here fails the install: every outcome is an `RdmaVerdict` (the node condition
-`gpu-node-installer/RDMAReady`), and the GPUs stay ready whatever it says. A rebuild on
-the node against the loaded stack's headers is not attempted (docs/rdma.md says why).
+`gpu-node-installer/RDMAReady`), and the GPUs stay ready whatever it says.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from installer.errors import InstallerError
@@ -31,9 +34,16 @@ MAX_PEERMEM_BYTES = 16 * 1024 * 1024  # nvidia-peermem.ko is some 30 KiB
 PEER_API = ("ib_register_peer_memory_client", "ib_unregister_peer_memory_client")
 # the verdicts that refuse or fail (the others: RDMA off, no stack, nothing shipped)
 REFUSALS = ("SymbolVersionMismatch", "SymbolVersionsUnknown", "PeerMemoryApiMissing",
-            "PeermemInvalid", "PeermemLoadFailed", "RdmaStackUnreadable")
-REMEDY = ("rebuild nvidia-peermem against the loaded RDMA stack's headers, or use DMA-BUF "
-          "(docs/rdma.md); the GPUs are ready without it")
+            "PeermemInvalid", "PeermemLoadFailed", "RdmaStackUnreadable",
+            "PeermemRebuildFailed", "PeerMemoryApiUnused")
+# the refusals a build against the loaded stack can cure (BUILD_FALLBACK=auto)
+REBUILT_FOR = ("SymbolVersionMismatch", "PeerMemoryApiUnused")
+REMEDY = ("set BUILD_FALLBACK=auto to rebuild nvidia-peermem on the node against the loaded "
+          "RDMA stack's headers, or use DMA-BUF (docs/rdma.md); the GPUs are ready without it")
+READY = "; the GPUs are ready without it"
+# builds nvidia-peermem on the node for the loaded stack and kernel release; returns the
+# .ko, or raises rdma.RebuildFailed
+Rebuild = Callable[[RdmaStack, str], Path]
 
 
 def peermem_file(package: Package) -> str | None:
@@ -42,15 +52,17 @@ def peermem_file(package: Package) -> str | None:
                  if f.kind == "module" and kmod.module_name(f.path) == PEERMEM), None)
 
 
-def load_peermem(host: Host, package: Package, mode: str) -> RdmaVerdict:
-    """Decide, check and load; never raises for the node's or the package's state."""
+def load_peermem(host: Host, package: Package, mode: str,
+                 rebuild: Rebuild | None = None) -> RdmaVerdict:
+    """Decide, check and load (or rebuild, check and load); never raises for the node's
+    or the package's state."""
     try:
         stack = rdma.read_stack(host)
     except InstallerError as exc:
         return _no(rdma.RdmaStack(False, "none", None, (), ()), mode, "RdmaStackUnreadable",
                    f"nvidia-peermem not loaded: the RDMA stack cannot be read: {exc.message}")
     try:
-        return _decide(host, package, mode, stack)
+        return _decide(host, package, mode, stack, rebuild)
     except InstallerError as exc:
         return _no(stack, mode, "PeermemLoadFailed", f"nvidia-peermem not loaded: "
                    f"{exc.message}")
@@ -63,7 +75,8 @@ def _no(stack: RdmaStack, mode: str, reason: str, message: str) -> RdmaVerdict:
     return RdmaVerdict(False, reason, message, stack, mode)
 
 
-def _decide(host: Host, package: Package, mode: str, stack: RdmaStack) -> RdmaVerdict:
+def _decide(host: Host, package: Package, mode: str, stack: RdmaStack,
+            rebuild: Rebuild | None) -> RdmaVerdict:
     version = package.manifest.driver_version
     state = kmod.module_state(host, PEERMEM)
     if mode == "off":
@@ -71,14 +84,19 @@ def _decide(host: Host, package: Package, mode: str, stack: RdmaStack) -> RdmaVe
         return _no(stack, mode, "RdmaDisabled", f"RDMA=off: nvidia-peermem is not loaded by "
                    f"the installer{extra}")
     relpath = peermem_file(package)
-    if relpath is None:
-        return _no(stack, mode, "PeermemNotShipped", f"the driver package {version} ships no "
-                   "nvidia-peermem")
     if mode == "auto" and not stack.present:
+        if relpath is None:
+            return _no(stack, mode, "PeermemNotShipped", f"the driver package {version} "
+                       "ships no nvidia-peermem")
         return _no(stack, mode, "NoRdmaStack", f"RDMA=auto and no RDMA stack: {stack.text}")
     if state is not None and state.version == version:
         return RdmaVerdict(True, "PeermemLoaded", f"nvidia-peermem {version} is loaded "
                            f"(RDMA stack: {stack.text})", stack, mode)
+    if relpath is None:
+        why = f"the driver package {version} ships no nvidia-peermem"
+        if rebuild is None or not stack.ib_core_loaded:
+            return _no(stack, mode, "PeermemNotShipped", why)
+        return _rebuilt(host, package, stack, mode, rebuild, why)
     path = package.path_of(relpath)
     verify_file(path, package.manifest.file(relpath), f"package {package.source}",
                 None if package.by_hash else package.root)
@@ -91,13 +109,45 @@ def _decide(host: Host, package: Package, mode: str, stack: RdmaStack) -> RdmaVe
     _load_host_dependencies(host, package, depends)
     if not stack.ib_core_loaded:
         stack = rdma.read_stack(host)
-    return _check_and_load(host, package, relpath, path, data, stack, mode)
-
-
-def _check_and_load(host: Host, package: Package, relpath: str, path: Path, data: bytes,
-                    stack: RdmaStack, mode: str) -> RdmaVerdict:
-    version = package.manifest.driver_version
     built = f"nvidia-peermem {version} (built for kernel {package.manifest.kernel_release})"
+    verdict = _check_and_load(host, path, data, stack, mode, built)
+    if verdict.reason in REBUILT_FOR and rebuild is not None:
+        return _rebuilt(host, package, stack, mode, rebuild,
+                        verdict.message.removesuffix(f"; {REMEDY}"))
+    return verdict
+
+
+def _rebuilt(host: Host, package: Package, stack: RdmaStack, mode: str, rebuild: Rebuild,
+             why: str) -> RdmaVerdict:
+    """Build peermem on the node (BUILD_FALLBACK=auto), check it as any, and load it."""
+    release = modplan.kernel_release(host)
+    try:
+        path = rebuild(stack, release)
+    except (rdma.RebuildFailed, InstallerError, OSError) as exc:
+        cause = exc.message if isinstance(exc, InstallerError) else str(exc)
+        return _no(stack, mode, "PeermemRebuildFailed", f"{why}; rebuilding it on the node "
+                   f"failed: {cause}{READY}")
+    data = _read(path)
+    if data is None:
+        return _no(stack, mode, "PeermemRebuildFailed", f"{why}; the module rebuilt on the "
+                   f"node is larger than {MAX_PEERMEM_BYTES} bytes{READY}")
+    version = package.manifest.driver_version
+    verdict = _check_and_load(host, path, data, stack, mode,
+                              f"nvidia-peermem {version} rebuilt on the node for {release}",
+                              rebuilt=True)
+    if not verdict.ready:
+        return _no(stack, mode, "PeermemRebuildFailed", verdict.message.removesuffix(
+            f"; {REMEDY}") + READY)
+    return RdmaVerdict(True, "PeermemRebuilt", f"{verdict.message}; the package's was not "
+                       f"loadable: {why}", stack, mode)
+
+
+def _check_and_load(host: Host, path: Path, data: bytes, stack: RdmaStack, mode: str,
+                    built: str, *, rebuilt: bool = False) -> RdmaVerdict:
+    """The CRC check, then the load. A module must use the peer-memory API when the loaded
+    ib_core has one: NVIDIA's builds it in only when conftest finds OFED's Module.symvers,
+    and without it nv_mem_client_init returns -EINVAL. `rebuilt`: one built here (any
+    refusal is then PeermemRebuildFailed)."""
     try:
         imported = modversions.recorded(data)
     except modversions.ModversionsError as exc:
@@ -114,6 +164,12 @@ def _check_and_load(host: Host, package: Package, relpath: str, path: Path, data
     if missing:
         return _no(stack, mode, "PeerMemoryApiMissing", f"{built} not loaded: it needs "
                    f"{missing[0]}, which {loaded} does not export; {REMEDY}")
+    if PEER_API[0] in exports and not any(name in imported for name in PEER_API):
+        reason, fix = ("PeermemRebuildFailed", READY) if rebuilt else (
+            "PeerMemoryApiUnused", f"; {REMEDY}")
+        return _no(stack, mode, reason, f"{built} not loaded: it was built without the "
+                   f"peer-memory API that {loaded} exports (NVIDIA's conftest found no "
+                   f"OFED Module.symvers), so its init would fail with EINVAL{fix}")
     wrong = modversions.mismatches(imported, exports)
     if wrong:
         name, ours, theirs = wrong[0]
