@@ -252,23 +252,7 @@ SETTINGS: tuple[Setting, ...] = (
             "a whole number >= 1 or a percentage from 1% to 100%", upgrade.max_unavailable,
             readers.UPGRADE),
     *(Setting(*row) for row in upgrade.JOB_ROWS),  # wait for Jobs: config/upgrade.py
-    # the driver's daemons: who runs Fabric Manager on an NVSwitch/NVLink5 node
-    Setting("fabric_manager", "--fabric-manager", "FABRIC_MANAGER", "package",
-            "who runs Fabric Manager (and NVLSM) on an NVSwitch or NVLink5 node: package "
-            "(the agent, from the driver package; a package without them is refused) or "
-            "host (the node's OS or hypervisor; the agent starts neither but still withholds "
-            "readiness until the fabric completes)", "one of package, host",
-            values.choice("package", "host"), readers.DAEMONS),
-    Setting("imex", "--imex", "IMEX", "report",
-            "GB200/GB300's IMEX (memory export across an NVLink domain): report only shows "
-            "its state (NVIDIA's DRA driver or the node's OS manage the service and the "
-            "channels); host makes /dev/nvidia-caps-imex-channels/channel0 and has the agent "
-            "run the package's nvidia-imex with the domain's IMEX_NODES_CONFIG; off ignores it",
-            "one of report, host, off", values.choice("report", "host", "off"), readers.IMEX),
-    Setting("imex_nodes_config", "--imex-nodes-config", "IMEX_NODES_CONFIG",
-            "/etc/nvidia-imex/nodes_config.cfg", "with IMEX=host: the IMEX domain's node "
-            "list on the node (one IP address a line, the same on every node of the domain)",
-            "an absolute path on the node without '..'", values.host_abs_path, readers.IMEX),
+    *(Setting(*row) for row in agent.DAEMON_ROWS),  # who runs Fabric Manager, IMEX
     *(Setting(*row) for row in agent.ROWS),  # the node agent: config/agent.py
     *(Setting(*row) for row in agent.NEXT_KERNEL_ROWS),  # the next kernel's driver
     Setting("cdi", "--cdi", "CDI", "on", "write a CDI spec (kind nvidia.com/gpu) for the staged "

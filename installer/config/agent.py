@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import ipaddress
 
-from installer.config.readers import AGENT, DAEMONS, SIGNALLING, VERIFYING
-from installer.config.values import Invalid, boolean, choice, decimal, ranged
+from installer.config.readers import AGENT, DAEMONS, IMEX, SIGNALLING, VERIFYING
+from installer.config.values import Invalid, boolean, choice, decimal, host_abs_path, ranged
 from installer.config.webconfig import web_config_path
 
 PERSISTENCE = ("on", "off")
@@ -133,6 +133,25 @@ METRICS_ROWS = (
 
 # The node agent's settings, as rows of `installer.config.Setting` (name, flag, env var,
 # default, help, what is accepted, parser).
+# the driver's daemons: who runs Fabric Manager on an NVSwitch/NVLink5 node, and IMEX
+DAEMON_ROWS = (
+    ("fabric_manager", "--fabric-manager", "FABRIC_MANAGER", "package",
+     "who runs Fabric Manager (and NVLSM) on an NVSwitch or NVLink5 node: package (the agent, "
+     "from the driver package; a package without them is refused) or host (the node's OS or "
+     "hypervisor; the agent starts neither but still withholds readiness until the fabric "
+     "completes)", "one of package, host", choice("package", "host"), DAEMONS),
+    ("imex", "--imex", "IMEX", "report",
+     "GB200/GB300's IMEX (memory export across an NVLink domain): report only shows its state "
+     "(NVIDIA's DRA driver or the node's OS manage the service and the channels); host makes "
+     "/dev/nvidia-caps-imex-channels/channel0 and has the agent run the package's nvidia-imex "
+     "with the domain's IMEX_NODES_CONFIG; off ignores it",
+     "one of report, host, off", choice("report", "host", "off"), IMEX),
+    ("imex_nodes_config", "--imex-nodes-config", "IMEX_NODES_CONFIG",
+     "/etc/nvidia-imex/nodes_config.cfg", "with IMEX=host: the IMEX domain's node list on the "
+     "node (one IP address a line, the same on every node of the domain)",
+     "an absolute path on the node without '..'", host_abs_path, IMEX),
+)
+
 ROWS = (
     ("persistence_mode", "--persistence-mode", "PERSISTENCE_MODE", "on",
      "the agent runs nvidia-persistenced --persistence-mode from the package",
