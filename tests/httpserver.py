@@ -20,7 +20,9 @@ Every request is recorded for assertions (with its query and Authorization heade
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
 import os
 import re
 import socket
@@ -29,6 +31,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -308,3 +311,35 @@ def self_signed(directory: Path) -> tuple[Path, Path]:
                     "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
                     "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
     return cert, key
+
+
+@contextlib.contextmanager
+def answering_api() -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    """An API server that answers 200 (an empty Node) to everything and records each call
+    (method, path, JSON body): for tests that look only at what the installer sent."""
+    calls: list[dict[str, Any]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def _answer(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            calls.append({"method": self.command, "path": self.path,
+                          "body": json.loads(body or b"{}")})
+            reply = json.dumps({"kind": "Node", "metadata": {}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(reply)))
+            self.end_headers()
+            self.wfile.write(reply)
+
+        do_GET = do_PATCH = do_POST = do_PUT = _answer
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", calls
+    finally:
+        server.shutdown()
+        server.server_close()

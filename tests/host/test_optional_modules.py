@@ -17,9 +17,7 @@ import errno
 import json
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +25,7 @@ import pytest
 from e2e import KERNEL, add_version, make_scene, run_cli, standin_env
 from fallbacknode import headers_debs
 from gdrsources import GDR_VERSION, NVFS_VERSION, gdrcopy_fixture, nvfs_fixture
-from httpserver import MirrorServer
+from httpserver import MirrorServer, answering_api
 from native import build_standins
 from native.packages import standin_tree
 from nvsources import fake_headers, mini_source
@@ -316,30 +314,8 @@ def test_a_failing_gdrdrv_leaves_the_driver_loaded(tmp_path: Path) -> None:
 
 @pytest.fixture
 def api() -> Iterator[tuple[str, list[dict[str, Any]]]]:
-    """An API server that answers 200 to everything and records each call."""
-    calls: list[dict[str, Any]] = []
-
-    class Handler(BaseHTTPRequestHandler):
-        def _answer(self) -> None:
-            body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-            calls.append({"path": self.path, "body": json.loads(body or b"{}")})
-            reply = json.dumps({"kind": "Node", "metadata": {}}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(reply)))
-            self.end_headers()
-            self.wfile.write(reply)
-
-        do_GET = do_PATCH = do_POST = do_PUT = _answer
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", calls
-    server.shutdown()
-    server.server_close()
+    with answering_api() as served:
+        yield served
 
 
 def test_install_with_a_broken_gdrdrv_is_ready_and_says_why(

@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 from e2e import KERNEL, NODE, Scene, add_version, make_scene, run_cli, standin_env
-from httpserver import MirrorServer
+from httpserver import MirrorServer, answering_api
 
 from installer.node.host import Roots
 from installer.testing import SAMPLE_NODES, IbSpec, nic_vpd
@@ -27,31 +25,8 @@ TOKEN = "rdma-test-token"
 
 @pytest.fixture
 def api() -> Iterator[tuple[str, list[dict[str, object]]]]:
-    """An API server that answers 200 to everything and records each call."""
-    calls: list[dict[str, object]] = []
-
-    class Handler(BaseHTTPRequestHandler):
-        def _answer(self) -> None:
-            body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-            calls.append({"method": self.command, "path": self.path,
-                          "body": json.loads(body or b"{}")})
-            reply = json.dumps({"kind": "Node", "metadata": {}}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(reply)))
-            self.end_headers()
-            self.wfile.write(reply)
-
-        do_GET = do_PATCH = do_POST = do_PUT = _answer
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", calls
-    server.shutdown()
-    server.server_close()
+    with answering_api() as served:
+        yield served
 
 
 def _rdma_scene(tmp_path: Path) -> Scene:
