@@ -59,3 +59,4 @@ def make_node(root: Path, headers: Path | None, **security: object) -> Path:
             f"{relpath}:{''.join(' ' + p for p, n, _ in _HOST_MODULES if n in depends)}\n"
             for relpath, _, depends in _HOST_MODULES))
     return root
+

@@ -8,6 +8,7 @@ from pathlib import Path
 import kubefake
 import pytest
 from agentnode import daemon_package
+from fallbacknode import headers_debs, unpack_headers
 from healthkit import fifo_log
 from kubefake import Cluster, node_doc
 from native import build_standins, packages
@@ -75,3 +76,14 @@ def fifo_host(tmp_path: Path) -> Iterator[tuple[RealHost, int]]:
     (healthkit.fifo_log), for the health watcher's cases."""
     with fifo_log(tmp_path) as found:
         yield found
+
+
+@pytest.fixture(scope="module")
+def headers_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Debian's three real headers .debs of the fallback kernel unpacked as dpkg would (once
+    per module; hard-linked after)."""
+    debs = headers_debs()
+    if debs is None:
+        pytest.skip("needs dpkg-deb and gcc-12 (the kernel's compiler) on this machine: "
+                    "make deps")
+    return unpack_headers(debs, tmp_path_factory.mktemp("headers") / "root")

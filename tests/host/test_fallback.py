@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from e2e import events, run_cli, standin_env
-from fallbacknode import RELEASE, headers_debs, make_node, unpack_headers
+from fallbacknode import RELEASE, make_node
 from helpers import node_args
 from native import build_standins
 from native.packages import standin_tree
@@ -31,16 +31,6 @@ from installer.packages.repository import parse_index
 VERSION = "535.261.03"
 FLAVOUR = "open"  # the stand-in modules are GPL, like the open flavour
 INSTALL_DIR = "home/kubernetes/bin/nvidia"
-
-
-@pytest.fixture(scope="module")
-def headers_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The three headers .debs unpacked as dpkg would (once per module; hard-linked after)."""
-    debs = headers_debs()
-    if debs is None:
-        pytest.skip("needs dpkg-deb and gcc-12 (the kernel's compiler) on this machine: "
-                    "make deps")
-    return unpack_headers(debs, tmp_path_factory.mktemp("headers") / "root")
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 from fallbacknode import RELEASE as DEBIAN_RELEASE
-from fallbacknode import headers_debs, make_node, unpack_headers
+from fallbacknode import make_node
 
 from installer.cli import logs
 from installer.config import load_config
@@ -206,15 +206,6 @@ class TestSeam:
         assert result.rdma is not None and result.rdma.reason == "SymbolVersionMismatch"
         assert "BUILD_FALLBACK=auto" in result.rdma.message
         _gpus_kept(host)
-
-
-@pytest.fixture(scope="module")
-def headers_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    debs = headers_debs()
-    if debs is None:
-        pytest.skip("needs dpkg-deb and gcc-12 (the kernel's compiler) on this machine: "
-                    "make deps")
-    return unpack_headers(debs, tmp_path_factory.mktemp("headers") / "root")
 
 
 def _source_package(base: Path, source: Path) -> Package:
