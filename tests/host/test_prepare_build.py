@@ -17,13 +17,13 @@ from pathlib import Path
 from e2e import events, run_cli, standin_env
 from fallbacknode import RELEASE, make_node
 from helpers import node_args
-from host.test_fallback import headers_root, repo
+from host.test_fallback import repo
 
 VERSION = "535.261.03"
 FLAVOUR = "open"  # the stand-in modules are GPL, like the open flavour
 INSTALL_DIR = "home/kubernetes/bin/nvidia"
 OLD = "6.1.0-9-cloud-amd64"
-__all__ = ["headers_root", "repo"]  # the fixtures, as tests/host/test_fallback.py makes them
+__all__ = ["repo"]  # the fixture, as tests/host/test_fallback.py makes it (headers_root: conftest)
 
 
 def _boot(root: Path, release: str) -> None:
