@@ -34,7 +34,7 @@ from typing import Any
 from installer.packages.builder.compile import build_env
 from installer.packages.builder.headers import prepare_headers, which_compiler
 from installer.packages.builder.inputs import PackageBuildError
-from installer.packages.builder.source import SOURCE_DIR
+from installer.packages.builder.source import SOURCE_DIR, source_tree
 from installer.packages.manifest import Package
 
 PEERMEM = "nvidia-peermem"
@@ -71,16 +71,11 @@ def has_peermem(source: Package) -> bool:
 
 
 def materialize(source: Package, dest: Path) -> Path:
-    """The module tree of the source package, from its verified files."""
-    files = [e for e in source.manifest.files if e.kind == "source"]
-    if len(files) > _MAX_SOURCE_FILES:
-        raise PeermemBuildError(f"source package {source.manifest.key} has {len(files)} files")
-    for entry in files:
-        target = dest / entry.path.removeprefix(f"{SOURCE_DIR}/")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(source.path_of(entry.path), target)
-        target.chmod(0o755 if target.suffix == ".sh" else 0o644)
-    return dest
+    """The module tree of the source package, from its verified files (bounded in count)."""
+    count = sum(e.kind == "source" for e in source.manifest.files)
+    if count > _MAX_SOURCE_FILES:
+        raise PeermemBuildError(f"source package {source.manifest.key} has {count} files")
+    return source_tree(source, dest)
 
 
 def build_peermem(request: PeermemRequest, work: Path, log: Any) -> Path:

@@ -10,6 +10,7 @@ package (kernel `source`), so older readers parse the index and simply never mat
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -18,7 +19,13 @@ from typing import TYPE_CHECKING, Any
 from installer.packages.builder.inputs import PackageBuildError, Picked, pick_user_files
 from installer.packages.builder.nvsource import unpack_source
 from installer.packages.builder.publish import Identity, update_index, write_package, write_tarball
-from installer.packages.manifest import DRIVER_VERSION_RE, SOURCE_RELEASE, Manifest, sha256_hex
+from installer.packages.manifest import (
+    DRIVER_VERSION_RE,
+    SOURCE_RELEASE,
+    Manifest,
+    Package,
+    sha256_hex,
+)
 
 if TYPE_CHECKING:
     from installer.packages.builder import BuildRequest
@@ -77,3 +84,16 @@ def build_source(request: BuildRequest, user_trees: Callable[[Any, Path], list[P
 def is_source(manifest: Manifest) -> bool:
     """A source package (modules still to be built), not one for a kernel."""
     return manifest.kernel_release == SOURCE_RELEASE
+
+
+def source_tree(source: Package, dest: Path) -> Path:
+    """A source package's module sources laid out as a tree in `dest`, copied from its
+    verified files (the node's on-node builds compile from it: modules, nvidia-peermem)."""
+    for entry in source.manifest.files:
+        if entry.kind != "source":
+            continue
+        target = dest / entry.path.removeprefix(f"{SOURCE_DIR}/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source.path_of(entry.path), target)
+        target.chmod(0o755 if target.suffix == ".sh" else 0o644)
+    return dest

@@ -27,7 +27,7 @@ from installer.packages.builder.compile import CompileRequest, compile_modules
 from installer.packages.builder.inputs import PackageBuildError, Picked, load_order, scan_modules
 from installer.packages.builder.publish import Identity, write_package
 from installer.packages.builder.signing import SigningOptions, apply, load_cert, load_key
-from installer.packages.builder.source import SOURCE_DIR, is_source
+from installer.packages.builder.source import SOURCE_DIR, is_source, source_tree
 from installer.packages.cache import Cache
 from installer.packages.manifest import SOURCE_RELEASE, Package
 from installer.packages.repository import Candidate, resolve
@@ -127,16 +127,10 @@ def build_missing(ctx: Context, node: NodeInfo, cache: Cache, candidates: list[C
 
 def _materialize(source: Package, dest: Path) -> Path:
     """The module sources as a tree (from the verified cache blobs)."""
-    files = [e for e in source.manifest.files if e.kind == "source"]
-    if not any(e.path == f"{SOURCE_DIR}/Kbuild" for e in files):
+    if not any(e.path == f"{SOURCE_DIR}/Kbuild" for e in source.manifest.files):
         raise PackageBuildError(f"source package {source.manifest.key} has no "
                                 f"{SOURCE_DIR}/Kbuild", remedy="republish the source package")
-    for entry in files:
-        target = dest / entry.path.removeprefix(f"{SOURCE_DIR}/")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(source.path_of(entry.path), target)
-        target.chmod(0o755 if target.suffix == ".sh" else 0o644)
-    return dest
+    return source_tree(source, dest)
 
 
 def _build(ctx: Context, node: NodeInfo, cache: Cache, source: Package, tree: Path,
