@@ -146,7 +146,8 @@ all-7g.278gb | * 7g.278gb:1
 
 # One GPU per MIG model: (NVML name, memory MiB NVML reports, PCI device id of mig-parted's
 # filters for it). GH200 144G, B300 and GB300: figures whose whole GiB is the 7g size's GB,
-# as go-nvlib's naming of NVML's answer needs of a real board (not read off one).
+# as go-nvlib's naming of NVML's answer needs of a real board (not read off one); the A30's
+# and RTX PRO 6000's are nominal too (not checked against a board here).
 MODEL_GPUS = {
     "A100-40GB": ("NVIDIA A100-SXM4-40GB", 40536, "20B0"),
     "A100-80GB": ("NVIDIA A100-SXM4-80GB", 81920, "20B2"),

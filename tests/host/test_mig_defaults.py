@@ -8,6 +8,11 @@ The expected outcome comes from the GPU's own answer, as mig-parted generates it
 since its commits 6ef7bf0e and 219e780d: the entry that reaches the GPU (device filter;
 none: the GPU is left alone) is refused when it names a size the stand-in's NVML does not
 offer for the GPU or more of one than `instanceCount`, else the GPU ends with that layout.
+
+The issue speaks of "NVIDIA's 13 default configs"; no version of config-default.yaml has
+13 (17 in 2023, 81 since 2025-10), so all 81 are applied to every model, and how many of
+them apply per model (`APPLIED`) and the issue's own cases by name (`NAMED`) are written
+here by hand from the file, not derived from the stand-in.
 """
 
 from __future__ import annotations
@@ -25,6 +30,31 @@ from installer.stages.partition.plan import GpuLayout, changes, layout, validate
 
 CONFIGS = default_entries()
 TEXT = default_configs()
+
+# The configs that apply per model, counted from config-default.yaml @ bd7160f4:
+# all-disabled, all-enabled, all-balanced and the `all-<size>` of each size the model has
+# (7 on a 7-slice part, 5 on the A30, 11 on the RTX PRO 6000); every other config is
+# refused (a size the GPU lacks) or leaves the GPU alone (a device filter for others).
+APPLIED = {model: 10 for model in MODEL_GPUS} | {"A30-24GB": 8, "RTX-PRO-6000": 14}
+_RTX = ("1g.24gb", "1g.24gb.me", "1g.24gb.gfx", "1g.24gb-me", "1g.24gb.me.all", "2g.48gb",
+        "2g.48gb.gfx", "2g.48gb-me", "2g.48gb.me.all", "4g.96gb", "4g.96gb.gfx")
+# The issue's broken models by name: (configs that must apply, configs that must be
+# refused). GB200's production sizes apply and those mig-parted's ebab1f77 replaced
+# (1g.24gb, 3g.95gb, 4g.95gb, 7g.189gb) are refused; each GH200 takes its own sizes and
+# not its neighbour's; the RTX PRO 6000 takes every variant.
+NAMED: dict[str, tuple[set[str], set[str]]] = {
+    "GB200": ({"all-1g.23gb", "all-1g.23gb.me", "all-1g.47gb", "all-2g.47gb", "all-3g.93gb",
+               "all-4g.93gb", "all-7g.186gb", "all-balanced"},
+              {"all-1g.24gb", "all-3g.95gb", "all-4g.95gb", "all-7g.189gb"}),
+    "GH200-96GB": ({"all-1g.12gb", "all-1g.12gb.me", "all-1g.24gb", "all-2g.24gb",
+                    "all-3g.48gb", "all-4g.48gb", "all-7g.96gb", "all-balanced"},
+                   {"all-3g.47gb", "all-7g.94gb", "all-7g.144gb"}),
+    "GH200-144GB": ({"all-1g.18gb", "all-1g.18gb.me", "all-1g.36gb", "all-2g.36gb",
+                     "all-3g.72gb", "all-4g.72gb", "all-7g.144gb", "all-balanced"},
+                    {"all-3g.71gb", "all-7g.141gb", "all-7g.96gb"}),
+    "RTX-PRO-6000": ({f"all-{size}" for size in _RTX} | {"all-balanced"},
+                     {"all-1g.5gb", "all-7g.40gb"}),
+}
 
 
 def _offered() -> dict[str, int]:
@@ -125,5 +155,9 @@ def test_every_default_config_on_each_model(libs: Path, fake_env: pytest.MonkeyP
             outcomes[name] = "applied"
     applied = [name for name, outcome in outcomes.items() if outcome == "applied"]
     # all-disabled, all-enabled, one config per size the model offers, all-balanced
-    assert len(applied) == 3 + len(offered), applied
-    assert "all-balanced" in applied and len(outcomes) == len(CONFIGS)
+    assert len(applied) == 3 + len(offered) == APPLIED[model], applied
+    assert "all-balanced" in applied and len(outcomes) == len(CONFIGS) == 81
+    must_apply, must_refuse = NAMED.get(model, (set(), set()))
+    assert {name: outcomes[name] for name in must_apply | must_refuse} == {
+        **{name: "applied" for name in must_apply},
+        **{name: "refused" for name in must_refuse}}

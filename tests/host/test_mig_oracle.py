@@ -39,7 +39,8 @@ GPUS = [
     ("NVIDIA RTX PRO 6000 Blackwell Workstation Edition", 97887),
 ]
 # (GH200 144G, B300, GB300: figures whose whole GiB is the 7g size's GB, as go-nvlib's
-# naming needs of a real board; not read off one)
+# naming needs of a real board; not read off one. A30, RTX PRO 6000: nominal too, not
+# checked against a board here)
 NO_MIG = [("Tesla T4", 15360), ("NVIDIA L4", 23034), ("NVIDIA L40S", 46068),
           ("NVIDIA RTX 6000 Ada Generation", 49140), ("NVIDIA A10G", 23028)]
 
