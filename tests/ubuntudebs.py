@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 from cosbucket import MODULES, OPEN_LICENCE, module_bytes, sign_module
@@ -128,6 +129,26 @@ SERIES = "jammy"
 POOL_MODULES = "pool/restricted/l/linux-restricted-modules"
 POOL_USER = f"pool/restricted/n/nvidia-graphics-drivers-{BRANCH}-server"
 OLD_VERSION = "535.247.01"  # an older upload of the user-mode packages
+UPDATES_INDEX = f"/dists/{SERIES}-updates/restricted/binary-amd64/Packages.xz"
+
+
+def modules_deb_path(kernel: str) -> str:
+    """Where `restricted_archive` serves the modules package of `kernel` (its URL path)."""
+    upload = "-".join(kernel.split("-")[:2])
+    return f"/{POOL_MODULES}/{modules_package_name(kernel)}_{upload}.1_amd64.deb"
+
+
+@contextmanager
+def archive_keyring(gnupg: Path) -> Iterator[Path]:
+    """A signing key for `restricted_archive` in `gnupg`; yields its public keyring (what
+    apt's gpgv reads). The gpg-agent that signing starts is ended after."""
+    from aptrepo import key
+
+    try:
+        yield key(gnupg, "ubuntu-archive")
+    finally:
+        subprocess.run(["gpgconf", "--homedir", str(gnupg), "--kill", "gpg-agent"],
+                       check=False, capture_output=True)
 
 
 def restricted_archive(base: Path, kernel: str, version: str, modules: Mapping[str, bytes],

@@ -26,7 +26,7 @@ from installer.node import inotify, kernels
 from installer.node.confine import EscapeError
 from installer.node.host import Host
 
-SCAN_S = 60.0  # without inotify: the "within a minute"
+SCAN_S = 60.0  # without inotify: a new kernel is seen within a minute
 RESCAN_S = 600.0  # with inotify: a look anyway, for what a watch could not see
 MAX_TREE_WATCHES = 32
 REASONS = {READY: "DriverReady", MISSING: "DriverMissing", BUILDING: "Preparing",

@@ -254,6 +254,16 @@ def assert_ok(result: Result) -> None:
     assert result.code == 0, result.stderr[-3000:]
 
 
+def ok_on_node(arena: Arena, run: Callable[[], Result]) -> Result:
+    """`run()` succeeds (`assert_ok`) and changes nothing in the arena outside the node
+    (`assert_untouched`); returns its result for the checks a case adds."""
+    before = arena.snapshot()
+    done = run()
+    assert_ok(done)
+    assert_untouched(before, arena.snapshot(), ("node/",))
+    return done
+
+
 def run_wrapped(arena: Arena, wrapper: str, wrapper_args: list[str], *args: str,
                 env: dict[str, str] | None = None) -> Result:
     """`fakenode.py ARGS` in the arena's sandbox, through one more shell `wrapper` that

@@ -54,6 +54,14 @@ def add_file(doc: dict[str, Any], path: str, data: bytes) -> None:
                          "sha256": hashlib.sha256(data).hexdigest()})
 
 
+def repo_listing(arena: Arena, name: str, path: str, data: bytes) -> Path:
+    """A copy of the good repository (`copy_repo`) whose manifest also lists `path` with
+    the size and digest of `data` (`add_file`), the index vouching for it."""
+    repo = copy_repo(arena, name)
+    edit_manifest(repo, lambda doc: add_file(doc, path, data))
+    return repo
+
+
 def fetch(arena: Arena, *mirrors: str, extra: tuple[str, ...] = (), timeout: float = 60
           ) -> Result:
     flags = [arg for mirror in mirrors for arg in ("--mirror", mirror)]

@@ -35,6 +35,8 @@ from adversarial.harness import (
     assert_untouched,
     install,
     make_arena,
+    ok_on_node,
+    refused_untouched,
     settle,
 )
 from installer.errors import UpgradeBlockedError, UpgradeTimeoutError
@@ -152,13 +154,12 @@ class TestPodList:
             self, busy: tuple[Arena, Cluster], body: bytes, named: str) -> None:
         arena, cluster = busy
         cluster.faults[PODS] = [Reply(body=body)]
-        before = arena.snapshot()
         with kubefake.serve(cluster) as api:
-            done = upgrade(arena, api)
-        assert_refused(done, UpgradeBlockedError.code, "Kubernetes API: GET /api/v1/pods",
-                       named, "fix: check what answers at the API server's address")
+            refused_untouched(arena, lambda: upgrade(arena, api), UpgradeBlockedError.code,
+                              "Kubernetes API: GET /api/v1/pods", named,
+                              "fix: check what answers at the API server's address",
+                              allowed=(*WORK_AREA, KERNEL_STATE, *OWN))
         assert_failed_not_required(cluster)
-        assert_untouched(before, arena.snapshot(), (*WORK_AREA, KERNEL_STATE, *OWN))
 
 
 # --- label and Event writes; which proxy carries the calls ----------------------------------
@@ -180,10 +181,8 @@ class TestWrites:
         cluster = Cluster(node_name=NODE, nodes={NODE: node_doc(NODE)})
         cluster.faults[f"PATCH /api/v1/nodes/{NODE}"] = [429, 503]
         cluster.faults["POST /api/v1/namespaces/default/events"] = [503, 429]
-        before = settled.snapshot()
         with kubefake.serve(cluster) as api:
-            done = run_install(settled, api)
-        assert_ok(done)
+            done = ok_on_node(settled, lambda: run_install(settled, api))  # a real install
         patches = [c for c in cluster.calls if c.method == "PATCH"]
         posts = [c for c in cluster.calls if c.method == "POST"]
         assert [c.status for c in patches] == [429, 503, 200]
@@ -191,7 +190,6 @@ class TestWrites:
         assert patches[1].at - patches[0].at >= 0.1  # a backoff, not a hammering loop
         assert labelled(cluster) and [e["reason"] for e in cluster.events] == ["DriverReady"]
         assert "could not" not in done.stderr  # no warning: every write got through
-        assert_untouched(before, settled.snapshot(), ("node/",))  # a real install: the node
 
 
 @pytest.fixture(scope="module")
@@ -206,12 +204,10 @@ class TestProxy:
             self, settled: Arena, certificate: tuple[Path, Path]) -> None:
         cluster = Cluster(node_name=NODE, nodes={NODE: node_doc(NODE)})
         shutil.copy(certificate[0], account(settled) / "ca.crt")
-        before = settled.snapshot()
         with Proxy() as proxy, kubefake.serve(cluster, tls=certificate) as api:
-            done = run_install(settled, api, {"HTTPS_PROXY": proxy.url, "https_proxy": proxy.url,
-                                              "HTTP_PROXY": proxy.url, "http_proxy": proxy.url})
-        assert_ok(done)
-        assert_untouched(before, settled.snapshot(), ("node/",))
+            every = dict.fromkeys(("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"),
+                                  proxy.url)
+            ok_on_node(settled, lambda: run_install(settled, api, every))
         assert proxy.seen == []
         assert labelled(cluster) and len(cluster.events) == 1
 

@@ -26,8 +26,8 @@ from adversarial.harness import (
     Result,
     assert_ok,
     assert_refused,
-    assert_untouched,
     install,
+    ok_on_node,
     refused_untouched,
 )
 
@@ -37,9 +37,7 @@ KERNEL = KERNEL_STATE
 
 def _installs_on_node(arena: Arena, *extra: str) -> None:
     """`install` succeeds and changes nothing in the arena outside the node."""
-    before = arena.snapshot()
-    assert_ok(install(arena, *extra))
-    assert_untouched(before, arena.snapshot(), ("node/",))
+    ok_on_node(arena, lambda: install(arena, *extra))
 
 
 def link(path: Path, target: str | Path) -> None:
@@ -219,10 +217,7 @@ def test_uninstall_through_a_dev_char_link_deletes_nothing_outside(arena: Arena)
         entry.unlink()
     char.rmdir()
     link(char, arena.outside / "char")
-    before = arena.snapshot()
-    done = arena.run("uninstall", *arena.args())
-    assert_ok(done)
-    assert_untouched(before, arena.snapshot(), ("node/",))
+    ok_on_node(arena, lambda: arena.run("uninstall", *arena.args()))
 
 
 def test_a_host_root_that_is_a_file_is_refused(arena: Arena) -> None:

@@ -11,6 +11,7 @@ import json
 import shutil
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -40,6 +41,17 @@ from adversarial.mirrorkit import (
 def tls(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """A self-signed certificate for 127.0.0.1 (also its own CA bundle) and its key."""
     return self_signed(tmp_path_factory.mktemp("tls"))
+
+
+@contextmanager
+def redirecting(arena: Arena, tls: tuple[Path, Path], path: str, status: int,
+                plain: MirrorServer) -> Iterator[MirrorServer]:
+    """A TLS mirror of the good repository whose `path` redirects (`status`) to the plain-http
+    mirror's index."""
+    with MirrorServer(copy_repo(arena, "tls"), tls=tls) as server:
+        server.fault(path, Fault("redirect", status=status, times=0,
+                                 other=f"{plain.url}/index.json".encode()))
+        yield server
 
 
 # ---------------------------------------------------------------- one bad mirror, one good
@@ -152,9 +164,7 @@ def test_tls_failure_on_the_first_mirror_falls_through(arena: Arena,
 def test_a_redirect_to_plain_http_falls_through(arena: Arena, tls: tuple[Path, Path],
                                                 http_bad: tuple[MirrorServer, Path]) -> None:
     plain, _repo = http_bad
-    with MirrorServer(copy_repo(arena, "tls"), tls=tls) as server:
-        server.fault("/index.json", Fault("redirect", status=302, times=0,
-                                          other=f"{plain.url}/index.json".encode()))
+    with redirecting(arena, tls, "/index.json", 302, plain) as server:
         done = fetch(arena, server.url, good(arena), extra=("--ca-bundle", str(tls[0])))
     assert_fetched(done)
     assert warned(done, "redirected to plain http")
@@ -227,9 +237,7 @@ def test_all_missing_is_package_not_found_naming_each(arena: Arena) -> None:
 def test_only_a_redirect_to_http_is_refused(arena: Arena, tls: tuple[Path, Path],
                                             http_bad: tuple[MirrorServer, Path]) -> None:
     plain, _repo = http_bad
-    with MirrorServer(copy_repo(arena, "tls"), tls=tls) as server:
-        server.fault("/", Fault("redirect", status=301, times=0,
-                                other=f"{plain.url}/index.json".encode()))
+    with redirecting(arena, tls, "/", 301, plain) as server:
         done = fetch(arena, server.url, extra=("--ca-bundle", str(tls[0]),
                                                "--driver-version", VERSION))
     assert_refused(done, 6, "redirected to plain http://", "--allow-http")

@@ -31,7 +31,6 @@ from adversarial.mirrorkit import (
     CACHE,
     LIB,
     PKG,
-    add_file,
     assert_fetched,
     copy_repo,
     edit_manifest,
@@ -39,6 +38,7 @@ from adversarial.mirrorkit import (
     fetch_ok,
     fetch_refused,
     good,
+    repo_listing,
 )
 
 INSTALL = f"/{INSTALL_DIR}"
@@ -140,9 +140,8 @@ def test_4_index_over_the_size_limit_says_regenerate_it(
 
 def test_5_manifest_path_component_over_255_bytes(arena: Arena) -> None:
     """Item 5: refused at validation (exit 7), never a 404 blamed on the kernel."""
-    repo = copy_repo(arena, "bad")
     name = "lib64/" + "\u00e9" * 128 + ".so"  # 259 bytes in UTF-8, 131 characters
-    edit_manifest(repo, lambda doc: add_file(doc, name, b"x"))
+    repo = repo_listing(arena, "bad", name, b"x")
     done = fetch_refused(arena, [f"file://{repo}"], 7, "manifest.json from mirror",
                          "longer than 255 bytes", "fix: rebuild the package")
     assert "publish a package for this kernel" not in done.lines[0]

@@ -69,13 +69,28 @@ def statuses(server: MirrorServer) -> list[int]:
     return [r.status for r in server.requests_for("/f.bin")]
 
 
+def faulted(served: tuple[Path, str], dest: Path, fault: Fault,
+            settings: DownloadSettings = FAST, **mirror: Any) -> tuple[Recorder, MirrorServer]:
+    """`f.bin` fetched into `dest` from a mirror that answers with `fault`; the log and the
+    (stopped) mirror, whose requests stay for the checks."""
+    root, digest = served
+    with MirrorServer(root, **mirror) as server:
+        server.fault("/f.bin", fault)
+        log = get(server, dest, digest, settings)
+    return log, server
+
+
+def assert_whole(dest: Path, digest: str) -> None:
+    assert hashlib.sha256(dest.read_bytes()).hexdigest() == digest
+
+
 class TestHappyPaths:
     def test_plain(self, served: tuple[Path, str], tmp_path: Path) -> None:
         root, digest = served
         with MirrorServer(root) as server:
             get(server, tmp_path / "out", digest)
             assert statuses(server) == [200]
-        assert hashlib.sha256((tmp_path / "out").read_bytes()).hexdigest() == digest
+        assert_whole(tmp_path / "out", digest)
 
     def test_file_url(self, served: tuple[Path, str], tmp_path: Path) -> None:
         root, digest = served
@@ -92,50 +107,38 @@ class TestResume:
     """A drop resumes with Range/If-Range; a changed file restarts instead of splicing."""
 
     def test_drop_twice(self, served: tuple[Path, str], tmp_path: Path) -> None:
-        root, digest = served
-        with MirrorServer(root) as server:
-            server.fault("/f.bin", Fault("drop", after=1_000_000, times=2))
-            log = get(server, tmp_path / "out", digest)
-            requests = server.requests_for("/f.bin")
+        log, server = faulted(served, tmp_path / "out", Fault("drop", after=1_000_000, times=2))
+        requests = server.requests_for("/f.bin")
         assert [r.status for r in requests] == [200, 206, 206]
         assert [r.range for r in requests] == [None, "bytes=1000000-", "bytes=2000000-"]
         assert all(r.if_range for r in requests[1:])
         assert [e["offset"] for e in log.named("download resumed")] == [1_000_000, 2_000_000]
-        assert hashlib.sha256((tmp_path / "out").read_bytes()).hexdigest() == digest
+        assert_whole(tmp_path / "out", served[1])
 
     def test_drop_without_etag_validates_by_size(self, served: tuple[Path, str],
                                                  tmp_path: Path) -> None:
-        root, digest = served
-        with MirrorServer(root, etags=False) as server:
-            server.fault("/f.bin", Fault("drop", after=500_000))
-            log = get(server, tmp_path / "out", digest)
-            assert statuses(server) == [200, 206]
+        log, server = faulted(served, tmp_path / "out", Fault("drop", after=500_000),
+                              etags=False)
+        assert statuses(server) == [200, 206]
         assert log.named("download resumed")
 
     def test_truncated_body_resumes(self, served: tuple[Path, str], tmp_path: Path) -> None:
-        root, digest = served
-        with MirrorServer(root) as server:
-            server.fault("/f.bin", Fault("truncate", after=4096))
-            get(server, tmp_path / "out", digest)
-            assert statuses(server) == [200, 206]
+        _, server = faulted(served, tmp_path / "out", Fault("truncate", after=4096))
+        assert statuses(server) == [200, 206]
 
     def test_changed_file_restarts(self, served: tuple[Path, str], tmp_path: Path) -> None:
-        root, digest = served
-        with MirrorServer(root) as server:
-            server.fault("/f.bin", Fault("change", after=300_000, other=b"x" * SIZE))
-            log = get(server, tmp_path / "out", digest)
-            requests = server.requests_for("/f.bin")
+        log, server = faulted(served, tmp_path / "out",
+                              Fault("change", after=300_000, other=b"x" * SIZE))
+        requests = server.requests_for("/f.bin")
         assert [r.status for r in requests] == [200, 200]
         assert requests[1].range == "bytes=300000-" and requests[1].if_range
         assert log.named("download restarted")
-        assert hashlib.sha256((tmp_path / "out").read_bytes()).hexdigest() == digest
+        assert_whole(tmp_path / "out", served[1])
 
     def test_stall_past_read_timeout(self, served: tuple[Path, str], tmp_path: Path) -> None:
-        root, digest = served
-        with MirrorServer(root) as server:
-            server.fault("/f.bin", Fault("stall", after=200_000, seconds=3))
-            log = get(server, tmp_path / "out", digest, replace(FAST, read_timeout=0.5))
-            assert statuses(server) == [200, 206]
+        log, server = faulted(served, tmp_path / "out", Fault("stall", after=200_000, seconds=3),
+                              replace(FAST, read_timeout=0.5))
+        assert statuses(server) == [200, 206]
         # Two clocks see the same stall: the socket's read timeout and the watchdog's
         # minimum-rate window (64 KiB per read_timeout); whichever fires first names it.
         reason = str(log.named("download retry")[0]["reason"])
@@ -145,19 +148,13 @@ class TestResume:
 
 class TestRetries:
     def test_503_then_ok(self, served: tuple[Path, str], tmp_path: Path) -> None:
-        root, digest = served
-        with MirrorServer(root) as server:
-            server.fault("/f.bin", Fault("status", status=503, times=2))
-            log = get(server, tmp_path / "out", digest)
-            assert statuses(server) == [503, 503, 200]
+        log, server = faulted(served, tmp_path / "out", Fault("status", status=503, times=2))
+        assert statuses(server) == [503, 503, 200]
         assert [e["reason"] for e in log.named("download retry")] == ["HTTP 503"] * 2
 
     def test_429_honours_retry_after(self, served: tuple[Path, str], tmp_path: Path) -> None:
-        root, digest = served
-        with MirrorServer(root) as server:
-            server.fault("/f.bin", Fault("retry_after", retry_after=1))
-            log = get(server, tmp_path / "out", digest)
-            assert statuses(server) == [429, 200]
+        log, server = faulted(served, tmp_path / "out", Fault("retry_after", retry_after=1))
+        assert statuses(server) == [429, 200]
         assert log.named("download retry")[0]["sleep_s"] == 1.0
 
     def test_attempts_exhausted(self, served: tuple[Path, str], tmp_path: Path) -> None:

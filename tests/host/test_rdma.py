@@ -66,6 +66,13 @@ def _ib_core(host: FakeKernelHost, exports: dict[str, int], *, ofed: str | None 
     return _tree(host) / relpath
 
 
+def _load(host: FakeKernelHost, tmp_path: Path, versions: dict[str, int], *,
+          mode: str = "auto", name: str = "pkg") -> load.LoadResult:
+    """A package whose nvidia-peermem needs `versions` (`_package`), loaded under RDMA_MODE
+    `mode`."""
+    return load.load_package(host, _package(tmp_path, versions, name=name), rdma_mode=mode)
+
+
 def _package(tmp_path: Path, versions: dict[str, int] | None = None, *,
              peermem_bytes: bytes | None = None, name: str = "pkg") -> Package:
     """A package shipping nvidia-peermem (a module file, not in `modules`)."""
@@ -92,8 +99,7 @@ def _assert_gpus_kept(host: FakeKernelHost, result: load.LoadResult) -> None:
 class TestAuto:
     def test_node_without_rdma_leaves_peermem_out_quietly(self, tmp_path: Path) -> None:
         host = _node(tmp_path, nic=False)
-        result = load.load_package(host, _package(tmp_path, {REGISTER: INBOX[REGISTER]}),
-                                   rdma_mode="auto")
+        result = _load(host, tmp_path, {REGISTER: INBOX[REGISTER]})
         assert result.rdma is not None and not result.rdma.ready
         assert result.rdma.reason == "NoRdmaStack"
         assert "ib_core not loaded" in result.rdma.message
@@ -103,8 +109,7 @@ class TestAuto:
     def test_nic_without_ib_core_is_no_stack(self, tmp_path: Path) -> None:
         host = _node(tmp_path)
         _ib_core(host, INBOX, loaded=False)
-        result = load.load_package(host, _package(tmp_path, {REGISTER: INBOX[REGISTER]}),
-                                   rdma_mode="auto")
+        result = _load(host, tmp_path, {REGISTER: INBOX[REGISTER]})
         assert result.rdma is not None and result.rdma.reason == "NoRdmaStack"
         assert "1 RDMA NIC(s), ib_core not loaded" in result.rdma.message
         assert "ib_core.ko" not in _loads(host)
@@ -112,8 +117,7 @@ class TestAuto:
     def test_rdma_node_loads_peermem_after_nvidia_and_ib_core(self, tmp_path: Path) -> None:
         host = _node(tmp_path)
         _ib_core(host, INBOX)
-        result = load.load_package(host, _package(tmp_path, {REGISTER: INBOX[REGISTER]}),
-                                   rdma_mode="auto")
+        result = _load(host, tmp_path, {REGISTER: INBOX[REGISTER]})
         assert result.rdma is not None and result.rdma.ready, result.rdma
         assert result.rdma.reason == "PeermemLoaded"
         assert _loads(host) == ["ib_core.ko", "nvidia.ko", "nvidia-uvm.ko",
@@ -122,16 +126,14 @@ class TestAuto:
         assert host.modules["nvidia_peermem"].depends == ("nvidia", "ib_core")
         assert result.rdma.stack.kind == "inbox" and result.rdma.stack.nics == (
             "0000:1a:00.0",) and result.rdma.stack.devices == ("mlx5_0",)
-        again = load.load_package(host, _package(tmp_path, {REGISTER: INBOX[REGISTER]},
-                                                 name="again"), rdma_mode="auto")
+        again = _load(host, tmp_path, {REGISTER: INBOX[REGISTER]}, name="again")
         assert again.rdma is not None and again.rdma.ready and not again.changed
         assert "nvidia_peermem" in again.kept
 
     def test_ofed_stack_with_matching_crcs_loads(self, tmp_path: Path) -> None:
         host = _node(tmp_path)
         _ib_core(host, OFED, ofed="24.10-1.1.4")
-        result = load.load_package(host, _package(tmp_path, {PEER: OFED[PEER]}),
-                                   rdma_mode="auto")
+        result = _load(host, tmp_path, {PEER: OFED[PEER]})
         assert result.rdma is not None and result.rdma.ready, result.rdma
         assert result.rdma.stack.kind == "ofed" and result.rdma.stack.version == "24.10-1.1.4"
         assert "MLNX_OFED/DOCA ib_core 24.10-1.1.4" in result.rdma.message
@@ -147,8 +149,7 @@ class TestAuto:
         path = _ib_core(host, INBOX)  # loaded at boot; the file on disk is then compressed
         subprocess.run([*tool, str(path)], check=True)
         (_tree(host) / "modules.dep").write_text(f"{INBOX_CORE}{suffix}:\n")
-        result = load.load_package(host, _package(tmp_path, {REGISTER: 0x5EED0001}),
-                                   rdma_mode="auto")
+        result = _load(host, tmp_path, {REGISTER: 0x5EED0001})
         verdict = result.rdma
         assert verdict is not None and verdict.reason == "SymbolVersionMismatch", verdict
         assert f"{path}{suffix}" in verdict.message
@@ -161,8 +162,7 @@ class TestRefusals:
             self, tmp_path: Path) -> None:
         host = _node(tmp_path)
         _ib_core(host, OFED, ofed="24.10-1.1.4")
-        result = load.load_package(host, _package(tmp_path, {PEER: 0x5EED0001}),
-                                   rdma_mode="auto")
+        result = _load(host, tmp_path, {PEER: 0x5EED0001})
         verdict = result.rdma
         assert verdict is not None and verdict.reason == "SymbolVersionMismatch"
         assert "nvidia-peermem.ko" not in _loads(host)
@@ -176,8 +176,7 @@ class TestRefusals:
     def test_inbox_ib_core_without_the_peer_api(self, tmp_path: Path) -> None:
         host = _node(tmp_path)
         _ib_core(host, INBOX)
-        result = load.load_package(host, _package(tmp_path, {PEER: OFED[PEER]}),
-                                   rdma_mode="auto")
+        result = _load(host, tmp_path, {PEER: OFED[PEER]})
         assert result.rdma is not None and result.rdma.reason == "PeerMemoryApiMissing"
         assert f"needs {PEER}, which the loaded inbox ib_core {RELEASE}" in result.rdma.message
         _assert_gpus_kept(host, result)
@@ -189,13 +188,11 @@ class TestRefusals:
         symvers = host.roots.host / "usr/src/ofa_kernel/x86_64" / RELEASE / "Module.symvers"
         symvers.write_text("".join(f"{crc:#010x}\t{name}\tdrivers/infiniband/core/ib_core\t"
                                    "EXPORT_SYMBOL\t\n" for name, crc in OFED.items()))
-        result = load.load_package(host, _package(tmp_path, {PEER: OFED[PEER]}),
-                                   rdma_mode="auto")
+        result = _load(host, tmp_path, {PEER: OFED[PEER]})
         assert result.rdma is not None and result.rdma.ready, result.rdma
         symvers.unlink()
         host.delete_module("nvidia_peermem")
-        again = load.load_package(host, _package(tmp_path, {PEER: OFED[PEER]}, name="b"),
-                                  rdma_mode="auto")
+        again = _load(host, tmp_path, {PEER: OFED[PEER]}, name="b")
         assert again.rdma is not None and again.rdma.reason == "SymbolVersionsUnknown"
         assert "srcversion NEWER, loaded 5D9E1A0C7B2F4E6A8C0D1E2" in again.rdma.message
 
@@ -213,8 +210,7 @@ class TestRefusals:
         notes = host.roots.sys / "module/ib_core/notes"
         notes.mkdir()
         (notes / ".note.gnu.build-id").write_bytes(loaded_id)
-        result = load.load_package(host, _package(tmp_path, {REGISTER: INBOX[REGISTER]}),
-                                   rdma_mode="auto")
+        result = _load(host, tmp_path, {REGISTER: INBOX[REGISTER]})
         assert result.rdma is not None and result.rdma.ready is ready, result.rdma
         if not ready:
             assert result.rdma.reason == "SymbolVersionsUnknown"
@@ -224,8 +220,7 @@ class TestRefusals:
         host = _node(tmp_path)
         _ib_core(host, INBOX)
         host.fail_next["nvidia_peermem"] = errno.EINVAL
-        result = load.load_package(host, _package(tmp_path, {REGISTER: INBOX[REGISTER]}),
-                                   rdma_mode="auto")
+        result = _load(host, tmp_path, {REGISTER: INBOX[REGISTER]})
         assert result.rdma is not None and result.rdma.reason == "PeermemLoadFailed"
         assert "EINVAL" in result.rdma.message and result.warnings == [result.rdma.message]
         _assert_gpus_kept(host, result)
@@ -235,8 +230,7 @@ class TestModes:
     def test_off_never_loads(self, tmp_path: Path) -> None:
         host = _node(tmp_path)
         _ib_core(host, INBOX)
-        result = load.load_package(host, _package(tmp_path, {REGISTER: INBOX[REGISTER]}),
-                                   rdma_mode="off")
+        result = _load(host, tmp_path, {REGISTER: INBOX[REGISTER]}, mode="off")
         assert result.rdma is not None and result.rdma.reason == "RdmaDisabled"
         assert result.warnings == []
         _assert_gpus_kept(host, result)
@@ -244,8 +238,7 @@ class TestModes:
     def test_on_loads_the_nodes_ib_core_first(self, tmp_path: Path) -> None:
         host = _node(tmp_path, nic=False)
         _ib_core(host, INBOX, loaded=False)
-        result = load.load_package(host, _package(tmp_path, {REGISTER: INBOX[REGISTER]}),
-                                   rdma_mode="on")
+        result = _load(host, tmp_path, {REGISTER: INBOX[REGISTER]}, mode="on")
         assert result.rdma is not None and result.rdma.ready, result.rdma
         assert _loads(host) == ["nvidia.ko", "nvidia-uvm.ko", "ib_core.ko",
                                 "nvidia-peermem.ko"]
@@ -321,8 +314,7 @@ class TestHostile:
         path.write_bytes(b"\x7fELF-damaged")
         (host.roots.host / "usr/src/ofa_kernel/x86_64" / RELEASE / "Module.symvers"
          ).write_text(symvers)
-        result = load.load_package(host, _package(tmp_path, {PEER: OFED[PEER]}),
-                                   rdma_mode="auto")
+        result = _load(host, tmp_path, {PEER: OFED[PEER]})
         assert result.rdma is not None and result.rdma.reason == "SymbolVersionsUnknown"
         assert expected in result.rdma.message and "\n" not in result.rdma.message
         _assert_gpus_kept(host, result)
@@ -333,8 +325,7 @@ class TestHostile:
         data = bytearray(path.read_bytes())
         data[40:48] = struct.pack("<Q", 1 << 62)  # e_shoff far outside the file
         path.write_bytes(bytes(data))
-        result = load.load_package(host, _package(tmp_path, {REGISTER: INBOX[REGISTER]}),
-                                   rdma_mode="auto")
+        result = _load(host, tmp_path, {REGISTER: INBOX[REGISTER]})
         assert result.rdma is not None and result.rdma.reason == "SymbolVersionsUnknown"
         assert "section table missing or truncated" in result.rdma.message
         _assert_gpus_kept(host, result)

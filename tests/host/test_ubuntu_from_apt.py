@@ -19,15 +19,16 @@ from pathlib import Path
 
 import artifacts
 import pytest
-from aptrepo import key
 from cosbucket import firmware_bytes
 from e2e import KERNEL
 from httpserver import Fault, MirrorServer
 from signing_keys import KeyPair, make_key
 from ubuntudebs import (
     OLD_VERSION,
-    POOL_MODULES,
     SERIES,
+    UPDATES_INDEX,
+    archive_keyring,
+    modules_deb_path,
     modules_package_name,
     restricted_archive,
     signed_modules,
@@ -38,8 +39,7 @@ from installer.packages.manifest import parse_manifest
 pytestmark = pytest.mark.timeout(300)
 CLI = (sys.executable, "-m", "installer")
 VERSION = "535.261.03"
-MODULES_DEB = f"/{POOL_MODULES}/{modules_package_name(KERNEL)}_5.15.0-1049.1_amd64.deb"
-UPDATES_INDEX = f"/dists/{SERIES}-updates/restricted/binary-amd64/Packages.xz"
+MODULES_DEB = modules_deb_path(KERNEL)
 
 
 @dataclass(frozen=True)
@@ -61,12 +61,10 @@ def archive(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Archive]:
                  for stem in ("libcuda.so", "libnvidia-ml.so")}
     firmware = {"gsp_tu10x.bin": firmware_bytes(VERSION, "gsp_tu10x.bin")}
     gnupg = base / "gnupg"
-    keyring = key(gnupg, "ubuntu-archive")
-    root = restricted_archive(base, KERNEL, VERSION, modules, libraries,
-                              tree / "usr/lib/nvidia/current/nvidia-smi", firmware, gnupg)
-    yield Archive(root, keyring, canonical, modules, firmware)
-    subprocess.run(["gpgconf", "--homedir", str(gnupg), "--kill", "gpg-agent"],
-                   check=False, capture_output=True)
+    with archive_keyring(gnupg) as keyring:
+        root = restricted_archive(base, KERNEL, VERSION, modules, libraries,
+                                  tree / "usr/lib/nvidia/current/nvidia-smi", firmware, gnupg)
+        yield Archive(root, keyring, canonical, modules, firmware)
 
 
 def _build(url: str, archive: Archive, tmp_path: Path, *extra: str,

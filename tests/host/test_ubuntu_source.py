@@ -18,7 +18,6 @@ from pathlib import Path
 
 import artifacts
 import pytest
-from aptrepo import key
 from cosbucket import firmware_bytes
 from e2e import KERNEL, NODE, Scene, events, make_scene, run_cli, standin_env
 from helpers import tree_listing
@@ -27,8 +26,10 @@ from native import build_standins
 from signing_keys import make_key
 from ubuntudebs import (
     OLD_VERSION,
-    POOL_MODULES,
     SERIES,
+    UPDATES_INDEX,
+    archive_keyring,
+    modules_deb_path,
     modules_package_name,
     restricted_archive,
     signed_modules,
@@ -40,8 +41,7 @@ pytestmark = pytest.mark.timeout(300)
 VERSION = "535.261.03"
 NEWER = "535.274.02"  # modules the archive has no user-mode packages of
 STEMS = ("nvidia", "nvidia-uvm", "nvidia-modeset")  # the sample node has no drm loaded
-MODULES_DEB = f"/{POOL_MODULES}/{modules_package_name(KERNEL)}_5.15.0-1049.1_amd64.deb"
-UPDATES_INDEX = f"/dists/{SERIES}-updates/restricted/binary-amd64/Packages.xz"
+MODULES_DEB = modules_deb_path(KERNEL)
 
 
 @dataclass(frozen=True)
@@ -62,19 +62,17 @@ def archives(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Archives]:
                  "libnvidia-ml.so": built / "libnvidia-ml.so.1"}
     smi = artifacts.nvidia_tree(VERSION) / "usr/lib/nvidia/current/nvidia-smi"
     firmware = {"gsp_tu10x.bin": firmware_bytes(VERSION, "gsp_tu10x.bin")}
-    gnupg = base / "gnupg"
-    keyring = key(gnupg, "ubuntu-archive")
     modules = signed_modules(KERNEL, VERSION, canonical.key, canonical.cert, base,
                              stems=STEMS)
-    root = restricted_archive(base / "good", KERNEL, VERSION, modules, libraries, smi,
-                              firmware, gnupg)
     newer = signed_modules(KERNEL, NEWER, canonical.key, canonical.cert, base / "newer",
                            stems=STEMS)
-    skewed = restricted_archive(base / "skewed", KERNEL, NEWER, newer, libraries, smi,
-                                firmware, gnupg, user_version=VERSION)
-    yield Archives(root, skewed, keyring, modules, firmware)
-    subprocess.run(["gpgconf", "--homedir", str(gnupg), "--kill", "gpg-agent"],
-                   check=False, capture_output=True)
+    gnupg = base / "gnupg"
+    with archive_keyring(gnupg) as keyring:
+        root = restricted_archive(base / "good", KERNEL, VERSION, modules, libraries, smi,
+                                  firmware, gnupg)
+        skewed = restricted_archive(base / "skewed", KERNEL, NEWER, newer, libraries, smi,
+                                    firmware, gnupg, user_version=VERSION)
+        yield Archives(root, skewed, keyring, modules, firmware)
 
 
 def _scene(tmp_path: Path, kernel: str = KERNEL) -> Scene:

@@ -93,10 +93,41 @@ def install(scene: Scene, mirror: str, version: str, *extra: str
                    standin_env(version))
 
 
-def upgrade(scene: Scene, mirror: str, api: str, *extra: str
-            ) -> subprocess.CompletedProcess[str]:
-    return install(scene, mirror, V2, "--upgrade-policy", "evict", "--node-name", NODE,
+def upgrade(scene: Scene, mirror: str, api: str, *extra: str, policy: str = "evict",
+            name: str = NODE) -> subprocess.CompletedProcess[str]:
+    """A live upgrade to V2 of node `name` under `policy`, against the API server at `api`."""
+    return install(scene, mirror, V2, "--upgrade-policy", policy, "--node-name", name,
                    "--kube-api", api, "--service-account-dir", str(account(scene)), *extra)
+
+
+def holding(scene: Scene, uid: str, comm: str = "python3") -> int:
+    """A process of pod `uid` with /dev/nvidia0 open; returns its PID."""
+    return kernel(scene).open_device("nvidia", "/dev/nvidia0", comm, pod_cgroup(uid))
+
+
+def training(scene: Scene) -> tuple[Cluster, int]:
+    """A training pod holding the GPU (evicting it ends the process): the cluster, the PID."""
+    pid = holding(scene, UID)
+    return cluster_with(scene, pod_doc("train", UID, NODE), holders={"train": pid}), pid
+
+
+def evicting(scene: Scene, mirror: str, answers: list[int], *extra: str
+             ) -> tuple[Cluster, subprocess.CompletedProcess[str]]:
+    """An upgrade while the training pod's evictions are answered `answers` in turn, then
+    allowed (a PodDisruptionBudget's way); the cluster and the run."""
+    cluster, _ = training(scene)
+    cluster.evictions["default/train"] = answers
+    with kubefake.serve(cluster) as api:
+        done = upgrade(scene, mirror, api, *extra)
+    return cluster, done
+
+
+def untouched(cluster: Cluster, scene: Scene) -> None:
+    """Nothing but the upgrade-state label moved: no cordon, eviction or delete, V1 loaded."""
+    assert [s for s in cluster.steps() if not s.startswith("patch:upgrade-")] == []
+    assert cluster.node()["spec"].get("unschedulable") is None
+    assert cluster.errors == []
+    assert loaded(scene) == V1
 
 
 def cluster_with(scene: Scene, *pods: dict[str, object],
@@ -124,7 +155,7 @@ class TestEvict:
     def test_cordon_evict_unload_install_validate_uncordon(
             self, scene: tuple[Scene, str]) -> None:
         node, mirror = scene
-        pid = kernel(node).open_device("nvidia", "/dev/nvidia0", "python3", pod_cgroup(UID))
+        pid = holding(node, UID)
         bystander = pod_doc("web", "11111111-2222-4333-8444-555555555555", NODE)
         cluster = cluster_with(node, pod_doc("train", UID, NODE), bystander,
                                holders={"train": pid})
@@ -167,7 +198,7 @@ class TestEvict:
     def test_same_version_restart_is_the_fast_path_and_evicts_nothing(
             self, scene: tuple[Scene, str]) -> None:
         node, mirror = scene
-        kernel(node).open_device("nvidia", "/dev/nvidia0", "python3", pod_cgroup(UID))
+        holding(node, UID)
         cluster = cluster_with(node, pod_doc("train", UID, NODE))
         with kubefake.serve(cluster) as api:
             done = install(node, mirror, V1, "--upgrade-policy", "evict", "--node-name", NODE,
@@ -181,11 +212,7 @@ class TestEvict:
     def test_a_pdb_that_never_allows_times_out_cordoned_with_v1_serving(
             self, scene: tuple[Scene, str]) -> None:
         node, mirror = scene
-        kernel(node).open_device("nvidia", "/dev/nvidia0", "python3", pod_cgroup(UID))
-        cluster = cluster_with(node, pod_doc("train", UID, NODE))
-        cluster.evictions["default/train"] = [429] * 1000
-        with kubefake.serve(cluster) as api:
-            done = upgrade(node, mirror, api, "--upgrade-timeout", "1")
+        cluster, done = evicting(node, mirror, [429] * 1000, "--upgrade-timeout", "1")
         assert done.returncode == UpgradeTimeoutError.code, done.stderr
         assert "error(upgrade-timeout)" in done.stderr and "default/train" in done.stderr
         assert cluster.errors == []
@@ -204,8 +231,7 @@ class TestEvict:
 
     def test_the_next_run_resumes_and_uncordons(self, scene: tuple[Scene, str]) -> None:
         node, mirror = scene
-        pid = kernel(node).open_device("nvidia", "/dev/nvidia0", "python3", pod_cgroup(UID))
-        cluster = cluster_with(node, pod_doc("train", UID, NODE), holders={"train": pid})
+        cluster, _ = training(node)
         cluster.evictions["default/train"] = [429] * 1000  # the first run cannot finish
         with kubefake.serve(cluster) as api:
             # long enough to cordon on a loaded machine; the eviction never comes
@@ -220,11 +246,7 @@ class TestEvict:
 
     def test_a_429_then_201_is_retried(self, scene: tuple[Scene, str]) -> None:
         node, mirror = scene
-        pid = kernel(node).open_device("nvidia", "/dev/nvidia0", "python3", pod_cgroup(UID))
-        cluster = cluster_with(node, pod_doc("train", UID, NODE), holders={"train": pid})
-        cluster.evictions["default/train"] = [429, 429]
-        with kubefake.serve(cluster) as api:
-            done = upgrade(node, mirror, api, "--upgrade-timeout", "20")
+        cluster, done = evicting(node, mirror, [429, 429], "--upgrade-timeout", "20")
         assert done.returncode == 0, done.stderr
         evictions = [s for s in cluster.steps() if s.startswith("evict:")]
         assert evictions == ["evict:train:429", "evict:train:429", "evict:train:201"]
@@ -232,8 +254,7 @@ class TestEvict:
     def test_a_node_cordoned_by_someone_else_stays_cordoned(
             self, scene: tuple[Scene, str]) -> None:
         node, mirror = scene
-        pid = kernel(node).open_device("nvidia", "/dev/nvidia0", "python3", pod_cgroup(UID))
-        cluster = cluster_with(node, pod_doc("train", UID, NODE), holders={"train": pid})
+        cluster, _ = training(node)
         cluster.node()["spec"]["unschedulable"] = True
         with kubefake.serve(cluster) as api:
             done = upgrade(node, mirror, api)
@@ -248,8 +269,7 @@ class TestEvict:
         """Someone uncordoned by hand after a failed run: the next run cordons before
         evicting, and uncordons after."""
         node, mirror = scene
-        pid = kernel(node).open_device("nvidia", "/dev/nvidia0", "python3", pod_cgroup(UID))
-        cluster = cluster_with(node, pod_doc("train", UID, NODE), holders={"train": pid})
+        cluster, _ = training(node)
         cluster.node()["metadata"]["annotations"] = {"gpu-node-installer/cordoned-by": "old"}
         with kubefake.serve(cluster) as api:
             done = upgrade(node, mirror, api)
@@ -260,12 +280,6 @@ class TestEvict:
 
 
 class TestBlocked:
-    def _assert_untouched(self, cluster: Cluster, node: Scene) -> None:
-        assert [s for s in cluster.steps() if not s.startswith("patch:upgrade-")] == []
-        assert cluster.node()["spec"].get("unschedulable") is None
-        assert cluster.errors == []
-        assert loaded(node) == V1
-
     def test_a_process_outside_any_pod_is_named_and_never_touched(
             self, scene: tuple[Scene, str]) -> None:
         node, mirror = scene
@@ -277,14 +291,13 @@ class TestBlocked:
         assert done.returncode == UpgradeBlockedError.code, done.stderr
         assert f"process {pid} (nvidia-smi) is not in a pod" in done.stderr
         assert (node.root / "proc" / str(pid)).exists()
-        self._assert_untouched(cluster, node)
+        untouched(cluster, node)
         assert cluster.states() == ["upgrade-required", "upgrade-failed"]
 
     def test_a_gpu_daemonset_pod_blocks_unless_restarts_are_allowed(
             self, scene: tuple[Scene, str]) -> None:
         node, mirror = scene
-        pid = kernel(node).open_device("nvidia", "/dev/nvidia0", "dcgm-exporter",
-                                       pod_cgroup(DS_UID))
+        pid = holding(node, DS_UID, "dcgm-exporter")
         exporter = pod_doc("dcgm-exporter-x1", DS_UID, NODE, namespace="monitoring",
                            owner="DaemonSet")
         cluster = cluster_with(node, exporter, holders={"dcgm-exporter-x1": pid})
@@ -292,7 +305,7 @@ class TestBlocked:
             blocked = upgrade(node, mirror, api)
             assert blocked.returncode == UpgradeBlockedError.code
             assert "UPGRADE_RESTART_DAEMONSETS=true" in blocked.stderr
-            self._assert_untouched(cluster, node)
+            untouched(cluster, node)
             done = upgrade(node, mirror, api, "--upgrade-restart-daemonsets")
         assert done.returncode == 0, done.stderr
         deletes = [c for c in cluster.calls if c.method == "DELETE"]
@@ -306,7 +319,7 @@ class TestBlocked:
         import shutil
 
         node, mirror = scene
-        pid = kernel(node).open_device("nvidia", "/dev/nvidia0", "python3", pod_cgroup(UID))
+        pid = holding(node, UID)
         shutil.rmtree(node.root / "proc" / str(pid))  # the reference stays, the process hides
         cluster = cluster_with(node, pod_doc("train", UID, NODE))
         with kubefake.serve(cluster) as api:
@@ -314,14 +327,13 @@ class TestBlocked:
         assert done.returncode == UpgradeBlockedError.code, done.stderr
         assert "no process in this PID namespace" in done.stderr and "hostPID" in done.stderr
         assert "[upgrade]" in done.stderr
-        self._assert_untouched(cluster, node)
+        untouched(cluster, node)
 
     def test_the_skip_label_keeps_the_busy_driver(self, scene: tuple[Scene, str]) -> None:
         """The label does not refuse (exit 10, a crash-looping pod): the node
         keeps serving its driver, labelled upgrade-skipped (tests/host/test_upgrade_skip.py)."""
         node, mirror = scene
-        pid = kernel(node).open_device("nvidia", "/dev/nvidia0", "python3", pod_cgroup(UID))
-        cluster = cluster_with(node, pod_doc("train", UID, NODE), holders={"train": pid})
+        cluster, _ = training(node)
         cluster.node()["metadata"]["labels"]["gpu-node-installer/upgrade.skip"] = "true"
         with kubefake.serve(cluster) as api:
             done = upgrade(node, mirror, api)
@@ -332,7 +344,7 @@ class TestBlocked:
 
     def test_refuse_policy_keeps_todays_behaviour(self, scene: tuple[Scene, str]) -> None:
         node, mirror = scene
-        kernel(node).open_device("nvidia", "/dev/nvidia0", "python3", pod_cgroup(UID))
+        holding(node, UID)
         done = install(node, mirror, V2)
         assert done.returncode == ModuleInUseError.code and loaded(node) == V1
 
@@ -340,7 +352,7 @@ class TestBlocked:
 class TestDrain:
     def test_drain_evicts_every_non_daemonset_pod(self, scene: tuple[Scene, str]) -> None:
         node, mirror = scene
-        pid = kernel(node).open_device("nvidia", "/dev/nvidia0", "python3", pod_cgroup(UID))
+        pid = holding(node, UID)
         pods = [pod_doc("train", UID, NODE),
                 pod_doc("web", "11111111-2222-4333-8444-555555555555", NODE),
                 pod_doc("fluentd-a", "21111111-2222-4333-8444-555555555555", NODE,
@@ -371,8 +383,7 @@ class TestRollout:
     def test_waits_while_max_unavailable_other_nodes_upgrade(
             self, scene: tuple[Scene, str]) -> None:
         node, mirror = scene
-        pid = kernel(node).open_device("nvidia", "/dev/nvidia0", "python3", pod_cgroup(UID))
-        cluster = cluster_with(node, pod_doc("train", UID, NODE), holders={"train": pid})
+        cluster, _ = training(node)
         cluster.nodes["gpu-node-2"] = node_doc("gpu-node-2", {kubefake.STATE:
                                                               "pod-deletion-required"})
         with kubefake.serve(cluster) as api:

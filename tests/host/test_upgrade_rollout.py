@@ -17,7 +17,7 @@ from pathlib import Path
 import kubefake
 from e2e import Scene, make_scene
 from host import test_upgrade
-from host.test_upgrade import V1, V2, account, install, kernel, loaded, pod_cgroup
+from host.test_upgrade import V1, V2, holding, install, kernel, loaded, upgrade
 from kubefake import Cluster, node_doc, pod_doc
 
 from installer.errors import UpgradeBlockedError, UpgradeTimeoutError, UpgradeWaitingError
@@ -42,10 +42,6 @@ def second_node(tmp_path: Path, mirror: str) -> Scene:
     return node
 
 
-def holding(node: Scene, uid: str) -> int:
-    return kernel(node).open_device("nvidia", "/dev/nvidia0", "python3", pod_cgroup(uid))
-
-
 def pool(*names: str) -> dict[str, dict[str, object]]:
     """Pool nodes (labelled as the installer labels the nodes it served)."""
     return {n: node_doc(n, {rollout.MANAGED_LABEL: V1}) for n in names}
@@ -60,10 +56,22 @@ def kubelet(holders: dict[str, tuple[Scene, int]]) -> Callable[[dict[str, object
     return stop
 
 
+def pool_cluster(n1: Scene, **pods: tuple[Scene, dict[str, object]]) -> Cluster:
+    """Pool nodes N1 and N2 seen from N1, and `pods` (name: its node's scene, its document),
+    each with a process on its node that holds the GPU and exits when the pod is evicted."""
+    holders = {name: (node, holding(node, doc["metadata"]["uid"]))  # type: ignore[index]
+               for name, (node, doc) in pods.items()}
+    cluster = Cluster(node_name=N1, nodes=pool(N1, N2),
+                      pods={f"default/{name}": doc for name, (_, doc) in pods.items()},
+                      observe=lambda: loaded(n1))
+    cluster.on_evict = kubelet(holders)
+    return cluster
+
+
 def live(node: Scene, name: str, mirror: str, api: str, *extra: str
          ) -> subprocess.CompletedProcess[str]:
-    return install(node, mirror, V2, "--upgrade-policy", "evict", "--node-name", name,
-                   "--kube-api", api, "--service-account-dir", str(account(node)), *extra)
+    """The upgrade on the pool node `name`."""
+    return upgrade(node, mirror, api, *extra, name=name)
 
 
 def state(cluster: Cluster, name: str) -> str | None:
@@ -90,13 +98,9 @@ class TestNoDeadlock:
         and node 1's rerun with the cause fixed is not held back by node 2."""
         n1, mirror = scene
         n2 = second_node(tmp_path, mirror)
-        pids = {"bare": (n1, holding(n1, UID1)), "train": (n2, holding(n2, UID2))}
-        cluster = Cluster(node_name=N1, nodes=pool(N1, N2),
-                          pods={"default/bare": pod_doc("bare", UID1, N1, owner=None),
-                                "default/train": pod_doc("train", UID2, N2)},
-                          observe=lambda: loaded(n1))
+        cluster = pool_cluster(n1, bare=(n1, pod_doc("bare", UID1, N1, owner=None)),
+                               train=(n2, pod_doc("train", UID2, N2)))
         cluster.nodes[N2]["metadata"]["labels"][STATE] = "upgrade-failed"  # type: ignore[index]
-        cluster.on_evict = kubelet(pids)
         with kubefake.serve(cluster) as api:
             refused = live(n1, N1, mirror, api)
             assert refused.returncode == UpgradeBlockedError.code, refused.stderr
@@ -119,12 +123,8 @@ class TestNoDeadlock:
         budget allows, node 1 resumes, then node 2's rerun finishes."""
         n1, mirror = scene
         n2 = second_node(tmp_path, mirror)
-        pids = {"db": (n1, holding(n1, UID1)), "train": (n2, holding(n2, UID2))}
-        cluster = Cluster(node_name=N1, nodes=pool(N1, N2),
-                          pods={"default/db": pod_doc("db", UID1, N1),
-                                "default/train": pod_doc("train", UID2, N2)},
-                          observe=lambda: loaded(n1))
-        cluster.on_evict = kubelet(pids)
+        cluster = pool_cluster(n1, db=(n1, pod_doc("db", UID1, N1)),
+                               train=(n2, pod_doc("train", UID2, N2)))
         cluster.evictions["default/db"] = [429] * 1000
         with kubefake.serve(cluster) as api:
             stuck = live(n1, N1, mirror, api, "--upgrade-timeout", "2")
@@ -157,11 +157,7 @@ class TestResume:
             self, scene: Scenes) -> None:
         """It holds its slot already: a NotReady pool node does not make it wait."""
         n1, mirror = scene
-        pids = {"db": (n1, holding(n1, UID1))}
-        cluster = Cluster(node_name=N1, nodes=pool(N1, N2),
-                          pods={"default/db": pod_doc("db", UID1, N1)},
-                          observe=lambda: loaded(n1))
-        cluster.on_evict = kubelet(pids)
+        cluster = pool_cluster(n1, db=(n1, pod_doc("db", UID1, N1)))
         cluster.evictions["default/db"] = [429] * 1000
         with kubefake.serve(cluster) as api:
             stuck = live(n1, N1, mirror, api, "--upgrade-timeout", "2")

@@ -10,7 +10,6 @@ as a precondition; the strict fake answers 409 for another UID, as the API serve
 
 from __future__ import annotations
 
-import subprocess
 import threading
 import time
 
@@ -23,14 +22,13 @@ from host.test_upgrade import (
     DS_UID,
     NODE,
     UID,
-    V1,
     V2,
-    account,
     cluster_with,
-    install,
+    holding,
     kernel,
     loaded,
-    pod_cgroup,
+    untouched,
+    upgrade,
 )
 from host.test_upgrade_daemonsets import DEPLOY, OPERATOR_LABELS, Kubelet
 from kubefake import Cluster, DaemonSet, add_daemonset, node_doc, pod_doc
@@ -45,20 +43,6 @@ repo, scene = test_upgrade.repo, test_upgrade.scene  # the fixtures: V1 serving,
 Scenes = tuple[Scene, str]
 EMPTYDIR = "UPGRADE_DELETE_EMPTYDIR_DATA=true"
 REPLACEMENT = "61111111-2222-4333-8444-555555555555"
-
-
-def live(node: Scene, mirror: str, api: str, policy: str, *extra: str
-         ) -> subprocess.CompletedProcess[str]:
-    return install(node, mirror, V2, "--upgrade-policy", policy, "--node-name", NODE,
-                   "--kube-api", api, "--service-account-dir", str(account(node)), *extra)
-
-
-def untouched(cluster: Cluster, node: Scene) -> None:
-    """Nothing but the upgrade-state label moved: no cordon, eviction or delete, V1 loaded."""
-    assert [s for s in cluster.steps() if not s.startswith("patch:upgrade-")] == []
-    assert cluster.node()["spec"].get("unschedulable") is None
-    assert cluster.errors == []
-    assert loaded(node) == V1
 
 
 class TestEmptyDirRule:
@@ -99,13 +83,12 @@ class TestEmptyDirRule:
     def test_a_gpu_daemonset_pod_with_an_emptydir_is_refused_then_deleted_with_it(
             self, scene: Scenes, policy: str) -> None:
         node, mirror = scene
-        pid = kernel(node).open_device("nvidia", "/dev/nvidia0", "dcgm-exporter",
-                                       pod_cgroup(DS_UID))
+        pid = holding(node, DS_UID, "dcgm-exporter")
         exporter = pod_doc("dcgm-exporter-x1", DS_UID, NODE, namespace="monitoring",
                            owner="DaemonSet", empty_dirs=("profiles",))
         cluster = cluster_with(node, exporter, holders={"dcgm-exporter-x1": pid})
         with kubefake.serve(cluster) as api:
-            blocked = live(node, mirror, api, policy, "--upgrade-restart-daemonsets")
+            blocked = upgrade(node, mirror, api, "--upgrade-restart-daemonsets", policy=policy)
             assert blocked.returncode == UpgradeBlockedError.code, blocked.stderr
             line = blocked.stderr.strip().splitlines()[-1]
             assert line.startswith("error(upgrade-blocked)")
@@ -113,8 +96,8 @@ class TestEmptyDirRule:
             assert "emptyDir volume(s) profiles" in line and EMPTYDIR in line
             untouched(cluster, node)
             assert "monitoring/dcgm-exporter-x1" in cluster.pods
-            done = live(node, mirror, api, policy, "--upgrade-restart-daemonsets",
-                        "--upgrade-delete-emptydir-data")
+            done = upgrade(node, mirror, api, "--upgrade-restart-daemonsets",
+                           "--upgrade-delete-emptydir-data", policy=policy)
         assert done.returncode == 0, done.stderr
         assert [s.rsplit(":", 1)[0] for s in cluster.steps()
                 if s.startswith("delete:")] == ["delete:dcgm-exporter-x1"]
@@ -132,7 +115,7 @@ class TestEmptyDirRule:
         kubelet.run(add_daemonset(cluster, exporter, uid=DS_UID), "dcgm-exporter")
         cluster.on_evict = kubelet.stop
         with kubefake.serve(cluster) as api:
-            blocked = live(node, mirror, api, "evict", "--upgrade-pause-operator")
+            blocked = upgrade(node, mirror, api, "--upgrade-pause-operator")
             assert blocked.returncode == UpgradeBlockedError.code, blocked.stderr
             assert "gpu-operator/nvidia-dcgm-exporter-00001" in blocked.stderr
             assert "whose data the pause deletes" in blocked.stderr and EMPTYDIR in \
@@ -141,8 +124,8 @@ class TestEmptyDirRule:
             labels = cluster.node()["metadata"]["labels"]
             assert {k: labels[k] for k in OPERATOR_LABELS} == OPERATOR_LABELS  # not paused
             assert len(exporter.made) == 1
-            done = live(node, mirror, api, "evict", "--upgrade-pause-operator",
-                        "--upgrade-delete-emptydir-data")
+            done = upgrade(node, mirror, api, "--upgrade-pause-operator",
+                           "--upgrade-delete-emptydir-data")
             time.sleep(0.5)  # the controller's recreation after the restore
         assert done.returncode == 0, done.stderr
         assert len(exporter.made) == 2 and loaded(node) == V2
@@ -187,7 +170,7 @@ class TestEvictionUidPrecondition:
         eviction; meanwhile it is deleted and recreated (new UID) on another node. The
         next eviction names the old UID: 409, and the new db-0 is left alone."""
         node, mirror = scene
-        pid = kernel(node).open_device("nvidia", "/dev/nvidia0", "python3", pod_cgroup(UID))
+        pid = holding(node, UID)
         cluster = cluster_with(node, pod_doc("db-0", UID, NODE, owner="StatefulSet"))
         cluster.nodes["gpu-node-2"] = node_doc("gpu-node-2")
         cluster.evictions["default/db-0"] = [429]
@@ -205,7 +188,7 @@ class TestEvictionUidPrecondition:
         helper = threading.Thread(target=recreate_elsewhere, daemon=True)
         helper.start()
         with kubefake.serve(cluster) as api:
-            done = live(node, mirror, api, "evict", "--upgrade-timeout", "20")
+            done = upgrade(node, mirror, api, "--upgrade-timeout", "20")
         helper.join(timeout=5)
         assert done.returncode == 0, done.stderr
         assert cluster.errors == []

@@ -14,7 +14,6 @@ scene as test_upgrade.py: a node serving V1, a mirror holding V1 and V2.
 
 from __future__ import annotations
 
-import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -30,12 +29,11 @@ from host.test_upgrade import (
     UID,
     V1,
     V2,
-    account,
     cluster_with,
-    install,
-    kernel,
+    evicting,
+    holding,
     loaded,
-    pod_cgroup,
+    untouched,
     upgrade,
 )
 from kubefake import Cluster, node_doc, pod_doc
@@ -51,25 +49,6 @@ WEB = "51111111-2222-4333-8444-555555555555"
 GPU = {"nvidia.com/gpu": "1"}
 Scenes = tuple[Scene, str]
 repo, scene = test_upgrade.repo, test_upgrade.scene  # the fixtures: V1 serving, V1+V2 mirror
-
-
-def holding(node: Scene, uid: str, comm: str = "python3") -> int:
-    """A process of pod `uid` with /dev/nvidia0 open; returns its PID."""
-    return kernel(node).open_device("nvidia", "/dev/nvidia0", comm, pod_cgroup(uid))
-
-
-def drain(node: Scene, mirror: str, api: str, *extra: str
-          ) -> subprocess.CompletedProcess[str]:
-    return install(node, mirror, V2, "--upgrade-policy", "drain", "--node-name", NODE,
-                   "--kube-api", api, "--service-account-dir", str(account(node)), *extra)
-
-
-def untouched(cluster: Cluster, node: Scene) -> None:
-    """Nothing but the upgrade-state label moved: no cordon, no eviction, V1 loaded."""
-    assert [s for s in cluster.steps() if not s.startswith("patch:upgrade-")] == []
-    assert cluster.node()["spec"].get("unschedulable") is None
-    assert cluster.errors == []
-    assert loaded(node) == V1
 
 
 def evicted(cluster: Cluster) -> list[str]:
@@ -121,7 +100,7 @@ class TestRefusals:
                                pod_doc("debug-shell", WEB, NODE, owner=None),
                                holders={"train": pid})
         with kubefake.serve(cluster) as api:
-            blocked = drain(node, mirror, api)
+            blocked = upgrade(node, mirror, api, policy="drain")
         assert blocked.returncode == UpgradeBlockedError.code, blocked.stderr
         assert "pod default/debug-shell (UPGRADE_POLICY=drain)" in blocked.stderr
         assert "UPGRADE_FORCE=true" in blocked.stderr
@@ -213,11 +192,7 @@ class TestNamespaceTerminating:
 
     def test_a_403_then_201_is_retried(self, scene: Scenes) -> None:
         node, mirror = scene
-        pid = holding(node, UID)
-        cluster = cluster_with(node, pod_doc("train", UID, NODE), holders={"train": pid})
-        cluster.evictions["default/train"] = [403, 201]
-        with kubefake.serve(cluster) as api:
-            done = upgrade(node, mirror, api, "--upgrade-timeout", "30")
+        cluster, done = evicting(node, mirror, [403, 201], "--upgrade-timeout", "30")
         assert done.returncode == 0, done.stderr
         assert evicted(cluster) == ["evict:train:201", "evict:train:403"]
         refused = [e["message"] for e in cluster.events
@@ -243,11 +218,7 @@ class TestNamespaceTerminating:
 
     def test_refused_until_the_deadline_is_a_timeout_naming_why(self, scene: Scenes) -> None:
         node, mirror = scene
-        holding(node, UID)
-        cluster = cluster_with(node, pod_doc("train", UID, NODE))
-        cluster.evictions["default/train"] = [403] * 1000
-        with kubefake.serve(cluster) as api:
-            done = upgrade(node, mirror, api, "--upgrade-timeout", "1")
+        cluster, done = evicting(node, mirror, [403] * 1000, "--upgrade-timeout", "1")
         assert done.returncode == UpgradeTimeoutError.code, done.stderr
         assert "default/train (HTTP 403: its namespace is being deleted" in done.stderr
         assert cluster.node()["spec"]["unschedulable"] is True

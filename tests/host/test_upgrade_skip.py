@@ -26,8 +26,8 @@ from host.test_upgrade import (
     install,
     kernel,
     loaded,
-    pod_cgroup,
     reasons,
+    training,
     upgrade,
 )
 from httpserver import MirrorServer
@@ -84,8 +84,7 @@ def skip_label(cluster: Cluster) -> None:
 
 def busy_and_labelled(scene: Scene) -> tuple[Cluster, int]:
     """A training pod holding the GPU (evicting it ends the process); the node labelled."""
-    pid = kernel(scene).open_device("nvidia", "/dev/nvidia0", "python3", pod_cgroup(UID))
-    cluster = cluster_with(scene, pod_doc("train", UID, NODE), holders={"train": pid})
+    cluster, pid = training(scene)
     skip_label(cluster)
     return cluster, pid
 
@@ -210,8 +209,7 @@ class TestReadinessWithdrawnLate:
     def test_readiness_goes_only_when_the_driver_is_replaced(
             self, scene: tuple[Scene, str]) -> None:
         node, mirror = scene
-        pid = kernel(node).open_device("nvidia", "/dev/nvidia0", "python3", pod_cgroup(UID))
-        cluster = cluster_with(node, pod_doc("train", UID, NODE), holders={"train": pid})
+        cluster, _ = training(node)
         ready_file = node.install_dir / ".ready.json"
         cluster.observe = lambda: f"{loaded(node)} ready={ready_file.exists()}"
         with kubefake.serve(cluster) as api:
@@ -225,8 +223,7 @@ class TestReadinessWithdrawnLate:
 class TestParallelLimit:
     def test_foreign_cordons_and_not_ready_nodes_count(self, scene: tuple[Scene, str]) -> None:
         node, mirror = scene
-        pid = kernel(node).open_device("nvidia", "/dev/nvidia0", "python3", pod_cgroup(UID))
-        cluster = cluster_with(node, pod_doc("train", UID, NODE), holders={"train": pid})
+        cluster, _ = training(node)
         cluster.nodes.update({
             "gpu-node-2": node_doc("gpu-node-2", {MANAGED: V1}, cordoned=True),
             "gpu-node-3": node_doc("gpu-node-3", {MANAGED: V1}, ready=False),
