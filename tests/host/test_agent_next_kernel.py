@@ -5,7 +5,8 @@ A second kernel's modules tree appears: the agent sees it (inotify: at its next 
 issue's bound is a minute), runs `prepare` for it under nice 19 and the idle I/O class, and
 says the state in the node label, the NextKernelReady condition, an Event per change, the
 metric, its view and `status`; it stages and loads nothing for that kernel. A kernel older
-than the running one, and NEXT_KERNEL_PREPARE=off, run nothing.
+than the running one, and NEXT_KERNEL_PREPARE=off, run nothing. With the real `prepare`
+(TestRealPrepare), NEXT's package comes from a test mirror into the host cache, verified.
 """
 
 from __future__ import annotations
@@ -20,14 +21,20 @@ import kubefake
 import pytest
 from agentnode import AgentNode, make_node, wait_for
 from helpers import http_get
+from httpserver import MirrorServer
 from kubefake import Cluster
+from native import build_standins
+from native.packages import standin_tree
 from nextkernels import add_tree
 from prepare_standin import standin_env, write_prepare_standin
 from prometheus_client.parser import text_string_to_metric_families
 
+from installer.packages.builder import BuildRequest, build
 from installer.packages.manifest import Package
+from installer.testing.kernel import fake_module_set
 
 RUNNING = "6.1.0-26-cloud-amd64"  # the debian12-l4 sample's kernel
+VERSION = "535.261.03"  # the staged stand-in driver's
 NEXT = "6.1.0-27-cloud-amd64"
 OLDER = "6.1.0-25-cloud-amd64"
 DETECT_BOUND_S = 60.0  # the issue's "within a minute"
@@ -38,6 +45,17 @@ EXPECTED = {  # stand-in mode -> label, condition status and reason, Event reaso
     "missing": ("missing", "False", "DriverMissing", "NextKernelDriverMissing"),
     "failed": ("failed", "False", "PrepareFailed", "NextKernelPrepareFailed"),
 }
+
+
+def add_for_kernel(work: Path, repo: Path, version: str, kernel: str) -> str:
+    """A package of `version` for `kernel` in `repo` (as tests/host/test_prepare.py builds
+    one); returns its manifest digest."""
+    tree = standin_tree(work / "tree", build_standins(work / "built"), version)
+    fake_module_set(work / "modules", version, kernel_release=kernel)
+    return build(BuildRequest(trees=(tree,), modules_dir=work / "modules",
+                              driver_version=version, kernel_release=kernel,
+                              flavour="open", repo=repo, aliases=("default", "latest"),
+                              force=True)).digest
 
 
 def node_with_standin(tmp_path: Path, package: Package, mode: str, **env: str
@@ -221,8 +239,46 @@ class TestNothingRun:
 
 
 class TestRealPrepare:
-    """The agent with the real `prepare` (no stand-in on PATH): a second kernel no source
+    """The agent with the real `prepare` (no stand-in on PATH): a second kernel the test
+    mirror has is fetched into the host cache, verified, and said `ready`; one no source
     has is said `missing`, with the build command the real command names."""
+
+    def test_a_kernel_the_mirror_has_is_cached_verified_and_ready(
+            self, tmp_path: Path, package: Package, cluster: tuple[str, Cluster]) -> None:
+        url, api = cluster
+        repo = tmp_path / "repo"
+        digest = add_for_kernel(tmp_path / "pkg-next", repo, VERSION, NEXT)
+        with MirrorServer(repo) as server:
+            node = make_node(tmp_path, package, sample="debian12-l4", gpus=1,
+                             env={"PATH": "/usr/bin:/bin", "DRIVER_MIRRORS": server.url,
+                                  "DRIVER_ALLOW_HTTP": "true",
+                                  "NVIDIA_DRIVER_VERSION": VERSION})
+            add_tree(node.root, RUNNING)
+            staged = tree_files(node.install)
+            modules = (node.root / "proc/modules").read_bytes()
+            add_tree(node.root, NEXT)
+            with node.agent(api=url):
+                wait_for(lambda: label(api) in ("ready", "missing", "failed"), 120)
+                assert label(api) == "ready", (condition(api), node.log()[-3000:])
+                wait_for(lambda: condition(api).get("reason") == "DriverReady", 30)
+                message = condition(api)["message"]  # kernel, driver, source and digest
+                assert NEXT in message and VERSION in message and "(from mirror, " in message
+                assert said(node)["state"] == "ready"
+                reasons = [e["reason"] for e in api.events
+                           if e["reason"].startswith("NextKernel")]
+                assert reasons[:2] == ["NextKernelPreparing", "NextKernelReady"]
+                line = next(x for x in node.run("status").stdout.splitlines()
+                            if x.startswith("Next kernel:"))
+                assert f"ready: kernel {NEXT}" in line
+            served = [r.path for r in server.requests if f"/{NEXT}/" in r.path]
+        assert served, "NEXT's package came from the test mirror"
+        [ref] = [json.loads(p.read_text()) for p in (node.install / ".cache/refs").glob("*")]
+        assert (ref["kernel_release"], ref["digest"]) == (NEXT, digest)
+        assert digest[:12] in message  # the verified package is the one the mirror holds
+        # nothing loaded, staged or written for NEXT outside the cache and the prepare lock
+        assert {k: v for k, v in tree_files(node.install).items()
+                if not k.startswith((".cache/", ".prepare.lock"))} == staged
+        assert (node.root / "proc/modules").read_bytes() == modules
 
     def test_a_kernel_no_source_has_is_missing(
             self, tmp_path: Path, package: Package, cluster: tuple[str, Cluster]) -> None:

@@ -159,9 +159,11 @@ class TestPreflight:
         assert host.calls == []
 
     def test_kernel_mismatch_is_refused(self, tmp_path: Path) -> None:
+        """A package for a kernel the node does not run: the kernel is never called."""
         host = _node(tmp_path)
         with pytest.raises(errors.ModuleLoadError, match=r"built for kernel 6\.1\.0-9-amd64"):
             load.load_package(host, _package(tmp_path, "535.261.03", release="6.1.0-9-amd64"))
+        assert host.calls == []
 
     def test_tampered_module_file_is_never_loaded(self, tmp_path: Path) -> None:
         host = _node(tmp_path)

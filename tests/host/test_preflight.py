@@ -107,6 +107,12 @@ class TestFleet:
             self, mirror: MirrorServer, tmp_path: Path) -> None:
         result = preflight(mirror, "--nodes", str(fleet(tmp_path, *THREE_POOLS)))
         assert result.exit_code == 14
+        table = [line.split() for line in result.stdout.splitlines()[:4]]
+        assert table[0] == ["KERNEL", "ARCH", "POOL", "DRIVER", "SOURCE", "STATE"]
+        assert [K_OLD, "x86_64", "pool-a", "(2", "nodes)", "535.261.03", "proprietary",
+                "mirror", mirror.url, "ready"] in table
+        assert [K_NEW, "x86_64", "pool-c", "535.261.03", "proprietary", "(needed)", "-",
+                "missing"] in table
         assert f"missing: {K_NEW} x86_64 pool pool-c" in result.stdout
         assert "make it: gpu-node-installer package build" in result.stdout
 

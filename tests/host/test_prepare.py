@@ -3,11 +3,13 @@
 The node (FakeKernelHost) runs KERNEL; NEXT is installed beside it (/lib/modules/NEXT), not
 running. prepare fetches NEXT's package from a real HTTP mirror into the cache, verified;
 a rerun takes it from the cache (the mirror sees no request for a package file); a kernel
-no source has is `missing` with the `package build` command. Nothing is ever loaded, made
+no source has is `missing` with the `package build` command; a preloaded directory comes
+before the mirror; a file failing its sha256 is never cached. Nothing is ever loaded, made
 or staged for NEXT: the simulated kernel's record stays empty, no /dev node appears, the
 install dir holds only the cache and the lock. Then the node "boots" NEXT (the simulated
 kernel's release switched) and `install` takes the package from the cache with the mirror
-gone: no download.
+gone: no download. Before that boot, the running kernel's own install never takes NEXT's
+package.
 """
 
 from __future__ import annotations
@@ -134,6 +136,54 @@ class TestFromMirror:
         assert done.returncode == 0, done.stderr[-3000:]
         assert done.stdout.startswith(f"Prepared NVIDIA {V1} (proprietary) for kernel {KERNEL}")
         assert_nothing_loaded(scene)
+
+
+class TestSourcesAndChecks:
+    def test_preloaded_comes_before_the_mirror(self, scene: Scene) -> None:
+        """The install's order: a preloaded directory holding NEXT's package wins, read in
+        place and verified; the mirror is asked for nothing of NEXT's."""
+        digest = add_for_kernel(scene, V1, NEXT)
+        with MirrorServer(scene.repo) as server:
+            done = prepare(scene, server.url, "--preloaded-dir", str(scene.repo))
+            assert done.returncode == 0, done.stderr[-3000:]
+            assert not package_requests(server)
+        got = result(done)
+        assert (got["state"], got["source"], got["digest"]) == ("ready", "preloaded", digest)
+        assert_nothing_loaded(scene)
+
+    def test_a_file_failing_its_sha256_is_never_cached(self, scene: Scene) -> None:
+        """The mirror serves NEXT's nvidia.ko with one byte flipped: exit 7 (integrity),
+        the file named, no ref in the cache, nothing loaded."""
+        add_for_kernel(scene, V1, NEXT)
+        with MirrorServer(scene.repo) as server:
+            server.fault(f"/{NEXT}/{V1}/proprietary/modules/nvidia.ko",
+                         Fault("corrupt", after=10, times=0))
+            done = prepare(scene, server.url)
+        assert done.returncode == 7, done.stderr[-3000:]
+        got = result(done)
+        assert got["state"] == "failed" and "nvidia.ko" in str(got["error"]), got
+        assert str(got["error"]).startswith("error(integrity): ")
+        assert not list((scene.install_dir / ".cache/refs").glob("*.json"))
+        assert_nothing_loaded(scene)
+
+    def test_the_running_kernel_never_takes_the_next_kernels_package(
+            self, scene: Scene) -> None:
+        """NEXT's package prepared in the cache; the running kernel has none anywhere: its
+        install finds nothing (exit 5) and loads, makes and stages nothing."""
+        add_for_kernel(scene, V1, NEXT)
+        with MirrorServer(scene.repo) as server:
+            assert prepare(scene, server.url).returncode == 0
+            done = run_cli(["install", *scene.args("--mirror", server.url, "--allow-http",
+                                                   "--driver-version", V1)],
+                           standin_env(V1))
+        assert done.returncode == 5, done.stderr[-3000:]
+        assert KERNEL in done.stderr.splitlines()[-1]
+        kernel = json.loads((scene.root / "proc/.fake-kernel.json").read_text())
+        assert kernel["modules"] == {} and kernel["nodes"] == {}, kernel
+        assert not list(scene.root.glob("dev/nvidia*"))
+        assert not (scene.install_dir / ".versions").exists()
+        assert not (scene.install_dir / ".state.json").exists()
+        assert not (scene.root / "run/nvidia/validations/driver-ready").exists()
 
 
 class TestMissing:

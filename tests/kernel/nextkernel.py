@@ -64,9 +64,9 @@ done
 readlink "/lib/modules/$NEW/build" > "$GNI_OUT/build-link"
 "$PY" -m http.server {port} --bind 127.0.0.1 --directory "$MIRROR" 2> "$GNI_OUT/mirror.log" &
 for i in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/{port}) 2>/dev/null && break; sleep 0.1; done
-snapshot() {{  # the install dir but its cache and prepare's lock: names, types, sizes, mtimes
-  (cd {install_dir} && find . -mindepth 1 \( -path ./.cache -o -path ./.prepare.lock \) -prune \
-     -o -printf '%p %y %s %T@ %l\n' | sort)
+snapshot() {{  # the install dir but its cache, prepare's lock, the agent's view and work area
+  (cd {install_dir} && find . -mindepth 1 \( -path ./.cache -o -path ./.prepare.lock \
+     -o -path ./.agent -o -path ./.agent.json \) -prune -o -printf '%p %y %s %T@ %l\n' | sort)
 }}
 set +e
 up > "$GNI_OUT/install-start"
@@ -77,17 +77,45 @@ uname -r > "$GNI_OUT/release"
 cut -d' ' -f1 /proc/modules | sort > "$GNI_OUT/modules"
 """
 
-# Boot 1 (OLD): installed and ready, then NEW prepared exactly as the agent runs it.
+# Boot 1 (OLD): installed and ready, then NEW prepared: by the command line the agent runs
+# (the benchmark), or by the node agent itself, which sees NEW's tree and prepares it.
 OLD_BOOT = r"""
 snapshot > "$GNI_OUT/dir-before"
 tar -C /home/kubernetes -cf "$GNI_OUT/disk-unprepared.tar" .
-nice -n 19 ionice -c 3 "$PY" -m installer prepare --kernel "$NEW" -o json \
-  > "$GNI_OUT/prepare.json" 2> "$GNI_OUT/prepare.log"
-echo $? > "$GNI_OUT/prepare.rc"
+{prepare}
 cut -d' ' -f1 /proc/modules | sort > "$GNI_OUT/modules-after"
+cp -r {install_dir}/.cache/refs "$GNI_OUT/refs"  # the host cache's packages, by digest
 snapshot > "$GNI_OUT/dir-after"
 ls {install_dir}/.versions > "$GNI_OUT/versions"
 tar -C /home/kubernetes -cf "$GNI_OUT/disk.tar" .
+"""
+
+PREPARE_COMMAND = r"""
+nice -n 19 ionice -c 3 "$PY" -m installer prepare --kernel "$NEW" -o json \
+  > "$GNI_OUT/prepare.json" 2> "$GNI_OUT/prepare.log"
+echo $? > "$GNI_OUT/prepare.rc"
+"""
+
+# The agent as the DaemonSet runs it (no API here: its view says the next kernel), until
+# it says NEW ready, missing or failed; then stopped as the kubelet stops it.
+PREPARE_BY_AGENT = r"""
+METRICS_PORT=0 "$PY" -m installer agent > "$GNI_OUT/agent.log" 2>&1 &
+AGENT=$!
+"$PY" - {install_dir}/.agent.json {wait_s} > "$GNI_OUT/agent-view.json" <<'EOF'
+import json, sys, time
+path, end, view = sys.argv[1], time.monotonic() + float(sys.argv[2]), {{}}
+while time.monotonic() < end:
+    try:
+        view = json.load(open(path))
+    except (OSError, ValueError):
+        view = {{}}
+    if (view.get("next_kernel") or {{}}).get("state") in ("ready", "missing", "failed"):
+        break
+    time.sleep(1)
+print(json.dumps(view))
+EOF
+kill -TERM $AGENT; wait $AGENT; echo $? > "$GNI_OUT/agent.rc"
+cp {install_dir}/.agent/prepare.log "$GNI_OUT/prepare.log"
 """
 
 # Boot 2 (NEW): the install alone; the mirror's log tells whether it downloaded.
@@ -157,12 +185,15 @@ def use_kvm(kernel: Kernel) -> bool:
 
 
 def boot(kernel: Kernel, new: Kernel, repo: Path, out: Path, *, disk: Path | None,
-         kvm: bool) -> Boot:
+         kvm: bool, by_agent: bool = False) -> Boot:
     """Boot `kernel` with the node's disk (`disk`: a tar of /home/kubernetes, or none: a
-    fresh node) and NEW's headers; install; on OLD then prepare NEW. `out` must not exist."""
+    fresh node) and NEW's headers; install; on OLD then prepare NEW (`by_agent`: the node
+    agent does, else its command line is run). `out` must not exist."""
     old = kernel.release != new.release
+    prepare = (PREPARE_BY_AGENT if by_agent else PREPARE_COMMAND).format(
+        install_dir=INSTALL_DIR, wait_s=900 if kvm else 1000)
     script = (PRELUDE + (OLD_BOOT if old else NEW_BOOT)).format(
-        fake_gpu=guest.FAKE_GPU_SH, port=PORT, install_dir=INSTALL_DIR)
+        fake_gpu=guest.FAKE_GPU_SH, port=PORT, install_dir=INSTALL_DIR, prepare=prepare)
     env = {**NODE_ENV, "PYTHONPATH": str(REPO), "PY": sys.executable, "NEW": new.release,
            "NEW_HEADERS": " ".join(str(d) for d in assets.headers_debs(new)),
            "NEW_MODULES": str(new.modules_dir) if old else "", "MIRROR": str(repo),

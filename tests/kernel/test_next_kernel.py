@@ -1,13 +1,12 @@
 """The next kernel, prepared before it boots, on two of Debian's real kernels.
 
 Boot 1 runs bookworm's 6.1.0-56-amd64: a normal install (its package from the mirror), ready;
-then 6.1.0-57-amd64's modules tree and real headers are installed beside it, and the
-preparation runs as the node agent runs it when a newer /lib/modules/<release> appears:
-`nice -n 19 ionice -c 3 gpu-node-installer prepare --kernel 6.1.0-57-amd64 -o json`, with
-the DaemonSet's settings in its env. The mirror has no package for 57, only a source package,
+6.1.0-57-amd64's modules tree and real headers are installed beside it. Then the node agent
+runs (the DaemonSet's settings in its env, no API: its view says the next kernel): it finds
+57 under /lib/modules and prepares it, `nice -n 19 ionice -c 3 gpu-node-installer prepare
+--kernel 6.1.0-57-amd64 -o json`. The mirror has no package for 57, only a source package,
 so with BUILD_FALLBACK=auto the preparation compiles the stand-in modules from 57's real
-headers into the host cache, and loads nothing. (The agent's trigger itself, the watch on
-/lib/modules, is tested on the host tier; here the same command line is run by the script.)
+headers into the host cache, and loads nothing; the agent says `ready`, and is stopped.
 
 Boot 2 reboots the same node (its /home/kubernetes carried over, tests/kernel/nextkernel.py)
 into 6.1.0-57-amd64: `install` takes the fast path from the cache, compiles nothing (57's
@@ -41,7 +40,8 @@ def boots(kernel: Kernel, tmp_path_factory: pytest.TempPathFactory) -> tuple[Boo
     old = nextkernel.old_kernel()
     kvm = nextkernel.use_kvm(kernel)
     repo = nextkernel.make_repo(work / "mirror")
-    first = nextkernel.boot(old, kernel, repo, work / "boot1", disk=None, kvm=kvm)
+    first = nextkernel.boot(old, kernel, repo, work / "boot1", disk=None, kvm=kvm,
+                            by_agent=True)
     assert first.result.rc == 0, first.result.describe()
     second = nextkernel.boot(kernel, kernel, repo, work / "boot2", disk=first.out / "disk.tar",
                              kvm=kvm)
@@ -70,17 +70,34 @@ def test_old_kernel_installed_from_the_mirror(boots: tuple[Boot, Boot]) -> None:
     assert any(f"/{nextkernel.OLD_RELEASE}/" in line for line in first.downloads())
 
 
-def test_prepare_builds_new_from_its_headers_into_the_cache(boots: tuple[Boot, Boot],
-                                                             kernel: Kernel) -> None:
+def _prepared(boot: Boot, kernel: Kernel) -> dict[str, Any]:
+    """The host cache's ref of NEW's package after boot 1."""
+    refs = [json.loads(path.read_text()) for path in (boot.out / "refs").glob("*.json")]
+    found: list[dict[str, Any]] = [r for r in refs if r["kernel_release"] == kernel.release]
+    assert len(found) == 1, refs
+    return found[0]
+
+
+def test_the_agent_prepares_new_from_its_headers_into_the_cache(boots: tuple[Boot, Boot],
+                                                                kernel: Kernel) -> None:
     first, _ = boots
     assert first.text("build-link").strip() == f"/usr/src/linux-headers-{kernel.release}"
-    assert first.text("prepare.rc").strip() == "0", first.text("prepare.log")[-4000:]
-    prepared = json.loads(first.text("prepare.json"))
-    assert (prepared["kernel"], prepared["state"], prepared["source"]) == (
-        kernel.release, "ready", "built")
-    assert prepared["driver_version"] == nextkernel.VERSION
+    said = json.loads(first.text("agent-view.json")).get("next_kernel")
+    assert said is not None, first.text("agent.log")[-4000:]
+    assert (said["kernel"], said["state"], said["driver"]) == (
+        kernel.release, "ready", nextkernel.VERSION), first.text("prepare.log")[-4000:]
+    assert "(from built, " in said["message"]
+    assert first.text("agent.rc").strip() == "0", first.text("agent.log")[-4000:]
+    agent = _log(first, "agent.log")
+    [started] = [e for e in agent if e.get("event") == "next kernel preparation started"]
+    assert started["kernel"] == kernel.release
+    assert started["argv"][:6] == ["nice", "-n", "19", "ionice", "-c", "3"]
+    assert started["argv"][-5:] == ["prepare", "--kernel", kernel.release, "-o", "json"]
     built = [e for e in _log(first, "prepare.log") if e.get("event") == "package built on node"]
     assert [e["kernel"] for e in built] == [kernel.release]
+    ref = _prepared(first, kernel)
+    assert ref["driver_version"] == nextkernel.VERSION
+    assert said["message"].endswith(f"{ref['digest'][:19]})")
 
 
 def test_prepare_loads_and_stages_nothing(boots: tuple[Boot, Boot], kernel: Kernel) -> None:
@@ -97,7 +114,7 @@ def test_reboot_into_new_takes_the_cache_path(boots: tuple[Boot, Boot], kernel: 
     first, second = boots
     assert second.text("release").strip() == kernel.release
     result = _installed(second)
-    assert result["package_digest"] == json.loads(first.text("prepare.json"))["digest"]
+    assert result["package_digest"] == _prepared(first, kernel)["digest"]
     log = _log(second, "install.log")
     assert [e["source"] for e in log
             if e.get("event") == "stage finished" and e.get("stage") == "fetch"] == [
