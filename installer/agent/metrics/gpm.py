@@ -4,8 +4,9 @@ Duty cycle says a kernel ran; GPM says how much of the GPU it used. NVML compute
 metric from two samples of the GPU's counters (nvml.h: nvmlGpmSampleGet twice, more than
 100 ms apart, then nvmlGpmMetricsGet over the interval), so each collection samples every
 supported GPU, waits the configured interval once for all of them, samples again and asks
-for SM activity, SM occupancy, tensor activity and DRAM bandwidth: what dcgm-exporter
-serves as DCGM_FI_PROF_SM_ACTIVE, _SM_OCCUPANCY, _PIPE_TENSOR_ACTIVE and _DRAM_ACTIVE.
+for SM activity, SM occupancy, tensor activity, DRAM bandwidth and graphics engine activity:
+what dcgm-exporter serves as DCGM_FI_PROF_SM_ACTIVE, _SM_OCCUPANCY, _PIPE_TENSOR_ACTIVE,
+_DRAM_ACTIVE and _GR_ENGINE_ACTIVE.
 The wait runs on the collector's thread: a scrape never waits for it.
 
 With MIG on, each GPU instance is sampled too (nvmlGpmMigSampleGet by its GI id, in the
@@ -30,6 +31,7 @@ METRICS = {
     "sm_occupancy": pynvml.NVML_GPM_METRIC_SM_OCCUPANCY,
     "tensor_active": pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL,
     "dram_active": pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL,
+    "graphics_active": pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL,
 }
 MIN_INTERVAL_S = 0.1  # nvml.h: samples closer than the internal refresh rate say nothing
 
