@@ -109,6 +109,25 @@ class TestStandin:
         assert whole[1].nvmlReturn == pynvml.NVML_ERROR_NOT_SUPPORTED  # FP64_UTIL: not here
         assert backwards.value.value == mixed.value.value == pynvml.NVML_ERROR_INVALID_ARGUMENT
 
+    def test_a_nan_value_is_left_out(self, libs: Path, readings: Path,
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+        """Real NVML (H100, driver 580.159.04) answered DRAM_BW_UTIL NaN, with success, for
+        two samples microseconds apart: no reading, not a NaN series."""
+        write(readings, ACTIVE)
+        real = pynvml.nvmlGpmMetricsGet
+
+        def nan_dram(get: Any) -> Any:
+            answer = real(get)
+            get.metrics[list(METRICS).index("dram_active")].value = float("nan")
+            return answer
+        monkeypatch.setattr(pynvml, "nvmlGpmMetricsGet", nan_dram)
+        with nvml_session(libs):
+            found, errors = GpmReader(Log(), 0.15).read(
+                [("0", pynvml.nvmlDeviceGetHandleByIndex(0))])
+        assert errors == []
+        assert "dram_active" not in found["0"].values
+        assert found["0"].values["sm_active"] == pytest.approx(37.5)
+
     def test_unsupported_is_logged_once_and_never_sampled(self, libs: Path,
                                                           readings: Path) -> None:
         write(readings, "gpm=unsupported", "gpm=unsupported")

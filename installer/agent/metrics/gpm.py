@@ -7,7 +7,9 @@ supported GPU, waits the configured interval once for all of them, samples again
 for SM activity, SM occupancy, tensor activity, DRAM bandwidth and graphics engine activity:
 what dcgm-exporter serves as DCGM_FI_PROF_SM_ACTIVE, _SM_OCCUPANCY, _PIPE_TENSOR_ACTIVE,
 _DRAM_ACTIVE and _GR_ENGINE_ACTIVE.
-The wait runs on the collector's thread: a scrape never waits for it.
+The wait runs on the collector's thread: a scrape never waits for it. A value NVML gives as
+NaN (a real H100 did for DRAM bandwidth over two samples microseconds apart, as when the
+agent's stop cuts the wait short) is no reading: left out, as a metric NVML refused.
 
 With MIG on, each GPU instance is sampled too (nvmlGpmMigSampleGet by its GI id, in the
 same pass and wait): a container holding a MIG device alone gets its instance's activity.
@@ -17,6 +19,7 @@ without the call supports it nowhere) and said in the log once; the answer is se
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -120,7 +123,8 @@ class GpmReader:
         pynvml.nvmlGpmMetricsGet(get)
         return {name: float(get.metrics[slot].value)
                 for slot, name in enumerate(METRICS)
-                if get.metrics[slot].nvmlReturn == pynvml.NVML_SUCCESS}
+                if get.metrics[slot].nvmlReturn == pynvml.NVML_SUCCESS
+                and math.isfinite(get.metrics[slot].value)}
 
 
 def _sample(handle: Any, instance: int | None, buffer: Any) -> None:
