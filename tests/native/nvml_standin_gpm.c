@@ -19,7 +19,8 @@
  *     sm_active=P sm_occupancy=P tensor_active=P dram_active=P graphics_active=P
  *                       (percent, default 0)
  *     gpm=unsupported   isSupportedDevice 0 and nvmlGpmSampleGet NOT_SUPPORTED (a GPU
- *                       before Hopper)
+ *                       before Hopper; without it every GPU answers GPM, whatever its
+ *                       FAKE_NVML_NAME: the sample nodes' A100s too, which real ones don't)
  *     gi<N>.sm_active=P ...   the same percentages for GPU instance N (MIG mode on and the
  *                       instance live, per nvml_standin_mig.c's state), default 0; a GPU
  *                       without MIG answers nvmlGpmMigSampleGet NOT_SUPPORTED
