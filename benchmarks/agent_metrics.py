@@ -7,7 +7,8 @@ Two real `gpu-node-installer agent` processes run on two host-tier 8-GPU NVSwitc
 (tests/agentnode.py, as benchmarks/agent_idle.py sets them up: the stand-in driver made
 ready by the real `signal`, daemon stand-ins, a silent /dev/kmsg FIFO, the strict fake API
 for NODE_NAME), one with METRICS_PORT on 127.0.0.1 and METRICS_INTERVAL=5 (GPM on, its
-default METRICS_GPM_INTERVAL=1), one the same with METRICS_GPM_INTERVAL=0 (GPM off), one with
+default METRICS_GPM_INTERVAL=1, and dcgm-exporter's names, METRICS_DCGM_NAMES=true), one the
+same with METRICS_GPM_INTERVAL=0 (GPM off) and without dcgm-exporter's names, one with
 METRICS_PORT=0. The NVML stand-in reports per-GPU readings set here
 (FAKE_NVML_METRICS_FILE), SM, tensor and DRAM activity (GPM) included. The baseline is a
 bare Python process that loads the same staged libnvidia-ml and reads, every 5 s, the
@@ -17,7 +18,8 @@ rows, UUID, name, PCI id) for 8 GPUs.
            Prometheus without keep-alive), p50/p99/max in ms; target <= 50 ms (GPM on:
            p99 <= 10 ms); the agents with GPM on and off are scraped in turn, in one run
   RSS      VmRSS max over `--seconds` (sampled every second) and PSS at the end, MB (10^6 B);
-           target: the agent with metrics on <= 60 MB
+           target: the agent with metrics on <= 60 MB (with GPM and dcgm-exporter's names
+           on, as here: <= 45 MB)
   pass     the baseline's own time for one 8-GPU pass, ms (what NVML costs, not the server)
 Without `--kubelet` the PodResources socket is absent (a node without the kubelet's API
 mounted), as on such a node. With `--kubelet` a real gRPC PodResources server
@@ -176,7 +178,8 @@ def measure(args: argparse.Namespace, sockets: Path) -> int:
         work = Path(tmp)
         package = daemon_package(work / "pkg")
         on = node_for(work / "on", package, {"METRICS_PORT": str(port),
-                                             "METRICS_ADDRESS": "127.0.0.1"}, sockets)
+                                             "METRICS_ADDRESS": "127.0.0.1",
+                                             "METRICS_DCGM_NAMES": "true"}, sockets)
         gpm_off = node_for(work / "gpm-off", package, {
             "METRICS_PORT": str(port_gpm_off), "METRICS_ADDRESS": "127.0.0.1",
             "METRICS_GPM_INTERVAL": "0"}, sockets)
@@ -199,7 +202,8 @@ def measure(args: argparse.Namespace, sockets: Path) -> int:
                     stdout=subprocess.PIPE)
                 want = b"duty_cycle{" if args.kubelet else b"duty_cycle_gpu_node{"
                 if not (wait_served(url, want) and wait_served(url_gpm_off, want)
-                        and wait_served(url, b"gpu_node_installer_gpu_sm_active_ratio{")):
+                        and wait_served(url, b"gpu_node_installer_gpu_sm_active_ratio{")
+                        and wait_served(url, b"DCGM_FI_PROF_SM_ACTIVE{")):
                     print(on.log()[-3000:], gpm_off.log()[-3000:], file=sys.stderr)
                     return 1
                 latencies, latencies_gpm_off = [], []

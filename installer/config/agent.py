@@ -116,11 +116,13 @@ METRICS_ROWS = (
      "latest", "a number of seconds from 1 to 60", metrics_interval, AGENT),
     ("metrics_dcgm_names", "--metrics-dcgm-names", "METRICS_DCGM_NAMES", "false",
      "also serve the GPUs' readings under dcgm-exporter's names, types, units and labels "
-     "(DCGM_FI_DEV_GPU_UTIL, DCGM_FI_DEV_FB_USED, ...), for dashboards and rules written for "
-     "it", "true or false", boolean, AGENT, True),
+     "(DCGM_FI_DEV_GPU_UTIL, DCGM_FI_DEV_FB_USED, ..., and with GPM the DCGM_FI_PROF_* "
+     "fields it measures), for dashboards and rules written for it", "true or false",
+     boolean, AGENT, True),
     ("metrics_gpm_interval", "--metrics-gpm-interval", "METRICS_GPM_INTERVAL", "1",
      "seconds between the two GPM samples each collection takes of a Hopper or later GPU "
-     "(SM activity, SM occupancy, tensor and DRAM activity over that interval; the "
+     "(SM activity, SM occupancy, tensor, DRAM and graphics engine activity over that "
+     "interval; the "
      "collection takes this much longer, a scrape does not); 0: GPM off",
      "0, or a number of seconds from 0.1 to 10", metrics_gpm_interval, AGENT),
     ("metrics_web_config_file", "--metrics-web-config-file", "METRICS_WEB_CONFIG_FILE", "",

@@ -27,7 +27,8 @@ def smoke(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
 
 def test_one_line_per_gpu(standins: Path, tmp_path: Path) -> None:
     readings = tmp_path / "readings"
-    readings.write_text("sm_active=42.5 sm_occupancy=10 tensor_active=3 dram_active=7\n"
+    readings.write_text("sm_active=42.5 sm_occupancy=10 tensor_active=3 dram_active=7 "
+                        "graphics_active=55\n"
                         "gpm=unsupported\n")
     done = smoke("--lib-dir", str(standins), "--expect-gpus", "2", FAKE_NVML_GPUS="2",
                  FAKE_CUDA_DEVICES="2", FAKE_NVML_METRICS_FILE=str(readings),
@@ -39,7 +40,7 @@ def test_one_line_per_gpu(standins: Path, tmp_path: Path) -> None:
     assert lines[1].endswith("driver 535.261.03 CUDA 12.2 vector-add ok")
     assert lines[2].startswith("agent view: fabric 2 GPUs")
     assert lines[3] == ("GPM GPU 0: sm_active 42.5% sm_occupancy 10.0% tensor_active 3.0% "
-                        "dram_active 7.0%")
+                        "dram_active 7.0% graphics_active 55.0%")
     assert lines[4] == "GPM GPU 1: not supported (the GPU has no GPM (Hopper and later have it))"
 
 

@@ -29,7 +29,8 @@ __all__ = ["kubelet"]  # the kubelet scene, a fixture
 RESERVED_MIB = 455
 TOTAL_MIB = 40960
 # NVIDIA/dcgm-exporter grafana/dcgm-exporter-dashboard.json at d5e5f510: the panels' queries
-# for the fields the agent serves, `$instance` and `$gpu` as "all" (transcribed).
+# for the fields the agent serves (all but "GPU SM Clocks"), `$instance` and `$gpu` as "all"
+# (transcribed).
 DASHBOARD = {
     "temperature": 'DCGM_FI_DEV_GPU_TEMP{instance=~".*", gpu=~".*"}',
     "average temperature": 'avg(DCGM_FI_DEV_GPU_TEMP{instance=~".*", gpu=~".*"})',
@@ -37,15 +38,23 @@ DASHBOARD = {
     "total power": 'sum(DCGM_FI_DEV_POWER_USAGE{instance=~".*", gpu=~".*"})',
     "utilisation": 'DCGM_FI_DEV_GPU_UTIL{instance=~".*", gpu=~".*"}',
     "memory used": 'DCGM_FI_DEV_FB_USED{instance=~".*", gpu=~".*"}',
+    "tensor core utilisation": 'DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{instance=~".*", gpu=~".*"}',
 }
+
+
+def tensor(i: int) -> float:
+    """GPU i's tensor activity in percent, as the NVML stand-in's GPM gives it."""
+    return 5.0 * i + 2.5
 
 
 @pytest.fixture
 def scraped(tmp_path: Path, package: Package, kubelet: Kubelet
             ) -> Iterator[tuple[AgentNode, Prometheus, str]]:
-    lines = [f"{gpu_line(i)} mem_reserved_mib={RESERVED_MIB}" for i in range(GPUS)]
+    lines = [f"{gpu_line(i)} mem_reserved_mib={RESERVED_MIB} tensor_active={tensor(i)}"
+             for i in range(GPUS)]
     with scraped_agent(tmp_path, package, kubelet, lines,
-                       lambda prom: prom.query('DCGM_FI_DEV_XID_ERRORS{gpu="2"} == 13'),
+                       lambda prom: prom.query('DCGM_FI_DEV_XID_ERRORS{gpu="2"} == 13')
+                       and len(prom.query("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE")) == GPUS,
                        METRICS_DCGM_NAMES="true", NODE_NAME=AGENT_POD["node"]) as scene:
         yield scene
 
@@ -77,6 +86,11 @@ def test_dcgm_dashboard_queries_give_our_numbers(
     assert by(prom, DASHBOARD["average temperature"]) == {
         (): pytest.approx(sum(ours["temperature"].values()) / GPUS)}
     assert by(prom, DASHBOARD["total power"]) == {(): pytest.approx(sum(ours["power"].values()))}
+    # the tensor panel: GPM's tensor activity, our ratio under DCGM's profiling name
+    tensor_active = per_gpu(prom, DASHBOARD["tensor core utilisation"])
+    assert tensor_active == pytest.approx(per_gpu(prom, "gpu_node_installer_gpu_tensor_active_"
+                                                  "ratio"))
+    assert tensor_active == pytest.approx({str(i): tensor(i) / 100 for i in range(GPUS)})
 
 
 def test_dcgm_memory_labels_and_pod_mapping(

@@ -26,7 +26,8 @@ from installer.config.values import Invalid
 from installer.node.podresources import ContainerDevices
 from installer.packages.manifest import Package
 
-ACTIVE = "sm_active=37.5 sm_occupancy=12.25 tensor_active=80 dram_active=5.5"
+ACTIVE = ("sm_active=37.5 sm_occupancy=12.25 tensor_active=80 dram_active=5.5 "
+          "graphics_active=95")
 
 
 class Log:
@@ -72,7 +73,7 @@ class TestStandin:
         assert errors == []
         assert found["0"].supported and found["0"].values == pytest.approx(
             {"sm_active": 37.5, "sm_occupancy": 12.25, "tensor_active": 80.0,
-             "dram_active": 5.5}, rel=1e-9)
+             "dram_active": 5.5, "graphics_active": 95.0}, rel=1e-9)
         assert not found["1"].supported and found["1"].values == {}
         assert "no GPM" in found["1"].reason
 
@@ -92,7 +93,8 @@ class TestStandin:
             pynvml.nvmlGpmSampleGet(handle, samples[2])
             first = metrics_get(samples[0], samples[1], sm).metrics[0]
             second = metrics_get(samples[1], samples[2], sm).metrics[0]
-            whole = metrics_get(samples[0], samples[2], sm, 1).metrics
+            fp64 = pynvml.NVML_GPM_METRIC_FP64_UTIL
+            whole = metrics_get(samples[0], samples[2], sm, fp64).metrics
             with pytest.raises(pynvml.NVMLError) as backwards:
                 metrics_get(samples[2], samples[0], sm)
             other = pynvml.nvmlGpmSampleAlloc()
@@ -104,8 +106,27 @@ class TestStandin:
         assert (first.nvmlReturn, second.nvmlReturn) == (0, 0)
         assert first.value == pytest.approx(20.0) and second.value == pytest.approx(60.0)
         assert 20.0 < whole[0].value < 60.0
-        assert whole[1].nvmlReturn == pynvml.NVML_ERROR_NOT_SUPPORTED  # GRAPHICS_UTIL: not here
+        assert whole[1].nvmlReturn == pynvml.NVML_ERROR_NOT_SUPPORTED  # FP64_UTIL: not here
         assert backwards.value.value == mixed.value.value == pynvml.NVML_ERROR_INVALID_ARGUMENT
+
+    def test_a_nan_value_is_left_out(self, libs: Path, readings: Path,
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+        """Real NVML (H100, driver 580.159.04) answered DRAM_BW_UTIL NaN, with success, for
+        two samples microseconds apart: no reading, not a NaN series."""
+        write(readings, ACTIVE)
+        real = pynvml.nvmlGpmMetricsGet
+
+        def nan_dram(get: Any) -> Any:
+            answer = real(get)
+            get.metrics[list(METRICS).index("dram_active")].value = float("nan")
+            return answer
+        monkeypatch.setattr(pynvml, "nvmlGpmMetricsGet", nan_dram)
+        with nvml_session(libs):
+            found, errors = GpmReader(Log(), 0.15).read(
+                [("0", pynvml.nvmlDeviceGetHandleByIndex(0))])
+        assert errors == []
+        assert "dram_active" not in found["0"].values
+        assert found["0"].values["sm_active"] == pytest.approx(37.5)
 
     def test_unsupported_is_logged_once_and_never_sampled(self, libs: Path,
                                                           readings: Path) -> None:

@@ -56,6 +56,15 @@ SLICES = [Pod("ml", f"slice-{n}", (Container("main", {SHARED: (
     Device(f"GPU-aaaaaaaa-0000-4000-8000-000000000006::{n}"),)}),)) for n in (0, 1)]
 DRA = Pod("ml", "dra-0", (Container("worker", claims=(Claim("gpu-claim", "ml", (
     DraDevice("gpu.nvidia.com", "gpu-node-1", "gpu-7", ("k8s.gpu.nvidia.com/claim=c1",)),)),)),))
+# GPU 2 in MIG mode with one 1g.5gb GPU instance (GI 7, slot 0) and its one compute instance:
+# the NVML stand-in's state file (tests/native/nvml_standin_mig.c: "mode <current>
+# <pending>", "gi <id> <profile> <start>", "ci <gi> <ci> <profile> <start>"), the MIG device
+# named as the stand-in names it (nvml_standin_mig_devices.c) and held by a pod through
+# NVIDIA's plugin (mixed strategy: `nvidia.com/mig-1g.5gb`).
+MIG_STATE = "mode 1 1\ngi 7 0 0\nci 7 0 0 0\n"
+MIG_UUID = "MIG-5fa0c2d4-0007-4000-8000-000000000002"
+MIG = Pod("ml", "mig-0", (Container("main", {"nvidia.com/mig-1g.5gb": (Device(MIG_UUID),)}),))
+MIG_SM_ACTIVE = 35  # percent, GPM of GI 7
 EXACT = '{attribution="exact", pod!="dra-0"}'  # the device plugins' whole GPUs
 GKE_MEMORY_TOTAL = 'memory_total non-counter metrics should not have "_total" suffix'
 XID13 = "NVRM: Xid (PCI:0000:{bus}:00): 13, pid=4242, name=python3, Graphics Exception"
@@ -74,7 +83,7 @@ def duty(i: int) -> float:
 def kubelet() -> Iterator[Kubelet]:
     directory = short_dir()
     try:
-        with serve(directory, [TRAIN, INFER, *SLICES, DRA]) as stand_in:
+        with serve(directory, [TRAIN, INFER, *SLICES, DRA, MIG]) as stand_in:
             yield stand_in
     finally:
         shutil.rmtree(directory, ignore_errors=True)
@@ -88,7 +97,10 @@ def scraped_agent(tmp_path: Path, package: Package, kubelet: Kubelet, lines: lis
     log, `env` added) serving metrics, ready, and a real Prometheus scraping it until
     `settled(prom)` holds."""
     port = free_port()
+    (tmp_path / "mig").mkdir()
+    (tmp_path / "mig/gpu2").write_text(MIG_STATE)
     node = make_node(tmp_path, package, gpus=GPUS, env={
+        "FAKE_NVML_MIG_DIR": str(tmp_path / "mig"),
         "METRICS_PORT": str(port), "METRICS_ADDRESS": "127.0.0.1", "METRICS_INTERVAL": "1",
         "FAKE_NVML_METRICS_FILE": str(readings(tmp_path, lines)),
         "POD_RESOURCES_DIR": str(kubelet.socket.parent), **env})
@@ -100,7 +112,7 @@ def scraped_agent(tmp_path: Path, package: Package, kubelet: Kubelet, lines: lis
                                target_labels=AGENT_POD) as prom:
         wait_for(node.ready, timeout=60)
         # the first collections may predate the fabric or the kubelet's first answer
-        wait_for(lambda: len(prom.query("duty_cycle")) == ASSIGNED + 3 and settled(prom),
+        wait_for(lambda: len(prom.query("duty_cycle")) == ASSIGNED + 4 and settled(prom),
                  timeout=90, step=0.5)
         yield node, prom, f"http://{target}"
 
@@ -109,10 +121,14 @@ def scraped_agent(tmp_path: Path, package: Package, kubelet: Kubelet, lines: lis
 def scraped(tmp_path: Path, package: Package, kubelet: Kubelet
             ) -> Iterator[tuple[AgentNode, Prometheus, str]]:
     """The agent serving metrics, ready, with a real Prometheus scraping it."""
-    with scraped_agent(tmp_path, package, kubelet, [gpu_line(i) for i in range(GPUS)],
-                       lambda prom: prom.query(
-                           'gpu_node_installer_daemon_up{daemon="nv-fabricmanager"} == 1')
-                       and prom.query("gpu_node_installer_ready == 1")) as scene:
+    lines = [gpu_line(i) for i in range(GPUS)]
+    lines[2] += f" gi7.sm_active={MIG_SM_ACTIVE}"  # GPU 2's MIG instance's activity (GPM)
+
+    def settled(prom: Prometheus) -> object:
+        return (prom.query('gpu_node_installer_daemon_up{daemon="nv-fabricmanager"} == 1')
+                and prom.query("gpu_node_installer_ready == 1")
+                and prom.query('gpu_node_installer_container_gpu_sm_active_ratio{pod="mig-0"}'))
+    with scraped_agent(tmp_path, package, kubelet, lines, settled) as scene:
         yield scene
 
 
@@ -161,7 +177,8 @@ def test_per_container_gpu_metrics_through_prometheus(
 def test_shared_and_dra_gpus_through_prometheus(
         scraped: tuple[AgentNode, Prometheus, str]) -> None:
     """A time-sliced GPU gives each pod holding a replica its series, marked shared; a GPU
-    allocated through DRA gives its container series, and the claim and device by name."""
+    allocated through DRA gives its container series, and the claim and device by name; a
+    MIG device gives its pod its GPU's series, shared, and its instance's SM activity."""
     _, prom, _ = scraped
     assert by(prom, 'duty_cycle{pod=~"slice-.*"}', "pod", "accelerator_id", "attribution") == {
         ("slice-0", uuid(6), "shared"): duty(6), ("slice-1", uuid(6), "shared"): duty(6)}
@@ -173,6 +190,15 @@ def test_shared_and_dra_gpus_through_prometheus(
               "pool", "device", "accelerator_id") == {
         ("dra-0", "worker", "ml/gpu-claim", "gpu-node-1", "gpu-7", uuid(7)): 1}
     assert prom.query('request{pod="dra-0"}') == []  # a claim is not a device plugin request
+    # a MIG device: its GPU's readings, shared (the GPU's other instances use it too), and
+    # its own GPU instance's SM activity, which it holds alone
+    assert by(prom, 'duty_cycle{pod="mig-0"}', "container", "accelerator_id",
+              "attribution") == {("main", uuid(2), "shared"): duty(2)}
+    assert by(prom, 'request{pod="mig-0"}', "resource_name") == {("nvidia.com/mig-1g.5gb",): 1}
+    assert by(prom, 'gpu_node_installer_container_gpu_sm_active_ratio{pod="mig-0"}', "uuid",
+              "gpu") == {(MIG_UUID, "2"): pytest.approx(MIG_SM_ACTIVE / 100)}
+    assert by(prom, "gpu_node_installer_gpu_mig_sm_active_ratio", "gpu",
+              "gpu_instance_id") == {("2", "7"): pytest.approx(MIG_SM_ACTIVE / 100)}
 
 
 def test_node_gpu_and_install_metrics_through_prometheus(

@@ -9,15 +9,18 @@
  *     device; the header names no error for an id with no live instance, so the stand-in
  *     answers NOT_FOUND as nvmlDeviceGetGpuInstanceById documents for that case
  *   nvmlGpmQueryDeviceSupport (13960): isSupportedDevice, Hopper and later
- *   metric ids 13483-13491: SM_UTIL 2, SM_OCCUPANCY 3, ANY_TENSOR_UTIL 5, DRAM_BW_UTIL 10,
- *     each a percentage 0.0 - 100.0 over the interval between the two samples
+ *   metric ids 13482-13491: GRAPHICS_UTIL 1, SM_UTIL 2, SM_OCCUPANCY 3, ANY_TENSOR_UTIL 5,
+ *     DRAM_BW_UTIL 10, each a percentage 0.0 - 100.0 over the interval between the two
+ *     samples
  *
  * Each GPU's counters run on CLOCK_MONOTONIC: one elapsed "cycle" per nanosecond, and per
  * metric an active count that advances at the percentage its line of FAKE_NVML_METRICS_FILE
  * gives (read at each sample, held since the GPU's previous sample):
- *     sm_active=P sm_occupancy=P tensor_active=P dram_active=P   (percent, default 0)
+ *     sm_active=P sm_occupancy=P tensor_active=P dram_active=P graphics_active=P
+ *                       (percent, default 0)
  *     gpm=unsupported   isSupportedDevice 0 and nvmlGpmSampleGet NOT_SUPPORTED (a GPU
- *                       before Hopper)
+ *                       before Hopper; without it every GPU answers GPM, whatever its
+ *                       FAKE_NVML_NAME: the sample nodes' A100s too, which real ones don't)
  *     gi<N>.sm_active=P ...   the same percentages for GPU instance N (MIG mode on and the
  *                       instance live, per nvml_standin_mig.c's state), default 0; a GPU
  *                       without MIG answers nvmlGpmMigSampleGet NOT_SUPPORTED
@@ -37,7 +40,7 @@
 #define INVALID_ARGUMENT 2
 #define NOT_FOUND 6
 #define VERSION_MISMATCH 25
-#define KINDS 4
+#define KINDS 5
 
 typedef struct nvmlGpmSample_st {
     int device;  /* GPU index; -1 until sampled */
@@ -63,11 +66,11 @@ typedef struct {
 
 typedef struct { unsigned int version; unsigned int isSupportedDevice; } nvmlGpmSupport_t;
 
-static const unsigned int kind_ids[KINDS] = {2, 3, 5, 10};
+static const unsigned int kind_ids[KINDS] = {2, 3, 5, 10, 1};
 static const char *kind_keys[KINDS] = {"sm_active", "sm_occupancy", "tensor_active",
-                                       "dram_active"};
+                                       "dram_active", "graphics_active"};
 static const char *kind_names[KINDS] = {"SM_UTIL", "SM_OCCUPANCY", "ANY_TENSOR_UTIL",
-                                        "DRAM_BW_UTIL"};
+                                        "DRAM_BW_UTIL", "GRAPHICS_UTIL"};
 typedef struct { int started; double last_ns, elapsed, active[KINDS]; } counter_t;
 static counter_t counters[64];
 static counter_t instance_counters[64][GIS];

@@ -1,11 +1,13 @@
 """dcgm-exporter's names (METRICS_DCGM_NAMES): the product's table against a transcription of
-dcgm-exporter's default counters made for this test, the family rendered through
-prometheus-client's registry in both exposition formats, and `promtool check metrics`."""
+dcgm-exporter's default counters made for this test (its profiling rows from GPM too), the
+family rendered through prometheus-client's registry in both exposition formats, and
+`promtool check metrics`."""
 
 from __future__ import annotations
 
 import gzip
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +17,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from installer.agent.metrics import dcgm
+from installer.agent.metrics.gpm import METRICS
 from installer.agent.metrics.server import SnapshotCollector, make_app
-from installer.agent.metrics.snapshot import GpuReading, Snapshot
+from installer.agent.metrics.snapshot import GpmReading, GpuReading, Snapshot
 from installer.config import SETTINGS_BY_NAME, load_config
 from installer.errors import ConfigError
 from installer.node.podresources import ContainerDevices
@@ -36,6 +39,16 @@ DEFAULT_COUNTERS = {
     "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": ("counter", ""),
     "DCGM_FI_DEV_ROW_REMAP_FAILURE": ("gauge", ""),
     "DCGM_FI_DRIVER_VERSION": ("label", ""),
+}
+# The same file's Datacenter Profiling (DCP) rows that NVML's GPM measures: field -> (type,
+# unit in its help, whether the row is active there: SM_ACTIVE and SM_OCCUPANCY are
+# commented out, opt-ins).
+DCP_COUNTERS = {
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": ("gauge", "ratio", True),
+    "DCGM_FI_PROF_SM_ACTIVE": ("gauge", "ratio", False),
+    "DCGM_FI_PROF_SM_OCCUPANCY": ("gauge", "ratio", False),
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": ("gauge", "ratio", True),
+    "DCGM_FI_PROF_DRAM_ACTIVE": ("gauge", "ratio", True),
 }
 # render_metrics.go's gpuMetricsFormat (release 4.5.3-4.8.2), and the pod mapping's labels
 LABELS = {"gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname",
@@ -103,11 +116,19 @@ def value(text: str, name: str, gpu_index: int, pod: str = "") -> float:
 @pytest.mark.parametrize("name", sorted(DEFAULT_COUNTERS))
 def test_the_table_matches_default_counters_field_by_field(name: str) -> None:
     (field,) = [f for f in dcgm.FIELDS if f.name == name]
-    assert (field.kind, field.unit) == DEFAULT_COUNTERS[name]
+    assert (field.kind, field.unit, field.default) == (*DEFAULT_COUNTERS[name], True)
+
+
+@pytest.mark.parametrize("name", sorted(DCP_COUNTERS))
+def test_the_profiling_fields_match_the_dcp_rows(name: str) -> None:
+    (field,) = [f for f in dcgm.FIELDS if f.name == name]
+    assert (field.kind, field.unit, field.default) == DCP_COUNTERS[name]
+    assert dcgm.PROFILING[name] in METRICS  # a metric the GPM reader asks NVML for
 
 
 def test_the_table_has_no_field_the_transcription_lacks() -> None:
-    assert [f.name for f in dcgm.FIELDS if f.name not in DEFAULT_COUNTERS] == []
+    assert [f.name for f in dcgm.FIELDS
+            if f.name not in DEFAULT_COUNTERS and f.name not in DCP_COUNTERS] == []
 
 
 def test_families_carry_dcgm_names_types_and_labels() -> None:
@@ -123,6 +144,7 @@ def test_families_carry_dcgm_names_types_and_labels() -> None:
             assert labels["DCGM_FI_DRIVER_VERSION"] == DRIVER
             assert labels["Hostname"] == "gpu-node-1"
             assert labels["device"] == f"nvidia{labels['gpu']}"
+    assert "DCGM_FI_PROF_" not in text  # no GPM reading (GPM off): no profiling family
     # dcgm-exporter's counter lines: no `_total` anywhere, the TYPE line names the samples
     assert "# TYPE DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS counter\n" in text
     assert "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS_total" not in text
@@ -142,6 +164,37 @@ def test_values_in_dcgm_units() -> None:
     assert value(text, "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", 2) == 2
     assert value(text, "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", 2) == 2
     assert value(text, "DCGM_FI_DEV_ROW_REMAP_FAILURE", 2) == 0
+
+
+GPM = {"graphics_active": 90.0, "sm_active": 62.5, "sm_occupancy": 25.0,
+       "tensor_active": 40.0, "dram_active": 12.5}
+GPM_SNAP = replace(SNAP, gpus=(
+    gpu(0, gpm=GpmReading(True, values=GPM)),
+    gpu(1, gpm=GpmReading(True, values={**GPM, "sm_active": 10.0, "tensor_active": 0.0})),
+    gpu(2, gpm=GpmReading(False, reason="the GPU has no GPM (Hopper and later have it)"))))
+
+
+def test_profiling_fields_are_gpm_ratios_per_gpu() -> None:
+    text = exposition(GPM_SNAP)
+    types = {f.name: f.type for f in text_string_to_metric_families(text)
+             if f.name.startswith("DCGM_FI_PROF_")}
+    assert types == {name: kind for name, (kind, _, _) in DCP_COUNTERS.items()}
+    series = dcgm_series(text)
+    for name, metric in dcgm.PROFILING.items():
+        # GPU 2 has no GPM: no profiling series for it (its other fields stay)
+        assert sorted(labels["gpu"] for labels, _ in series[name]) == ["0", "1"], name
+        assert value(text, name, 0, pod="train") == GPM[metric] / 100
+        for labels, _ in series[name]:
+            assert set(labels) == LABELS
+    assert value(text, "DCGM_FI_PROF_SM_ACTIVE", 1) == 0.1
+    assert value(text, "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", 1) == 0.0  # idle is 0, not absent
+    assert value(text, "DCGM_FI_DEV_GPU_UTIL", 2) == 42.0
+
+
+def test_profiling_fields_leave_out_a_metric_nvml_refused() -> None:
+    snap = replace(SNAP, gpus=(gpu(0, gpm=GpmReading(True, values={"sm_active": 50.0})),))
+    series = dcgm_series(exposition(snap))
+    assert [n for n in series if n.startswith("DCGM_FI_PROF_")] == ["DCGM_FI_PROF_SM_ACTIVE"]
 
 
 def test_last_xid_by_pci_address_or_index_and_zero_without() -> None:
@@ -221,10 +274,13 @@ DCGM_LINT = {
 }
 
 
-def test_promtool_check_metrics() -> None:
-    text = exposition()
+@pytest.mark.parametrize("snap", [SNAP, GPM_SNAP], ids=["gpm-off", "gpm-on"])
+def test_promtool_check_metrics(snap: Snapshot) -> None:
+    text = exposition(snap)
     checked = check_metrics(text)
     assert checked.returncode in (0, 3), checked.stdout + checked.stderr  # 3: lint only
     findings = {line for line in checked.stderr.strip().splitlines()
                 if line.startswith("DCGM_")}
-    assert findings == DCGM_LINT, findings
+    profiling = {f"{name} label names should be written in 'snake_case' not 'camelCase'"
+                 for name in DCP_COUNTERS} if snap is GPM_SNAP else set()
+    assert findings == DCGM_LINT | profiling, findings

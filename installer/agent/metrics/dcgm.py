@@ -17,7 +17,12 @@ the releases use `Hostname`, which is served.
 The values come from NVML, as DCGM's fields do: `GPU_UTIL` the duty cycle in percent,
 `FB_*` the v2 memory info in whole MiB (total = used + free + reserved), `XID_ERRORS` the
 number of the GPU's last Xid since the agent started (0 before any), the remapped-row
-counts and failure flag from nvmlDeviceGetRemappedRows. Each GPU has one series per field,
+counts and failure flag from nvmlDeviceGetRemappedRows, the profiling (`DCGM_FI_PROF_*`)
+ratios from NVML's GPU Performance Monitoring (gpm.py) of the whole GPU where it has GPM
+(Hopper and later; no GPU with GPM, or GPM off: no profiling family at all). The file's DCP
+rows that GPM measures are served: GR_ENGINE_ACTIVE, PIPE_TENSOR_ACTIVE and DRAM_ACTIVE
+(active there), SM_ACTIVE and SM_OCCUPANCY (commented out there, the usual opt-ins for
+autoscaling on SM activity). Each GPU has one series per field,
 as in dcgm-exporter's default mapping (without `--kubernetes-virtual-gpus`), so a dashboard's
 `sum` or `avg` over GPUs counts each GPU once: its pod labels name the container holding it
 when exactly one does, and are empty when none does or several share it (dcgm-exporter then
@@ -53,6 +58,7 @@ class Field:
     kind: str  # GAUGE, COUNTER or LABEL
     unit: str  # as the file's help text gives it ("" where it gives none)
     doc: str
+    default: bool = True  # False: the file has the row commented out (an opt-in)
 
 
 FIELDS = (
@@ -74,7 +80,23 @@ FIELDS = (
     Field("DCGM_FI_DEV_ROW_REMAP_FAILURE", GAUGE, "", "1 when remapping a memory row "
           "failed"),
     Field(DRIVER_VERSION, LABEL, "", "The driver version (NVML), a label on every series"),
+    Field("DCGM_FI_PROF_GR_ENGINE_ACTIVE", GAUGE, "ratio", "Ratio of time any graphics or "
+          "compute engine was active (NVML GPM GRAPHICS_UTIL)"),
+    Field("DCGM_FI_PROF_SM_ACTIVE", GAUGE, "ratio", "Ratio of cycles an SM has at least one "
+          "warp assigned (NVML GPM SM_UTIL)", default=False),
+    Field("DCGM_FI_PROF_SM_OCCUPANCY", GAUGE, "ratio", "Ratio of warps resident on the SMs "
+          "to the most they hold (NVML GPM SM_OCCUPANCY)", default=False),
+    Field("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", GAUGE, "ratio", "Ratio of cycles any tensor "
+          "pipe was active (NVML GPM ANY_TENSOR_UTIL)"),
+    Field("DCGM_FI_PROF_DRAM_ACTIVE", GAUGE, "ratio", "Ratio of DRAM bandwidth used to its "
+          "peak (NVML GPM DRAM_BW_UTIL)"),
 )
+# the profiling fields: field -> its GPM metric (gpm.METRICS), a percentage served as a ratio
+PROFILING = {"DCGM_FI_PROF_GR_ENGINE_ACTIVE": "graphics_active",
+             "DCGM_FI_PROF_SM_ACTIVE": "sm_active",
+             "DCGM_FI_PROF_SM_OCCUPANCY": "sm_occupancy",
+             "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": "tensor_active",
+             "DCGM_FI_PROF_DRAM_ACTIVE": "dram_active"}
 COUNTERS = frozenset(f.name for f in FIELDS if f.kind == COUNTER)
 
 
@@ -104,6 +126,13 @@ def _row(cause: str) -> Callable[[GpuReading, Snapshot], float | None]:
     return read
 
 
+def _ratio(metric: str) -> Callable[[GpuReading, Snapshot], float | None]:
+    def read(gpu: GpuReading, snap: Snapshot) -> float | None:
+        percent = gpu.gpm.values.get(metric) if gpu.gpm is not None else None
+        return None if percent is None else percent / 100.0
+    return read
+
+
 READINGS: Mapping[str, Callable[[GpuReading, Snapshot], float | None]] = {
     "DCGM_FI_DEV_GPU_UTIL": _util,
     "DCGM_FI_DEV_FB_USED": _used,
@@ -115,6 +144,7 @@ READINGS: Mapping[str, Callable[[GpuReading, Snapshot], float | None]] = {
     "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": _row("uncorrectable"),
     "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": _row("correctable"),
     "DCGM_FI_DEV_ROW_REMAP_FAILURE": _row("failure"),
+    **{name: _ratio(metric) for name, metric in PROFILING.items()},
 }
 
 
@@ -129,8 +159,8 @@ def kernel_name(bus_id: str) -> str:
 
 
 def families(snap: Snapshot, holders: Mapping[str, list[Holder]]) -> Iterator[Metric]:
-    """One family per series field of `FIELDS`, one series per GPU; `holders`: the
-    containers holding each GPU (by UUID)."""
+    """One family per series field of `FIELDS`, one series per GPU (a profiling family
+    only where a GPU has its value); `holders`: the containers holding each GPU (by UUID)."""
     for field in FIELDS:
         if field.kind == LABEL:
             continue
@@ -143,7 +173,8 @@ def families(snap: Snapshot, holders: Mapping[str, list[Holder]]) -> Iterator[Me
             held = holders.get(gpu.uuid) or []
             holder = held[0] if len(held) == 1 else ("", "", "")
             family.add_sample(field.name, _labels(gpu, snap, holder), float(value))
-        yield family
+        if family.samples or field.name not in PROFILING:
+            yield family
 
 
 def _labels(gpu: GpuReading, snap: Snapshot, holder: Holder) -> dict[str, str]:

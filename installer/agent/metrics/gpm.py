@@ -4,9 +4,12 @@ Duty cycle says a kernel ran; GPM says how much of the GPU it used. NVML compute
 metric from two samples of the GPU's counters (nvml.h: nvmlGpmSampleGet twice, more than
 100 ms apart, then nvmlGpmMetricsGet over the interval), so each collection samples every
 supported GPU, waits the configured interval once for all of them, samples again and asks
-for SM activity, SM occupancy, tensor activity and DRAM bandwidth: what dcgm-exporter
-serves as DCGM_FI_PROF_SM_ACTIVE, _SM_OCCUPANCY, _PIPE_TENSOR_ACTIVE and _DRAM_ACTIVE.
-The wait runs on the collector's thread: a scrape never waits for it.
+for SM activity, SM occupancy, tensor activity, DRAM bandwidth and graphics engine activity:
+what dcgm-exporter serves as DCGM_FI_PROF_SM_ACTIVE, _SM_OCCUPANCY, _PIPE_TENSOR_ACTIVE,
+_DRAM_ACTIVE and _GR_ENGINE_ACTIVE.
+The wait runs on the collector's thread: a scrape never waits for it. A value NVML gives as
+NaN (a real H100 did for DRAM bandwidth over two samples microseconds apart, as when the
+agent's stop cuts the wait short) is no reading: left out, as a metric NVML refused.
 
 With MIG on, each GPU instance is sampled too (nvmlGpmMigSampleGet by its GI id, in the
 same pass and wait): a container holding a MIG device alone gets its instance's activity.
@@ -16,6 +19,7 @@ without the call supports it nowhere) and said in the log once; the answer is se
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -30,6 +34,7 @@ METRICS = {
     "sm_occupancy": pynvml.NVML_GPM_METRIC_SM_OCCUPANCY,
     "tensor_active": pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL,
     "dram_active": pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL,
+    "graphics_active": pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL,
 }
 MIN_INTERVAL_S = 0.1  # nvml.h: samples closer than the internal refresh rate say nothing
 
@@ -118,7 +123,8 @@ class GpmReader:
         pynvml.nvmlGpmMetricsGet(get)
         return {name: float(get.metrics[slot].value)
                 for slot, name in enumerate(METRICS)
-                if get.metrics[slot].nvmlReturn == pynvml.NVML_SUCCESS}
+                if get.metrics[slot].nvmlReturn == pynvml.NVML_SUCCESS
+                and math.isfinite(get.metrics[slot].value)}
 
 
 def _sample(handle: Any, instance: int | None, buffer: Any) -> None:

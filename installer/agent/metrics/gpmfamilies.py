@@ -22,6 +22,8 @@ GPM = {
                      "they hold"),
     "tensor_active": ("PROF_PIPE_TENSOR_ACTIVE", "cycles any tensor pipe was busy"),
     "dram_active": ("PROF_DRAM_ACTIVE", "DRAM bandwidth used, of its peak"),
+    "graphics_active": ("PROF_GR_ENGINE_ACTIVE", "time any graphics or compute engine "
+                        "was active"),
 }
 CONTAINER_LABELS = ["namespace", "pod", "container", "gpu", "uuid"]
 INSTANCE = "gpu_instance_id"  # dcgm-exporter's GPU_I_ID, in our label style
