@@ -2,7 +2,7 @@
 # GPU smoke test: on a machine with a real NVIDIA GPU and driver, run
 # `gpu-node-installer verify --cuda-smoke` against the driver libraries already installed
 # there (no install dir, nothing written) and print one line per GPU, then one line with
-# the node agent's view: each GPU's fabric state and the persistence mode.
+# the node agent's view (fabric, persistence), GPM readings, and MIG profiles vs the table.
 #
 #   scripts/gpu-smoke.sh [--lib-dir DIR] [--expect-gpus N] [--json FILE]
 #
@@ -142,4 +142,35 @@ for index, _ in handles:
     print(f"GPM GPU {index}: {values or 'no values'}")
 for error in errors:
     print(f"GPM error: {error}")
+PY
+# MIG from the GPU's own answer: each GPU's MIG profiles as NVML gives them, planned by the
+# installer's partition code, compared with the installer's MIG table. Read-only: the MIG mode
+# is neither read for change nor set.
+PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}" "$python" - "$lib_dir" <<'PY'
+import ctypes, sys
+ctypes.CDLL(f"{sys.argv[1]}/libnvidia-ml.so.1")
+import pynvml
+from installer.compat.mig import mig_model
+from installer.stages.partition.nvml import discover
+
+def sizes(model):
+    return ", ".join(f"{name} x{p.max_count}" for name, p in sorted(
+        model.profiles.items(), key=lambda item: (item[1].max_count, item[0])))
+
+pynvml.nvmlInit()
+try:
+    for index in range(pynvml.nvmlDeviceGetCount()):
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        name = pynvml.nvmlDeviceGetName(handle)
+        total = pynvml.nvmlDeviceGetMemoryInfo(handle).total
+        table, found = mig_model(name, total // 2**20), discover(handle, name, total)
+        if found is None:
+            print(f"MIG GPU {index}: NVML lists no MIG profiles; table: "
+                  f"{table.name if table else 'no MIG'}")
+            continue
+        verdict = "agrees" if table is not None and sizes(table) == sizes(found) else (
+            f"differs: {sizes(table)}" if table is not None else "has no such model")
+        print(f"MIG GPU {index}: {found.name} from NVML: {sizes(found)}; table {verdict}")
+finally:
+    pynvml.nvmlShutdown()
 PY

@@ -35,13 +35,14 @@ def test_one_line_per_gpu(standins: Path, tmp_path: Path) -> None:
                  FAKE_NVML_BUS_IDS="00000000:10:00.0,00000000:11:00.0")
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert len(lines) == 5
+    assert len(lines) == 7
     assert lines[1].startswith("GPU 1 00000000:11:00.0 NVIDIA A100-SXM4-40GB GPU-")
     assert lines[1].endswith("driver 535.261.03 CUDA 12.2 vector-add ok")
     assert lines[2].startswith("agent view: fabric 2 GPUs")
     assert lines[3] == ("GPM GPU 0: sm_active 42.5% sm_occupancy 10.0% tensor_active 3.0% "
                         "dram_active 7.0% graphics_active 55.0%")
     assert lines[4] == "GPM GPU 1: not supported (the GPU has no GPM (Hopper and later have it))"
+    assert lines[5] == "MIG GPU 0: NVML lists no MIG profiles; table: A100-40GB"
 
 
 def test_the_agent_view_reports_fabric_and_persistence(standins: Path, tmp_path: Path) -> None:
@@ -69,3 +70,32 @@ def test_directory_without_the_libraries(tmp_path: Path) -> None:
     done = smoke("--lib-dir", str(tmp_path))
     assert done.returncode == 12
     assert f"gpu-smoke: {tmp_path} lacks libnvidia-ml.so.1 or libcuda.so.1" in done.stderr
+
+
+A100_40 = ("1g.5gb x7", "1g.10gb x4", "2g.10gb x3", "3g.20gb x2", "4g.20gb x1", "7g.40gb x1")
+
+
+def test_mig_profiles_from_nvml_are_compared_with_the_table(standins: Path,
+                                                            tmp_path: Path) -> None:
+    """A driver that answers MIG profiles (the stand-in answers as R535 does: with MIG on):
+    the line names them as the partition plans them and says whether the installer's table
+    agrees; a board offering another count differs. The MIG mode is left as it was."""
+    mig = tmp_path / "mig"
+    mig.mkdir()
+    (mig / "gpu0").write_text("mode 1 1\n")
+    done = smoke("--lib-dir", str(standins), "--expect-gpus", "1", FAKE_NVML_GPUS="1",
+                 FAKE_CUDA_DEVICES="1", FAKE_NVML_MIG_DIR=str(mig))
+    assert done.returncode == 0, done.stderr
+    line = done.stdout.splitlines()[-1]
+    assert line.startswith("MIG GPU 0: A100-40GB from NVML: "), line
+    assert line.endswith("; table agrees"), line
+    for size in A100_40:
+        assert size in line, (size, line)
+    differs = smoke("--lib-dir", str(standins), "--expect-gpus", "1", FAKE_NVML_GPUS="1",
+                    FAKE_CUDA_DEVICES="1",
+                    FAKE_NVML_MIG_DIR=str(mig), FAKE_NVML_MIG_PROFILES="0:6")
+    assert differs.returncode == 0, differs.stderr
+    line = differs.stdout.splitlines()[-1]
+    assert "1g.5gb x6" in line.split("; table")[0], line
+    assert "; table differs: " in line and "1g.5gb x7" in line.split("; table")[1], line
+    assert (mig / "gpu0").read_text() == "mode 1 1\n"
