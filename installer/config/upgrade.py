@@ -97,7 +97,8 @@ def _term(value: str, raw: str) -> Term:
 
 def integer64(text: str) -> bool:
     """What Go's strconv.ParseInt(text, 10, 64) reads."""
-    return bool(_INTEGER.fullmatch(text)) and -(2**63) <= int(text) < 2**63
+    return (len(text) <= 20 and bool(_INTEGER.fullmatch(text))
+            and -(2**63) <= int(text) < 2**63)
 
 
 def _key(value: str, key: str) -> str:

@@ -18,6 +18,8 @@ import kubefake
 from e2e import Scene
 from host import test_upgrade as shared
 from host.test_upgrade import UID, V2, cluster_with, kernel, loaded, pod_cgroup, upgrade
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kubefake import Cluster, pod_doc
 
 repo, scene = shared.repo, shared.scene
@@ -184,3 +186,17 @@ class TestSelector:
                                                       ("x", "exists", ()))
         assert selector_text(pod_selector("app in (b,a),k==v,!s,n>1")) == \
             "app in (a,b),k=v,!s,n>1"
+
+    @settings(max_examples=400, deadline=None)
+    @given(st.text(alphabet="ab/.-_=!,() <>+0123456789inotx", max_size=40))
+    def test_any_text_is_refused_cleanly_or_reads_back_the_same(self, text: str) -> None:
+        from installer.config.upgrade import pod_selector
+        from installer.config.values import Invalid
+        from installer.upgrade.jobs import matches, selector_text
+
+        try:
+            terms = pod_selector(text)
+        except Invalid:
+            return
+        assert pod_selector(selector_text(terms)) == terms
+        assert matches(terms, {"a": "1", "b": "x"}) in (True, False)
