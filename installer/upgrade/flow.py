@@ -207,15 +207,14 @@ def _plan(upgrade: Upgrade, other: load.OtherVersion, *, cordoned: bool) -> sele
     kept = [h for h in holders if not (h.pod and h.pod.pod_uid in paused)]
     rules = selection.Rules(config.upgrade_policy, config.upgrade_restart_daemonsets,
                             config.upgrade_force, config.upgrade_delete_emptydir_data)
-    undone = selection.STILL_CORDONED if cordoned else selection.UNTOUCHED
     plan = selection.plan(kept, pods, node=upgrade.node, rules=rules, daemonset_exists=(
         lambda pod: _api(lambda: kube.daemonset_exists(upgrade.api, pod.namespace,
                                                         pod.owner_name))),
-        paused=[p for p in pods if p.uid in paused], undone=undone)
+        paused=[p for p in pods if p.uid in paused], undone=selection.undone(cordoned))
     if not holders:
         raise UpgradeBlockedError(
             "the loaded driver is in use, but no process in this PID namespace has "
-            f"/dev/nvidia* open; {undone}",
+            f"/dev/nvidia* open; {selection.undone(cordoned)}",
             remedy="run the installer with hostPID: true (the DaemonSet does), or find the "
                    "user with `lsof /dev/nvidia*` on the node")
     return plan
@@ -306,7 +305,8 @@ def failed(upgrade: Upgrade | None, exc: InstallerError) -> None:
         upgrade.state(FAILED)
     except InstallerError as label_error:
         upgrade.ctx.log.warning("upgrade-failed label not set", detail=label_error.message)
-    kept = "; the node stays cordoned" if upgrade.cordoned else ""
+    kept = "; the node stays cordoned" if upgrade.cordoned and "stays cordoned" not in \
+        exc.message else ""
     upgrade.event("DriverUpgradeFailed", exc.one_line() + kept, "Warning")
     lease.release(upgrade.slot)  # its cordon, if any, keeps counting against the limit
 

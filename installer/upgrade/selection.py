@@ -156,6 +156,11 @@ STILL_CORDONED = ("the node stays cordoned by this upgrade (a rerun resumes it);
                   "unloaded: the old driver still serves")
 
 
+def undone(cordoned: bool) -> str:
+    """What a refusal says of the node: untouched, or still under our cordon."""
+    return STILL_CORDONED if cordoned else UNTOUCHED
+
+
 @dataclass(frozen=True)
 class Rules:
     """What the settings allow: the policy and kubectl drain's flags."""
