@@ -335,7 +335,7 @@ class Config(mig.MigSettings):
     upgrade_delete_emptydir_data: bool = False
     upgrade_pause_operator: bool = False
     upgrade_max_unavailable: str = "1"
-    upgrade_wait_for_jobs: tuple[tuple[str, str, str], ...] = ()
+    upgrade_wait_for_jobs: tuple[upgrade.Term, ...] = ()
     upgrade_wait_for_jobs_timeout: float = 0.0
     fabric_manager: str = "package"
     imex: str = "report"

@@ -40,31 +40,71 @@ MAX_JOBS_WAIT_S = 7 * 86400.0
 _KEY = re.compile(r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
                   r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
 _VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
-_TERM = re.compile(r"(!?)([^=!]+)(?:(==|=|!=)(.*))?")
+_EXACT = re.compile(r"(!?)([^=!<>]+)(?:(==|=|!=|<|>)(.*))?")
+_SET = re.compile(r"(\S+)\s+(in|notin)\s*\(([^()]*)\)")
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+Term = tuple[str, str, tuple[str, ...]]  # key, op (=, !=, in, notin, <, >, exists, !exists), values
 
 
-def pod_selector(value: str) -> tuple[tuple[str, str, str], ...]:
-    """Equality-based label selector terms (key, op, value): op is `=`, `!=`, `exists` or
-    `!exists`, as the API's labelSelector; an empty text selects nothing (no wait)."""
+def pod_selector(value: str) -> tuple[Term, ...]:
+    """A label selector as the API's labelSelector takes it (apimachinery
+    pkg/labels/selector.go, Parser and NewRequirement @ eed236ce): `key=value`,
+    `key==value`, `key!=value`, `key in (a,b)`, `key notin (a,b)`, `key`, `!key`,
+    `key>N`, `key<N`, separated by commas; an empty text selects nothing (no wait)."""
     terms = []
-    for raw in (t.strip() for t in value.split(",")):
-        if not raw:
-            continue
-        match = _TERM.fullmatch(raw)
-        if match is None:
-            raise Invalid(value, f"{raw!r} is not a selector term")
-        bang, key, op, text = match.groups()
-        key = key.strip()
-        if not _KEY.fullmatch(key) or len(key.rpartition("/")[2]) > 63:
-            raise Invalid(value, f"{key!r} is not a label key")
-        if op is None:
-            terms.append((key, "!exists" if bang else "exists", ""))
-            continue
-        text = text.strip()
-        if bang or not _VALUE.fullmatch(text) or len(text) > 63:
-            raise Invalid(value, f"{raw!r} is not a selector term")
-        terms.append((key, "!=" if op == "!=" else "=", text))
+    for raw in (t.strip() for t in _split(value)):
+        if raw:
+            terms.append(_term(value, raw))
     return tuple(terms)
+
+
+def _split(value: str) -> list[str]:
+    """The terms: the text cut at the commas outside parentheses."""
+    parts, depth, start = [], 0, 0
+    for at, char in enumerate(value):
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if depth not in (0, 1):
+            raise Invalid(value, "its parentheses do not pair")
+        if char == "," and depth == 0:
+            parts.append(value[start:at])
+            start = at + 1
+    if depth:
+        raise Invalid(value, "its parentheses do not pair")
+    return [*parts, value[start:]]
+
+
+def _term(value: str, raw: str) -> Term:
+    found = _SET.fullmatch(raw)
+    if found is not None:
+        key, op, inner = found.groups()
+        values = tuple(sorted({v.strip() for v in inner.split(",")}))
+        if any(not _VALUE.fullmatch(v) or len(v) > 63 for v in values):
+            raise Invalid(value, f"{raw!r} is not a selector term")
+        return _key(value, key), op, values
+    match = _EXACT.fullmatch(raw)
+    if match is None:
+        raise Invalid(value, f"{raw!r} is not a selector term")
+    bang, key, op, text = match.groups()
+    if op is None:
+        return _key(value, key.strip()), "!exists" if bang else "exists", ()
+    text = text.strip()
+    wrong = not integer64(text) if op in ("<", ">") else (
+        not _VALUE.fullmatch(text) or len(text) > 63)
+    if bang or wrong:
+        raise Invalid(value, f"{raw!r} is not a selector term")
+    return _key(value, key.strip()), "=" if op == "==" else op, (text,)
+
+
+def integer64(text: str) -> bool:
+    """What Go's strconv.ParseInt(text, 10, 64) reads."""
+    return (len(text) <= 20 and bool(_INTEGER.fullmatch(text))
+            and -(2**63) <= int(text) < 2**63)
+
+
+def _key(value: str, key: str) -> str:
+    if not _KEY.fullmatch(key) or len(key.rpartition("/")[2]) > 63:
+        raise Invalid(value, f"{key!r} is not a label key")
+    return key
 
 
 @ranged(0, MAX_JOBS_WAIT_S)
@@ -83,7 +123,8 @@ JOB_ROWS = (
      "pods on this node matching this label selector (batch Jobs) are waited for, not "
      "evicted, after the cordon and before the eviction step, until they are no longer "
      "Running or Pending (state label wait-for-jobs-required)",
-     "a label selector: key=value, key!=value, key or !key, separated by commas",
+     "a label selector: key=value, key!=value, key in (a,b), key notin (a,b), key, !key, "
+     "key>N or key<N, separated by commas",
      pod_selector, UPGRADE),
     ("upgrade_wait_for_jobs_timeout", "--upgrade-wait-for-jobs-timeout",
      "UPGRADE_WAIT_FOR_JOBS_TIMEOUT", "0",

@@ -141,7 +141,7 @@ def _free(upgrade: Upgrade, package: Package, other: load.OtherVersion) -> None:
         load.preflight(ctx, package)
         stop_daemons(ctx.host, timeout_s=config.daemon_stop_timeout,  # they hold the GPUs
                      records=records_dir(config, ctx.host.roots))
-        _plan(upgrade, other)  # refuse what may not be evicted before anything changes
+        _plan(upgrade, other, cordoned=upgrade.holds_slot)  # refused before any change
         if upgrade.holds_slot:
             upgrade.event("DriverUpgradeResumed", "the node is still cordoned by an earlier "
                           "run of this upgrade: it keeps its slot and resumes")
@@ -155,7 +155,7 @@ def _free(upgrade: Upgrade, package: Package, other: load.OtherVersion) -> None:
         cordon(upgrade)
     if config.upgrade_wait_for_jobs:  # its own limit: the eviction's deadline starts after
         deadline += _wait_for_jobs(upgrade)
-    plan = _plan(upgrade, other)  # again: a pod may have started before the cordon held
+    plan = _plan(upgrade, other, cordoned=upgrade.cordoned)  # a pod may have started since
     with _step(ctx, POD_DELETION, pods=len(plan.going)):
         upgrade.state(POD_DELETION)
         grace = config.upgrade_grace_period
@@ -193,8 +193,8 @@ def _wait_for_jobs(upgrade: Upgrade) -> float:
     return waited
 
 
-def _plan(upgrade: Upgrade, other: load.OtherVersion) -> selection.Plan:
-    """The pods to evict, or UpgradeBlockedError when evicting pods cannot free the GPUs."""
+def _plan(upgrade: Upgrade, other: load.OtherVersion, *, cordoned: bool) -> selection.Plan:
+    """The pods to evict, or UpgradeBlockedError (saying if our cordon stands)."""
     ctx, config = upgrade.ctx, upgrade.ctx.config
     foreign, _ = load.in_use(*other)
     if foreign:
@@ -210,11 +210,11 @@ def _plan(upgrade: Upgrade, other: load.OtherVersion) -> selection.Plan:
     plan = selection.plan(kept, pods, node=upgrade.node, rules=rules, daemonset_exists=(
         lambda pod: _api(lambda: kube.daemonset_exists(upgrade.api, pod.namespace,
                                                         pod.owner_name))),
-        paused=[p for p in pods if p.uid in paused])
+        paused=[p for p in pods if p.uid in paused], undone=selection.undone(cordoned))
     if not holders:
         raise UpgradeBlockedError(
             "the loaded driver is in use, but no process in this PID namespace has "
-            "/dev/nvidia* open; nothing was cordoned or evicted",
+            f"/dev/nvidia* open; {selection.undone(cordoned)}",
             remedy="run the installer with hostPID: true (the DaemonSet does), or find the "
                    "user with `lsof /dev/nvidia*` on the node")
     return plan
@@ -305,7 +305,8 @@ def failed(upgrade: Upgrade | None, exc: InstallerError) -> None:
         upgrade.state(FAILED)
     except InstallerError as label_error:
         upgrade.ctx.log.warning("upgrade-failed label not set", detail=label_error.message)
-    kept = "; the node stays cordoned" if upgrade.cordoned else ""
+    kept = "; the node stays cordoned" if upgrade.cordoned and "stays cordoned" not in \
+        exc.message else ""
     upgrade.event("DriverUpgradeFailed", exc.one_line() + kept, "Warning")
     lease.release(upgrade.slot)  # its cordon, if any, keeps counting against the limit
 

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from installer.config import Config
+from installer.config.upgrade import Term, integer64
 from installer.node import kube
 
 WAIT_FOR_JOBS = "wait-for-jobs-required"  # NVIDIA's upgrade state of the same step
@@ -26,19 +27,30 @@ CALL_S = 30.0  # one list of the node's pods, retries included
 Event = Callable[[str, str], None]
 
 
-def matches(terms: tuple[tuple[str, str, str], ...], labels: dict[str, Any]) -> bool:
-    """Every term holds for the labels (`=`, `!=`, `exists`, `!exists`)."""
-    for key, op, value in terms:
-        present = key in labels
-        if ((op == "=" and (not present or str(labels[key]) != value))
-                or (op == "!=" and present and str(labels[key]) == value)
-                or (op == "exists" and not present) or (op == "!exists" and present)):
-            return False
-    return True
+def matches(terms: tuple[Term, ...], labels: dict[str, Any]) -> bool:
+    """Every term holds for the labels, as the API server matches a labelSelector
+    (apimachinery pkg/labels/selector.go, Requirement.Matches @ eed236ce): `!=` and `notin`
+    hold for a pod without the key, `<` and `>` only for an integer value."""
+    return all(_holds(term, labels) for term in terms)
 
 
-def running(pods: list[dict[str, Any]], terms: tuple[tuple[str, str, str], ...]
-            ) -> list[str]:
+def _holds(term: Term, labels: dict[str, Any]) -> bool:
+    key, op, values = term
+    if op in ("exists", "!exists"):
+        return (key in labels) == (op == "exists")
+    if key not in labels:
+        return op in ("!=", "notin")
+    value = str(labels[key])
+    if op in ("=", "in"):
+        return value in values
+    if op in ("!=", "notin"):
+        return value not in values
+    if not integer64(value):
+        return False
+    return int(value) > int(values[0]) if op == ">" else int(value) < int(values[0])
+
+
+def running(pods: list[dict[str, Any]], terms: tuple[Term, ...]) -> list[str]:
     """`namespace/name` of the selected pods still Running or Pending."""
     found = []
     for pod in pods:
@@ -87,10 +99,13 @@ def wait(config: Config, api: kube.ApiServer, node: str, *, interval: float, eve
         time.sleep(pause)
 
 
-def selector_text(terms: tuple[tuple[str, str, str], ...]) -> str:
+def selector_text(terms: tuple[Term, ...]) -> str:
     """The selector as the API writes it."""
     parts = []
-    for key, op, value in terms:
-        parts.append(key if op == "exists" else f"!{key}" if op == "!exists"
-                     else f"{key}{op}{value}")
+    for key, op, values in terms:
+        if op in ("in", "notin"):
+            parts.append(f"{key} {op} ({','.join(values)})")
+        else:
+            parts.append(key if op == "exists" else f"!{key}" if op == "!exists"
+                         else f"{key}{op}{values[0]}")
     return ",".join(parts)

@@ -151,6 +151,16 @@ class Plan:
         return [*self.evict, *self.delete, *self.wait]
 
 
+UNTOUCHED = "nothing was cordoned, evicted or unloaded"
+STILL_CORDONED = ("the node stays cordoned by this upgrade (a rerun resumes it); nothing was "
+                  "unloaded: the old driver still serves")
+
+
+def undone(cordoned: bool) -> str:
+    """What a refusal says of the node: untouched, or still under our cordon."""
+    return STILL_CORDONED if cordoned else UNTOUCHED
+
+
 @dataclass(frozen=True)
 class Rules:
     """What the settings allow: the policy and kubectl drain's flags."""
@@ -162,10 +172,12 @@ class Rules:
 
 
 def plan(holders: Sequence[Holder], pods: Sequence[Pod], *, node: str, rules: Rules,
-         daemonset_exists: Callable[[Pod], bool], paused: Sequence[Pod] = ()) -> Plan:
+         daemonset_exists: Callable[[Pod], bool], paused: Sequence[Pod] = (),
+         undone: str = UNTOUCHED) -> Plan:
     """What to evict, delete or wait for, or UpgradeBlockedError naming every holder and
     pod we must not touch (all at once, so one rerun can fix them all). `paused`: pods the
-    operator pause takes away (not planned here, but held to the emptyDir rule)."""
+    operator pause takes away (not planned here, but held to the emptyDir rule); `undone`:
+    what the refusal says of the node (a node our upgrade cordoned stays cordoned)."""
     result = Plan()
     chosen, blocked = _holders_pods(holders, pods, node, result.holders)
     away = {pod.uid for pod in paused}
@@ -194,7 +206,7 @@ def plan(holders: Sequence[Holder], pods: Sequence[Pod], *, node: str, rules: Ru
     if blocked:
         raise UpgradeBlockedError(
             "cannot free the GPUs: " + "; ".join(blocked)
-            + "; nothing was cordoned, evicted or unloaded",
+            + f"; {undone}",
             remedy=_remedy(blocked))
     return result
 

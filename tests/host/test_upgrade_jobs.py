@@ -18,6 +18,8 @@ import kubefake
 from e2e import Scene
 from host import test_upgrade as shared
 from host.test_upgrade import UID, V2, cluster_with, kernel, loaded, pod_cgroup, upgrade
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kubefake import Cluster, pod_doc
 
 repo, scene = shared.repo, shared.scene
@@ -106,7 +108,8 @@ class TestWaitForJobs:
         seen: list[float] = []
         with kubefake.serve(cluster) as api:
             watcher = when_waiting(cluster, lambda: seen.append(time.monotonic() - 1.0))
-            done = upgrade(node, mirror, api, "--upgrade-wait-for-jobs", "app=batch",
+            done = upgrade(node, mirror, api, "--upgrade-wait-for-jobs",
+                           "app in (batch, etl),tier notin (web)",
                            "--upgrade-wait-for-jobs-timeout", "2",
                            "--upgrade-timeout", "30")
             watcher.join(5)
@@ -114,6 +117,10 @@ class TestWaitForJobs:
         assert cluster.errors == []
         assert WAIT in cluster.states()
         assert "DriverUpgradeJobsTimeout" in reasons(cluster)
+        waiting = next(e for e in cluster.events
+                       if e["reason"] == "DriverUpgradeWaitingForJobs")  # set-based terms
+        assert "app in (batch,etl),tier notin (web)" in waiting["message"]
+        assert "default/job-1" in waiting["message"]
         assert "DriverUpgradeJobsDone" not in reasons(cluster)
         evicted = dict(evictions(cluster))
         assert set(evicted) == {"train", "job-1"}
@@ -154,3 +161,42 @@ class TestSelector:
         assert running(pods, pod_selector("spot")) == ["ml/f"]
         assert running(pods, pod_selector("app==web")) == ["ml/e"]
         assert running([{"metadata": None, "status": "x"}], pod_selector("app")) == []
+
+    def test_set_based_terms_as_the_api_server_matches_them(self) -> None:
+        """apimachinery pkg/labels/selector.go (Requirement.Matches @ eed236ce): `in`
+        needs the key, `notin` and `!=` hold without it, `<`/`>` compare integers only."""
+        from installer.config.upgrade import pod_selector
+        from installer.upgrade.jobs import matches, selector_text
+
+        def picks(selector: str, labels: dict[str, str]) -> bool:
+            return matches(pod_selector(selector), labels)
+
+        assert picks("app in (batch, etl)", {"app": "etl"})
+        assert not picks("app in (batch,etl)", {"app": "web"})
+        assert not picks("app in (batch,etl)", {})
+        assert picks("app notin (web)", {}) and picks("app notin (web)", {"app": "x"})
+        assert not picks("app notin (web,db)", {"app": "db"})
+        assert picks("app in (batch),tier notin (prod),!spot", {"app": "batch"})
+        assert not picks("app in (batch),tier notin (prod)", {"app": "batch", "tier": "prod"})
+        assert picks("app in ()", {"app": ""}) and not picks("app in ()", {"app": "a"})
+        assert picks("gpus>2", {"gpus": "3"}) and not picks("gpus>2", {"gpus": "2"})
+        assert picks("gpus<2", {"gpus": "-1"}) and not picks("gpus<2", {"gpus": "x"})
+        assert not picks("gpus<2", {})
+        assert pod_selector("app notin(b,a) , x") == (("app", "notin", ("a", "b")),
+                                                      ("x", "exists", ()))
+        assert selector_text(pod_selector("app in (b,a),k==v,!s,n>1")) == \
+            "app in (a,b),k=v,!s,n>1"
+
+    @settings(max_examples=400, deadline=None)
+    @given(st.text(alphabet="ab/.-_=!,() <>+0123456789inotx", max_size=40))
+    def test_any_text_is_refused_cleanly_or_reads_back_the_same(self, text: str) -> None:
+        from installer.config.upgrade import pod_selector
+        from installer.config.values import Invalid
+        from installer.upgrade.jobs import matches, selector_text
+
+        try:
+            terms = pod_selector(text)
+        except Invalid:
+            return
+        assert pod_selector(selector_text(terms)) == terms
+        assert matches(terms, {"a": "1", "b": "x"}) in (True, False)

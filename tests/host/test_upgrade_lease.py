@@ -8,7 +8,8 @@ over), then many installers deciding at once: 3 and 5 nodes started together, 50
 each, the fake answering every call after a random delay, the unavailable nodes counted
 after every call. The concurrent installers run the live upgrade's guard and its Node
 writes (`rollout.take_turn`, the cordon, the uncordon, `lease.release`) on threads of the
-test process: a full install per node and trial would take hours.
+test process: a full install per node and trial would take hours. Whole installer
+processes started together, fewer trials: tests/host/test_upgrade_lease_processes.py.
 """
 
 from __future__ import annotations

@@ -173,6 +173,36 @@ class TestResume:
         assert "DriverUpgradeResumed" in reasons_on(cluster, N1)
         assert cluster.errors == []
 
+    def test_a_refusal_on_resume_says_the_node_stays_cordoned_and_a_fixed_rerun_finishes(
+            self, scene: Scenes) -> None:
+        """Our cordon stands from an earlier run; a bare pod now holds the GPU: refused
+        (exit 15) saying what really happened (still cordoned, nothing unloaded), never
+        "nothing was cordoned"; the cordon stays; with the cause fixed the rerun ends."""
+        n1, mirror = scene
+        pids = {"bare": (n1, holding(n1, UID1))}
+        standing = node_doc(N1, {rollout.MANAGED_LABEL: V1, STATE: "upgrade-failed"},
+                            cordoned=True)
+        standing["metadata"]["annotations"] = {OURS: "installer-pod"}  # type: ignore[index]
+        cluster = Cluster(node_name=N1, nodes={
+            N1: standing, N2: node_doc(N2, {rollout.MANAGED_LABEL: V1}, ready=False)},
+            pods={"default/bare": pod_doc("bare", UID1, N1, owner=None)},
+            observe=lambda: loaded(n1))
+        cluster.on_evict = kubelet(pids)
+        with kubefake.serve(cluster) as api:
+            refused = live(n1, N1, mirror, api, "--upgrade-timeout", "10")
+            assert refused.returncode == UpgradeBlockedError.code, refused.stderr
+            line = last_line(refused)
+            assert "pod default/bare" in line and "nothing was cordoned" not in line
+            assert "the node stays cordoned by this upgrade" in line
+            assert "nothing was unloaded" in line
+            assert cordoned(cluster, N1) and loaded(n1) == V1
+            assert "default/bare" in cluster.pods
+            fixed = live(n1, N1, mirror, api, "--upgrade-force", "--upgrade-timeout", "10")
+        assert fixed.returncode == 0, fixed.stderr
+        assert "DriverUpgradeResumed" in reasons_on(cluster, N1)
+        assert loaded(n1) == V2 and state(cluster, N1) == "upgrade-done"
+        assert not cordoned(cluster, N1) and cluster.errors == []
+
     def test_only_our_standing_cordon_holds_the_slot(self) -> None:
         ours = {OURS: "installer-pod"}
         standing = node_doc(N1, cordoned=True)

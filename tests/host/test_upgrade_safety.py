@@ -3,9 +3,10 @@ pod that was recreated under the name of the one it planned to evict.
 
 The emptyDir rule (kubectl drain's --delete-emptydir-data) holds however a pod would go:
 evicted, deleted as a GPU DaemonSet's pod (UPGRADE_RESTART_DAEMONSETS), or taken away by
-the gpu-operator pause, under `evict` and `drain` alike. Each Eviction carries the pod's UID
-as a precondition; the strict fake answers 409 for another UID, as the API server does
-(tests/kubefake.py cites its source). Fixtures and helpers come from test_upgrade.py.
+the gpu-operator pause, under `evict` and `drain` alike (`refuse` removes no pod at all).
+Each Eviction carries the pod's UID as a precondition; the strict fake answers 409 for
+another UID, as the API server does (tests/kubefake.py cites its source). Fixtures and
+helpers come from test_upgrade.py.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from host.test_upgrade import (
 from host.test_upgrade_daemonsets import DEPLOY, OPERATOR_LABELS, Kubelet
 from kubefake import Cluster, DaemonSet, add_daemonset, node_doc, pod_doc
 
-from installer.errors import UpgradeBlockedError
+from installer.errors import ModuleInUseError, UpgradeBlockedError
 from installer.node import kube
 from installer.node.cgroup import PodCgroup
 from installer.node.holders import Holder
@@ -102,6 +103,23 @@ class TestEmptyDirRule:
         assert [s.rsplit(":", 1)[0] for s in cluster.steps()
                 if s.startswith("delete:")] == ["delete:dcgm-exporter-x1"]
         assert loaded(node) == V2
+
+    def test_under_refuse_the_gpu_daemonset_pod_with_an_emptydir_stays(self, scene: Scenes
+                                                                       ) -> None:
+        """The third policy: refuse removes no pod at all, whatever the other settings."""
+        node, mirror = scene
+        kernel(node).open_device("nvidia", "/dev/nvidia0", "dcgm-exporter",
+                                 pod_cgroup(DS_UID))
+        exporter = pod_doc("dcgm-exporter-x1", DS_UID, NODE, namespace="monitoring",
+                           owner="DaemonSet", empty_dirs=("profiles",))
+        cluster = cluster_with(node, exporter)
+        with kubefake.serve(cluster) as api:
+            kept = live(node, mirror, api, "refuse", "--upgrade-restart-daemonsets")
+        assert kept.returncode == ModuleInUseError.code, kept.stderr
+        assert kept.stderr.strip().splitlines()[-1].startswith("error(module-in-use)")
+        untouched(cluster, node)
+        assert "monitoring/dcgm-exporter-x1" in cluster.pods
+        assert not any(c.method == "DELETE" for c in cluster.calls)
 
     def test_a_paused_operator_pod_with_an_emptydir_is_refused_before_the_pause(
             self, scene: Scenes) -> None:

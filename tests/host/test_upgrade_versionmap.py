@@ -177,8 +177,8 @@ def cordoned_at_once(cluster: Cluster) -> int:
 class TestPoolEntryChange:
     def test_changing_one_entry_upgrades_that_pool_one_node_at_a_time(
             self, tmp_path: Path, mirror: str) -> None:
-        """Pool a (2 nodes, busy) and pool b (1 node, busy), both on V1; pool a's entry
-        becomes V2 and every installer pod restarts at once (the DaemonSet's template
+        """Pool a (2 nodes, busy) and pool b (1 node, busy), both on V1 by their entries;
+        pool a's entry becomes V2 and every installer pod restarts at once (the DaemonSet's template
         changed): a's nodes are upgraded one at a time (max-unavailable 1), b's is not
         touched (the fast path: no state label, no cordon, no eviction)."""
         scenes = {name: serving_v1(tmp_path / name, mirror) for name in ("a-1", "a-2", "b-1")}
@@ -198,7 +198,16 @@ class TestPoolEntryChange:
             kernel(scenes[name]).close_device(pids[name])
 
         cluster.on_evict = kubelet
-        maps = {name: write_map(scene, {"a": V2, "b": V1}) for name, scene in scenes.items()}
+        with kubefake.serve(cluster) as api:  # before: both entries say V1
+            for name, scene in scenes.items():
+                before = with_map(scene, "install", name, api, write_map(
+                    scene, {"a": V1, "b": V1}), V1, "--upgrade-policy", "evict")
+                assert before.returncode == 0, before.stderr
+                assert json.loads(before.stdout)["fast_path"] is True
+        assert cluster.nodes["a-1"]["metadata"]["labels"][RULE] == "map-1"
+        assert cordoned_at_once(cluster) == 0 and cluster.states() == []
+        maps = {name: write_map(scene, {"a": V2, "b": V1})  # pool a's entry changes
+                for name, scene in scenes.items()}
         results: dict[str, subprocess.CompletedProcess[str]] = {}
 
         def run(name: str, api: str) -> None:
