@@ -108,13 +108,12 @@ class TestEmptyDirRule:
                                                                        ) -> None:
         """The third policy: refuse removes no pod at all, whatever the other settings."""
         node, mirror = scene
-        kernel(node).open_device("nvidia", "/dev/nvidia0", "dcgm-exporter",
-                                 pod_cgroup(DS_UID))
+        holding(node, DS_UID, "dcgm-exporter")
         exporter = pod_doc("dcgm-exporter-x1", DS_UID, NODE, namespace="monitoring",
                            owner="DaemonSet", empty_dirs=("profiles",))
         cluster = cluster_with(node, exporter)
         with kubefake.serve(cluster) as api:
-            kept = live(node, mirror, api, "refuse", "--upgrade-restart-daemonsets")
+            kept = upgrade(node, mirror, api, "--upgrade-restart-daemonsets", policy="refuse")
         assert kept.returncode == ModuleInUseError.code, kept.stderr
         assert kept.stderr.strip().splitlines()[-1].startswith("error(module-in-use)")
         untouched(cluster, node)
