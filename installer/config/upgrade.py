@@ -77,8 +77,6 @@ def _term(value: str, raw: str) -> Term:
     found = _SET.fullmatch(raw)
     if found is not None:
         key, op, inner = found.groups()
-        if not inner.strip():  # NewRequirement: "values set can't be empty" for in/notin
-            raise Invalid(value, f"{raw!r} names no values inside its parentheses")
         values = tuple(sorted({v.strip() for v in inner.split(",")}))
         if any(not _VALUE.fullmatch(v) or len(v) > 63 for v in values):
             raise Invalid(value, f"{raw!r} is not a selector term")
