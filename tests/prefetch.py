@@ -55,7 +55,7 @@ def _steps() -> list[tuple[str, Callable[[], object]]]:
         ("bookworm's previous kernel (the next-kernel reboot)", nextkernel.old_kernel),
         ("NVIDIA 535 compiled for it", lambda: assets.build_nvidia_cli(x86())),
         ("535 for two kernels (matrix)", lambda: matrixrepos.two_kernels_repo(x86())),
-        ("550 in both flavours (matrix)", lambda: matrixrepos.both_flavours_repo(x86())),
+        ("535 in both flavours (matrix)", lambda: matrixrepos.both_flavours_repo(x86())),
         ("trixie kernel and open 550 (build root)",
          lambda: trixie.build_open_package(trixie.kernel())),
         ("open 550 without its patch (the compile's failure)",

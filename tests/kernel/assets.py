@@ -183,14 +183,14 @@ def release_headers_debs(release: str, source: Apt | None = None) -> list[Path]:
                         f"{kbuild}={kversion}"], source)
 
 
-def nvidia_source_deb() -> Path:
-    """Debian's nvidia-kernel-source .deb of the tier's pinned NVIDIA version."""
+def nvidia_source_deb(name: str = "nvidia-kernel-source") -> Path:
+    """Debian's nvidia-kernel-source .deb (non-free; `nvidia-open-kernel-source`: contrib) of
+    the tier's pinned NVIDIA version."""
     a = apt()
-    matching = [v for v in a.versions("nvidia-kernel-source") if v.startswith(NVIDIA_REAL_VERSION)]
+    matching = [v for v in a.versions(name) if v.startswith(NVIDIA_REAL_VERSION)]
     if not matching:
-        raise AssetError(f"no nvidia-kernel-source {NVIDIA_REAL_VERSION} in Debian's non-free")
-    return ensure_debs(f"nvidia-kernel-source-{matching[0]}",
-                       [f"nvidia-kernel-source={matching[0]}"])[0]
+        raise AssetError(f"no {name} {NVIDIA_REAL_VERSION} in Debian bookworm")
+    return ensure_debs(f"{name}-{matching[0]}", [f"{name}={matching[0]}"])[0]
 
 
 # --- modules ---------------------------------------------------------------------------

@@ -3,21 +3,24 @@ the real CLI from NVIDIA's real sources and cached (also built ahead by tests/pr
 
 Each is keyed by the inputs' and the build code's digests and the command's flags, like
 `assets.build_nvidia_cli`; the compiles themselves are kept by the product's
-`--compile-cache`, so the 535 compile for the tier's kernel is shared with that package.
+`--compile-cache`, so the 535 proprietary compile for the tier's kernel (that package's) is
+made once and reused by both repositories: each compiles only what no other test compiles.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
 
-from . import assets, trixie
+from . import assets
+from .arm64cross import OPEN_PCI_RESIZE_PATCH
 from .assets import Kernel
 
 REPO = Path(__file__).resolve().parents[2]
 SECOND_RELEASE = "6.1.0-56-amd64"
-PATCH = REPO / "patches" / "nvidia-550.163.01-pci-resize-resource.patch"
+OPEN_SOURCE = "nvidia-open-kernel-source"
 
 
 def _unique(debs: list[Path]) -> list[Path]:
@@ -57,11 +60,24 @@ def two_kernels_repo(kernel: Kernel) -> Path:
                  [source, *headers])
 
 
+def open_patch(kernel: Kernel) -> Path:
+    """The tier's one-line fix the open 535 needs for bookworm's 6.1.0-57 (arm64cross says
+    why), as a file `--patch` takes: one path per cache, so the repository's key is stable."""
+    path = kernel.root / "open-535-pci-resize-resource.patch"
+    if not path.is_file() or path.read_text() != OPEN_PCI_RESIZE_PATCH:
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(OPEN_PCI_RESIZE_PATCH)
+        tmp.rename(path)
+    return path
+
+
 def both_flavours_repo(kernel: Kernel) -> Path:
-    """trixie's real 550 sources, proprietary and open (patched), for the tier's kernel."""
-    sources = trixie.trixie_source_debs()
+    """bookworm's real 535 sources, proprietary and open (patched), for the tier's kernel, one
+    command (`--flavour both`): the proprietary compile is the compile cache's, the open new."""
+    sources = [assets.nvidia_source_deb(), assets.nvidia_source_deb(OPEN_SOURCE)]
     headers = assets.headers_debs(kernel)
-    return _repo(kernel, "matrix-550-both",
-                 [*(f"--nvidia-source={s}" for s in sources.values()), "--flavour=both",
-                  f"--patch={PATCH}", "--jobs=2", *(f"--kernel-headers={h}" for h in headers)],
-                 [*sources.values(), *headers, PATCH])
+    patch = open_patch(kernel)
+    return _repo(kernel, "matrix-535-both",
+                 [*(f"--nvidia-source={s}" for s in sources), "--flavour=both",
+                  f"--patch={patch}", "--jobs=2", *(f"--kernel-headers={h}" for h in headers)],
+                 [*sources, *headers, patch])
