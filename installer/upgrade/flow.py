@@ -305,8 +305,8 @@ def failed(upgrade: Upgrade | None, exc: InstallerError) -> None:
         upgrade.state(FAILED)
     except InstallerError as label_error:
         upgrade.ctx.log.warning("upgrade-failed label not set", detail=label_error.message)
-    kept = "; the node stays cordoned" if upgrade.cordoned and "stays cordoned" not in \
-        exc.message else ""
+    said = selection.STILL_CORDONED in exc.message  # a refusal on our cordon says it already
+    kept = "; the node stays cordoned" if upgrade.cordoned and not said else ""
     upgrade.event("DriverUpgradeFailed", exc.one_line() + kept, "Warning")
     lease.release(upgrade.slot)  # its cordon, if any, keeps counting against the limit
 

@@ -72,13 +72,15 @@ def result(done: subprocess.CompletedProcess[str]) -> dict[str, object]:
     return obj
 
 
-def assert_nothing_loaded(scene: Scene) -> None:
+def assert_nothing_loaded(scene: Scene, records: frozenset[str] = frozenset()) -> None:
     """The simulated kernel loaded no module and made no device node; nothing was staged
-    and no readiness or state written: the install dir holds only the cache and the lock."""
+    and no readiness or state written: the install dir holds only the cache and the lock
+    (and `records`: what a refused install keeps of its run, its lock and last-install)."""
     kernel = json.loads((scene.root / "proc/.fake-kernel.json").read_text())
     assert kernel["modules"] == {} and kernel["nodes"] == {}, kernel
     assert not list(scene.root.glob("dev/nvidia*"))
-    assert {p.name for p in scene.install_dir.iterdir()} <= {".cache", ".prepare.lock"}
+    assert {p.name for p in scene.install_dir.iterdir()} <= {".cache", ".prepare.lock",
+                                                              *records}
     assert not (scene.root / "run/nvidia/validations/driver-ready").exists()
 
 
@@ -178,12 +180,7 @@ class TestSourcesAndChecks:
                            standin_env(V1))
         assert done.returncode == 5, done.stderr[-3000:]
         assert KERNEL in done.stderr.splitlines()[-1]
-        kernel = json.loads((scene.root / "proc/.fake-kernel.json").read_text())
-        assert kernel["modules"] == {} and kernel["nodes"] == {}, kernel
-        assert not list(scene.root.glob("dev/nvidia*"))
-        assert not (scene.install_dir / ".versions").exists()
-        assert not (scene.install_dir / ".state.json").exists()
-        assert not (scene.root / "run/nvidia/validations/driver-ready").exists()
+        assert_nothing_loaded(scene, frozenset({".lock", ".last-install.json"}))
 
 
 class TestMissing:
